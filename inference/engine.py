@@ -1,0 +1,333 @@
+"""The engine: prefill once, then decode one token per step, yielding what happened.
+
+Owns: the generation loop (prefill -> sample -> append -> repeat until a stop), its timings,
+the step records, stop conditions, prefix-cache reuse and the prefill/decode hand-over
+points. Delegates the forward pass to a runner (`runner_llama` or `runner_hf`), token
+choice to `sampler`, text to `tokenization`, chat rendering to `chat_template`, beam search
+to `beam`. Must not know: Django, Celery, Channels, sockets.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from inference import runner_llama
+from inference.beam import beam_search
+from inference.chat_template import RenderedPrompt, TemplateTokens, render_chat
+from inference.config import EngineConfig
+from inference.events import Alternative, Event, Finished, Prefilled, Step
+from inference.kv_cache import KVCache, LayerKV
+from inference.model_loader import LoadedModel, load_model
+from inference.prefix_cache import PrefixCache
+from inference.runner_hf import HFRunner
+from inference.sampler import Sampler, entropy, token_rank, top_alternatives
+from inference.sampling_params import SamplingParams
+from inference.stopping import StopStringMatcher
+from inference.tokenization import IncrementalDetokenizer, TokenInfo, token_infos, token_table, tokenize
+
+ShouldStop = Callable[[], bool]
+
+
+@dataclass
+class Handoff:
+    """Everything a decode worker needs to continue a request another worker prefilled."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    layers: LayerKV                 # the prompt's KV cache, one (keys, values) pair per layer
+    prefilled: Prefilled
+    first_step: Step
+    rng_state: torch.Tensor         # sampler generator state after the first token (seeded runs continue identically)
+    seed: int
+    ttft_ms: float
+
+
+@dataclass
+class _Run:
+    """The mutable state of one generation (one request)."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    sampler: Sampler
+    cache: KVCache | None
+    context_ids: torch.Tensor                  # (max_total,) prompt + generated, written in place
+    num_tokens: int                            # valid length of context_ids
+    detokenizer: IncrementalDetokenizer
+    stopper: StopStringMatcher
+    started_at: float
+    generated_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    prefilled: Prefilled | None = None
+    ttft_ms: float = 0.0
+    decode_ms: float = 0.0
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        self.loaded = loaded
+        self.config = config
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = loaded.device
+        self.max_context = loaded.max_context
+        self.eos_token_ids = tuple(loaded.eos_token_ids)
+        use_lean = config.runner == "auto" and runner_llama.supports(self.model)
+        self.runner = runner_llama.LlamaRunner(self.model, self.max_context) if use_lean else HFRunner(self.model)
+        self.prefix_cache = PrefixCache(config.prefix_cache_bytes)
+        self.token_table = token_table(self.tokenizer)
+        self.template_tokens = TemplateTokens.from_tokenizer(self.tokenizer)
+
+    @classmethod
+    def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Engine":
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        engine = cls(load_model(config, progress), config)
+        if progress:
+            progress(f"engine ready: {engine.loaded.name} on {engine.device} ({engine.runner.name} runner)")
+        return engine
+
+    # ---- what the model is -------------------------------------------------------------
+
+    def model_info(self) -> dict:
+        cfg = self.model.config
+        return {
+            "name": self.loaded.name,
+            "architecture": (getattr(cfg, "architectures", None) or [type(self.model).__name__])[0],
+            "model_type": getattr(cfg, "model_type", ""),
+            "num_params": sum(p.numel() for p in self.model.parameters()),
+            "weight_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()),
+            "num_layers": getattr(cfg, "num_hidden_layers", None),
+            "hidden_size": getattr(cfg, "hidden_size", None),
+            "vocab_size": getattr(cfg, "vocab_size", None),
+            "dtype": str(self.loaded.dtype).removeprefix("torch."),
+            "device": str(self.device),
+            "max_context": self.max_context,
+            "eos_token_ids": list(self.eos_token_ids),
+            "kv_bytes_per_token": self.kv_bytes_per_token(),
+            "runner": self.runner.name,
+            "has_chat_template": bool(self.loaded.chat_template),
+        }
+
+    def kv_bytes_per_token(self) -> int:
+        """Measured: the KV cache of a one-token forward pass."""
+        if not hasattr(self, "_kv_bytes_per_token"):
+            cache = self.runner.new_cache(1)
+            self.runner.forward(torch.tensor([self.eos_token_ids[0] if self.eos_token_ids else 0]), cache)
+            self._kv_bytes_per_token = cache.nbytes
+        return self._kv_bytes_per_token
+
+    # ---- text ------------------------------------------------------------------------
+
+    def render_chat(self, messages: list[dict], template: str | None = None,
+                    add_generation_prompt: bool = True) -> RenderedPrompt:
+        source = template or self.loaded.chat_template
+        if not source:
+            raise ValueError(f"model {self.loaded.name!r} has no chat template; choose one")
+        return render_chat(messages, source, special_tokens=self.template_tokens,
+                           add_generation_prompt=add_generation_prompt)
+
+    def tokenize(self, text: str) -> list[TokenInfo]:
+        return tokenize(self.tokenizer, text)
+
+    def encode(self, text: str) -> list[int]:
+        return [t.id for t in self.tokenize(text)]
+
+    def token_infos(self, token_ids: Sequence[int]) -> list[TokenInfo]:
+        return token_infos(self.tokenizer, list(token_ids))
+
+    def piece(self, token_id: int) -> str:
+        return self.token_table.piece_of(token_id)
+
+    def prefix_cache_stats(self) -> dict:
+        return self.prefix_cache.stats()
+
+    # ---- generation ------------------------------------------------------------------
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 should_stop: ShouldStop | None = None, handoff: Handoff | None = None) -> Iterator[Event]:
+        """Yield `Prefilled`, one `Step` per token (`BeamStep`s under beam search), then one `Finished`.
+
+        `should_stop` is polled after every token (finish reason "cancelled"). With `handoff`
+        the prefill already happened on another worker: its KV cache and first token are used.
+        """
+        prompt_ids = self._check_prompt(prompt_ids)
+        if params.is_beam_search:
+            yield from beam_search(self.model, prompt_ids, params, eos_token_ids=self.eos_token_ids,
+                                   decode=self._decode_text, max_length=self.max_context,
+                                   should_stop=should_stop)
+            return
+        if handoff is not None:
+            run = self._resume(handoff)
+            yield run.prefilled
+            step = handoff.first_step
+        else:
+            run = self._new_run(prompt_ids, params)
+            logits = self._prefill(run)
+            yield run.prefilled
+            step = self._sample_step(run, logits, "prefill", run.prefilled.prefill_ms)
+        while True:
+            finish_reason = self._finish_reason(run, step, should_stop)
+            if finish_reason:
+                step = self._with_tail(run, step)
+                yield step
+                yield self._finish(run, finish_reason)
+                return
+            yield step
+            t0 = time.perf_counter()
+            logits = self._forward_next(run)
+            step = self._sample_step(run, logits, "decode", (time.perf_counter() - t0) * 1000)
+
+    def prefill_for_handoff(self, prompt_ids: Sequence[int], params: SamplingParams) -> Handoff:
+        """Run only the prefill (and the first token) and package the KV cache for another worker."""
+        if params.is_beam_search or not params.use_kv_cache:
+            raise ValueError("prefill/decode hand-over needs use_kv_cache=True and num_beams=1")
+        prompt_ids = self._check_prompt(prompt_ids)
+        run = self._new_run(prompt_ids, params)
+        logits = self._prefill(run)
+        first = self._sample_step(run, logits, "prefill", run.prefilled.prefill_ms)
+        return Handoff(prompt_ids=prompt_ids, params=params, layers=run.cache.export(len(prompt_ids)),
+                       prefilled=run.prefilled, first_step=first, rng_state=run.sampler.generator.get_state(),
+                       seed=run.sampler.seed, ttft_ms=run.ttft_ms)
+
+    # ---- the loop's parts ------------------------------------------------------------
+
+    def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        ids = [int(i) for i in prompt_ids]
+        if not ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        vocab = self.model.get_input_embeddings().weight.shape[0]
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        if len(ids) >= self.max_context:
+            raise ValueError(f"prompt has {len(ids)} tokens; the model's context is {self.max_context} "
+                             "(at least one token must be left to generate)")
+        return ids
+
+    def _new_run(self, prompt_ids: list[int], params: SamplingParams, seed: int | None = None) -> _Run:
+        max_total = min(len(prompt_ids) + params.max_new_tokens, self.max_context)
+        context_ids = torch.zeros(max_total, dtype=torch.long)
+        context_ids[: len(prompt_ids)] = torch.tensor(prompt_ids)
+        sampler_params = params if seed is None else replace(params, seed=seed)
+        return _Run(
+            prompt_ids=prompt_ids, params=params, sampler=Sampler(sampler_params, self.device),
+            cache=self.runner.new_cache(max_total) if params.use_kv_cache else None,
+            context_ids=context_ids, num_tokens=len(prompt_ids),
+            detokenizer=IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True),
+            stopper=StopStringMatcher(params.stop), started_at=time.perf_counter(),
+        )
+
+    def _prefill(self, run: _Run) -> torch.Tensor:
+        """One forward pass over the prompt (minus any prefix reused from the prefix cache)."""
+        num_cached = 0
+        if run.cache is not None and run.params.use_prefix_cache:
+            # Keep at least the last prompt token to compute: its logits give the first token.
+            num_cached, layers = self.prefix_cache.match(run.prompt_ids[:-1])
+            if num_cached:
+                run.cache.load(layers)
+        t0 = time.perf_counter()
+        ids = run.context_ids[num_cached: run.num_tokens]
+        logits = self.runner.forward(ids, run.cache)  # (vocab,)
+        prefill_ms = (time.perf_counter() - t0) * 1000
+        run.prefilled = Prefilled(
+            num_prompt_tokens=len(run.prompt_ids), num_cached_tokens=num_cached,
+            num_prefilled_tokens=len(run.prompt_ids) - num_cached, prefill_ms=prefill_ms,
+            kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
+        )
+        return logits
+
+    def _resume(self, handoff: Handoff) -> _Run:
+        run = self._new_run(handoff.prompt_ids, handoff.params, seed=handoff.seed)
+        run.cache.load(handoff.layers)
+        run.sampler.generator.set_state(handoff.rng_state)
+        run.prefilled = handoff.prefilled
+        self._append(run, handoff.first_step.token_id)
+        run.text = run.stopper.feed(run.detokenizer.push(handoff.first_step.token_id))
+        run.ttft_ms = handoff.ttft_ms
+        return run
+
+    def _forward_next(self, run: _Run) -> torch.Tensor:
+        if run.cache is None:  # no-KV-cache mode: recompute every position, every step
+            return self.runner.forward(run.context_ids[: run.num_tokens], None)
+        return self.runner.forward(run.context_ids[run.num_tokens - 1: run.num_tokens], run.cache)
+
+    def _sample_step(self, run: _Run, logits: torch.Tensor, phase: str, forward_ms: float) -> Step:
+        t0 = time.perf_counter()
+        out = run.sampler(logits[None], run.context_ids[None, : run.num_tokens])
+        token_id = int(out.token_ids[0])
+        logprobs, raw_logprobs = out.logprobs[0], out.raw_logprobs[0]  # (vocab,)
+        self._append(run, token_id)
+        delta = run.stopper.feed(run.detokenizer.push(token_id))
+        run.text += delta
+        k = run.params.num_alternatives
+        step = Step(
+            index=len(run.generated_ids) - 1, phase=phase, token_id=token_id, piece=self.piece(token_id),
+            token_bytes=self.token_table.bytes_of(token_id), text_delta=delta,
+            logprob=float(logprobs[token_id]), raw_logprob=float(raw_logprobs[token_id]),
+            rank=token_rank(raw_logprobs, token_id), entropy=float(entropy(raw_logprobs[None])[0]),
+            latency_ms=forward_ms + (time.perf_counter() - t0) * 1000,
+            top_raw=self._alternatives(raw_logprobs, k), top_processed=self._alternatives(logprobs, k),
+            kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
+        )
+        if phase == "prefill":
+            run.ttft_ms = (time.perf_counter() - run.started_at) * 1000
+        else:
+            run.decode_ms += step.latency_ms
+        return step
+
+    def _append(self, run: _Run, token_id: int) -> None:
+        run.generated_ids.append(token_id)
+        if run.num_tokens < run.context_ids.shape[0]:
+            run.context_ids[run.num_tokens] = token_id
+        run.num_tokens += 1
+
+    def _alternatives(self, logprobs: torch.Tensor, k: int) -> tuple[Alternative, ...]:
+        if k == 0:
+            return ()
+        ids, lps = top_alternatives(logprobs, k)
+        return tuple(Alternative(token_id=i, piece=self.piece(i), prob=math.exp(lp), logprob=lp)
+                     for i, lp in zip(ids, lps))
+
+    def _finish_reason(self, run: _Run, step: Step, should_stop: ShouldStop | None) -> str | None:
+        if step.token_id in self.eos_token_ids and not run.params.ignore_eos:
+            return "eos"
+        if run.stopper.is_stopped:
+            return "stop_string"
+        if len(run.generated_ids) >= run.params.max_new_tokens:
+            return "length"
+        if run.num_tokens >= self.max_context:
+            return "context"
+        if should_stop is not None and should_stop():
+            return "cancelled"
+        return None
+
+    def _with_tail(self, run: _Run, step: Step) -> Step:
+        """Release text held back (a possible stop-string start, an unfinished UTF-8 char) on the last step."""
+        tail = "" if run.stopper.is_stopped else run.stopper.feed(run.detokenizer.flush()) + run.stopper.flush()
+        if not tail:
+            return step
+        run.text += tail
+        return replace(step, text_delta=step.text_delta + tail)
+
+    def _finish(self, run: _Run, reason: str) -> Finished:
+        num_decoded = max(len(run.generated_ids) - 1, 0)
+        prefilled = run.prefilled
+        if run.cache is not None and run.params.use_prefix_cache:
+            # Prompt and answer are the next turn's prompt: keep their KV (all but the last token's,
+            # which was never computed) so the next chat turn prefills only its new tokens.
+            keep = run.cache.num_tokens
+            self.prefix_cache.insert(run.context_ids[:keep].tolist(), run.cache.export(keep))
+        return Finished(
+            finish_reason=reason, text=run.text, token_ids=tuple(run.generated_ids),
+            num_prompt_tokens=len(run.prompt_ids), num_cached_tokens=prefilled.num_cached_tokens,
+            num_generated_tokens=len(run.generated_ids), prefill_ms=prefilled.prefill_ms, ttft_ms=run.ttft_ms,
+            decode_ms=run.decode_ms, decode_tok_s=num_decoded / (run.decode_ms / 1000) if run.decode_ms else 0.0,
+            kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
+        )
+
+    def _decode_text(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

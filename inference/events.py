@@ -1,0 +1,120 @@
+"""The records a generation yields, in order: `Prefilled`, then one `Step` per token,
+then exactly one `Finished`. Beam search yields `BeamStep`s and then `Finished`.
+
+Owns: the shape of what the engine reports. Plain data (JSON-ready via `to_dict`), no
+tensors, so records cross process boundaries (Celery, Channels) unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Phase = Literal["prefill", "decode"]
+FinishReason = Literal["eos", "length", "stop_string", "context", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One candidate next token: its id, its text alone, and its probability."""
+
+    token_id: int
+    piece: str          # the token decoded alone (may hold U+FFFD for a partial UTF-8 byte)
+    prob: float
+    logprob: float
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """The prompt went through the model once; the KV cache now holds it."""
+
+    num_prompt_tokens: int
+    num_cached_tokens: int      # reused from the prefix cache, not recomputed
+    num_prefilled_tokens: int   # actually run through the model in this request
+    prefill_ms: float
+    kv_cache_bytes: int
+    type: str = "prefilled"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One generated token and the distribution it was drawn from.
+
+    `top_raw` is the model's own softmax(logits); `top_processed` is the distribution the
+    token was actually sampled from (after penalty, temperature, top-k/p, min-p).
+    `logprob` is the chosen token's log-probability under the processed distribution,
+    `raw_logprob` under the raw one; `rank` is its 1-based rank in the raw distribution.
+    The first token comes out of the prefill forward pass, so its phase is "prefill".
+    """
+
+    index: int
+    phase: Phase
+    token_id: int
+    piece: str
+    token_bytes: bytes
+    text_delta: str             # UTF-8-safe increment of the decoded answer
+    logprob: float
+    raw_logprob: float
+    rank: int
+    entropy: float              # of the raw distribution, in nats
+    latency_ms: float
+    top_raw: tuple[Alternative, ...] = ()
+    top_processed: tuple[Alternative, ...] = ()
+    kv_cache_bytes: int = 0
+    type: str = "step"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["token_bytes"] = self.token_bytes.hex()
+        return d
+
+
+@dataclass(frozen=True)
+class Beam:
+    token_ids: tuple[int, ...]  # generated tokens only (prompt excluded)
+    text: str
+    score: float                # sum of logprobs / len ** length_penalty
+    parent: int                 # index of this beam's parent in the previous BeamStep
+    is_finished: bool = False
+
+
+@dataclass(frozen=True)
+class BeamStep:
+    """The live beams after one beam-search step (for a beam-tree view)."""
+
+    index: int
+    phase: Phase
+    beams: tuple[Beam, ...]
+    latency_ms: float
+    type: str = "beam_step"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The single terminal record of every generation."""
+
+    finish_reason: FinishReason
+    text: str
+    token_ids: tuple[int, ...]
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_generated_tokens: int
+    prefill_ms: float
+    ttft_ms: float              # request start -> first token available
+    decode_ms: float
+    decode_tok_s: float
+    kv_cache_bytes: int
+    sequences: tuple[Beam, ...] = ()   # beam search: the returned sequences, best first
+    error: str | None = None
+    type: str = "finished"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Event = Prefilled | Step | BeamStep | Finished

@@ -1,0 +1,112 @@
+"""Per-request generation settings (`SamplingParams`): the single source of truth.
+
+Owns: every knob a user can turn for one request, its defaults and its validation
+(`ValueError` naming the offending value). The Django `SamplingPreset` validates by
+building this dataclass. Must not know: models, tensors, Django.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from inference.config import MAX_NUM_ALTERNATIVES
+
+MAX_STOP_STRINGS = 8
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token.
+
+    Greedy (argmax) when `greedy` is true or `temperature == 0`; otherwise random sampling
+    from the processed distribution. Processor order (see `inference.logits`):
+    repetition penalty -> temperature -> top-k -> top-p -> min-p.
+    `top_k=0`, `top_p=1.0`, `min_p=0.0` and `repetition_penalty=1.0` mean "off".
+    `num_beams > 1` selects beam search (deterministic; sampling knobs then do not apply).
+    `num_alternatives` is how many top tokens each step reports (raw and processed).
+    `use_kv_cache=False` recomputes the whole sequence every step (same tokens, slower: shows what
+    the cache saves); `use_prefix_cache=False` skips reusing KV from earlier requests.
+    """
+
+    max_new_tokens: int = 256
+    greedy: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    num_alternatives: int = 10
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    use_kv_cache: bool = True
+    use_prefix_cache: bool = True
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool = False
+    num_return_sequences: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, (list, str)):
+            object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        _check_int("max_new_tokens", self.max_new_tokens, 1, 1_000_000)
+        _check_float("temperature", self.temperature, 0.0, 100.0)
+        _check_int("top_k", self.top_k, 0, 10_000_000)
+        _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_float("min_p", self.min_p, 0.0, 1.0, high_open=True)
+        _check_float("repetition_penalty", self.repetition_penalty, 0.0, 100.0, low_open=True)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, 2**63 - 1)
+        _check_int("num_alternatives", self.num_alternatives, 0, MAX_NUM_ALTERNATIVES)
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} are allowed")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop={s!r}: stop strings must be non-empty strings")
+        _check_int("num_beams", self.num_beams, 1, 16)
+        _check_float("length_penalty", self.length_penalty, -10.0, 10.0)
+        _check_int("num_return_sequences", self.num_return_sequences, 1, self.num_beams)
+        for name in ("greedy", "ignore_eos", "use_kv_cache", "use_prefix_cache", "early_stopping"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0.0
+
+    @property
+    def is_beam_search(self) -> bool:
+        return self.num_beams > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stop"] = list(self.stop)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SamplingParams":
+        """Build from user input (JSON); unknown keys are a ValueError naming them."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown sampling setting(s): {', '.join(unknown)}")
+        return cls(**data)
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} must be an integer")
+    if not low <= value <= high:
+        raise ValueError(f"{name}={value} must be between {low} and {high}")
+
+
+def _check_float(name: str, value: Any, low: float, high: float,
+                 low_open: bool = False, high_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if too_low or too_high:
+        lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
+        raise ValueError(f"{name}={value} must be in {lo}{low}, {high}{hi}")

@@ -1,0 +1,128 @@
+"""The admin: every record editable (or, for generations, inspectable) by staff.
+
+Validation lives on the models (`clean()` builds the engine's dataclasses), so the add and
+change forms refuse bad values with the dataclass's own message on the right field.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin
+from django.utils.html import format_html
+
+from inference.chat_template import ChatTemplateError, validate_template
+from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
+
+
+def _pre(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
+
+
+@admin.register(LanguageModel)
+class LanguageModelAdmin(admin.ModelAdmin):
+    list_display = ("name", "source", "dtype", "device", "max_context", "default_chat_template",
+                    "is_enabled", "is_default", "updated_at")
+    list_filter = ("is_enabled", "is_default", "dtype", "device", "trust_remote_code")
+    list_editable = ("is_enabled",)
+    search_fields = ("name", "source")
+
+
+@admin.register(SamplingPreset)
+class SamplingPresetAdmin(admin.ModelAdmin):
+    list_display = ("name", "is_default", "greedy", "temperature", "top_k", "top_p", "min_p",
+                    "repetition_penalty", "max_new_tokens", "num_beams", "seed")
+    list_filter = ("is_default", "greedy", "num_beams")
+    search_fields = ("name", "description")
+    fieldsets = (
+        (None, {"fields": ("name", "description", "is_default")}),
+        ("Sampling", {"fields": ("greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                 "seed")}),
+        ("Length and stopping", {"fields": ("max_new_tokens", "stop", "ignore_eos")}),
+        ("Beam search", {"fields": ("num_beams", "length_penalty", "early_stopping", "num_return_sequences")}),
+        ("Reporting and caching", {"fields": ("num_alternatives", "use_kv_cache", "use_prefix_cache")}),
+    )
+
+
+@admin.register(ChatTemplate)
+class ChatTemplateAdmin(admin.ModelAdmin):
+    list_display = ("name", "description", "updated_at")
+    search_fields = ("name", "description", "source")
+    readonly_fields = ("preview",)
+    fields = ("name", "description", "source", "preview")
+
+    @admin.display(description="Preview (a sample conversation, as the model will see it)")
+    def preview(self, template: ChatTemplate) -> str:
+        if not template.source:
+            return "Save the template to see it rendered."
+        try:
+            return _pre(validate_template(template.source))
+        except ChatTemplateError as exc:
+            return format_html("<strong>This template fails:</strong> {}", str(exc))
+
+
+class MessageInline(admin.TabularInline):
+    model = Message
+    fields = ("position", "role", "content", "is_active", "generation")
+    readonly_fields = ("generation",)
+    extra = 0
+    ordering = ("position", "created_at")
+
+
+@admin.register(Conversation)
+class ConversationAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "model", "preset", "session_key", "created_at", "updated_at")
+    list_filter = ("model", "preset")
+    search_fields = ("title", "system_prompt", "session_key")
+    inlines = (MessageInline,)
+
+
+@admin.register(Message)
+class MessageAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "conversation", "role", "position", "is_active", "generation", "created_at")
+    list_filter = ("role", "is_active")
+    search_fields = ("content",)
+    raw_id_fields = ("conversation", "generation")
+
+
+@admin.register(Generation)
+class GenerationAdmin(admin.ModelAdmin):
+    """Inspect-only: generations are written by the worker."""
+
+    list_display = ("id", "status", "kind", "model", "finish_reason", "error_code", "num_prompt_tokens",
+                    "num_cached_tokens", "num_generated_tokens", "ttft_ms", "decode_tok_s", "worker", "created_at")
+    list_filter = ("status", "kind", "finish_reason", "error_code", "model")
+    search_fields = ("=id", "prompt_text", "text", "error_message", "worker", "session_key")
+    date_hierarchy = "created_at"
+    fieldsets = (
+        (None, {"fields": ("status", "kind", "model", "chat_template", "conversation", "session_key")}),
+        ("Outcome", {"fields": ("finish_reason", "error_code", "error_message", "text")}),
+        ("Timings", {"fields": ("num_prompt_tokens", "num_cached_tokens", "num_generated_tokens", "prefill_ms",
+                                "ttft_ms", "decode_tok_s", "created_at", "started_at", "finished_at")}),
+        ("Workers", {"fields": ("worker", "prefill_worker", "decode_worker")}),
+        ("Details", {"fields": ("params_display", "inputs_display", "prompt_text", "stats_display",
+                                "num_steps")}),
+    )
+
+    def get_readonly_fields(self, request: Any, obj: Generation | None = None) -> list[str]:
+        return [name for fieldset in self.fieldsets for name in fieldset[1]["fields"]]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    @admin.display(description="params")
+    def params_display(self, generation: Generation) -> str:
+        return _pre(generation.params)
+
+    @admin.display(description="inputs")
+    def inputs_display(self, generation: Generation) -> str:
+        return _pre(generation.inputs)
+
+    @admin.display(description="stats")
+    def stats_display(self, generation: Generation) -> str:
+        return _pre(generation.stats)
+
+    @admin.display(description="steps")
+    def num_steps(self, generation: Generation) -> int:
+        return len(generation.steps)  # the records themselves are too long for a page

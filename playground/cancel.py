@@ -1,0 +1,26 @@
+"""Stop requests: a flag in Redis that the consumer sets and the worker's `should_stop` reads.
+
+A flag rather than a Celery revoke: the solo pool runs the generation in the process that
+would have to receive the control message, and the engine checks the flag each step.
+"""
+from __future__ import annotations
+
+from playground import store
+
+_TTL_S = 3600  # long enough to outlive any queue wait; short enough not to pile up
+
+
+def _key(generation_id: int) -> str:
+    return f"playground:cancel:{generation_id}"
+
+
+def request_stop(generation_id: int) -> None:
+    store.client().set(_key(generation_id), 1, ex=_TTL_S)
+
+
+def is_stop_requested(generation_id: int) -> bool:
+    return bool(store.client().exists(_key(generation_id)))
+
+
+def clear(generation_id: int) -> None:
+    store.client().delete(_key(generation_id))

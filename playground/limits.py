@@ -1,0 +1,46 @@
+"""Server-side limits on what one client may ask for (settings `PLAYGROUND_MAX_*`).
+
+Each check raises `CommandError` with the stable code the protocol names.
+"""
+from __future__ import annotations
+
+from django.conf import settings
+
+from inference.sampling_params import SamplingParams
+from playground import liveness
+from playground.models import Generation
+from playground.protocol import CommandError
+
+
+def check_prompt_chars(num_chars: int) -> None:
+    """The cheap check in the web process; the worker checks tokens exactly."""
+    limit = settings.PLAYGROUND_MAX_PROMPT_CHARS
+    if num_chars > limit:
+        raise CommandError("prompt_too_long", f"the prompt has {num_chars} characters; the limit is {limit}")
+
+
+def check_prompt_tokens(num_tokens: int, max_context: int) -> None:
+    limit = settings.PLAYGROUND_MAX_PROMPT_TOKENS
+    if num_tokens > limit:
+        raise CommandError("prompt_too_long", f"the prompt has {num_tokens} tokens; the limit is {limit}")
+    if num_tokens >= max_context:
+        raise CommandError("prompt_too_long", f"the prompt has {num_tokens} tokens and leaves no room "
+                                              f"in the model's context of {max_context}")
+
+
+def check_params(params: SamplingParams) -> None:
+    limit = settings.PLAYGROUND_MAX_NEW_TOKENS
+    if params.max_new_tokens > limit:
+        raise CommandError("invalid_params",
+                           f"max_new_tokens={params.max_new_tokens} exceeds this server's limit of {limit}")
+
+
+def check_concurrency(session_key: str) -> None:
+    """At most `PLAYGROUND_MAX_CONCURRENT_PER_CLIENT` queued or running generations per session."""
+    active = Generation.objects.filter(session_key=session_key, status__in=Generation.ACTIVE_STATUSES)
+    liveness.reconcile(active.all())  # a dead worker's generations must not block the client forever
+    limit = settings.PLAYGROUND_MAX_CONCURRENT_PER_CLIENT
+    num_active = active.count()  # a fresh query: reconcile may have ended some
+    if num_active >= limit:
+        raise CommandError("too_many_generations",
+                           f"{num_active} generations are already running for this client; the limit is {limit}")

@@ -1,0 +1,19 @@
+"""Gives every browser a session on its first page load.
+
+Conversations belong to the session, and the WebSocket cannot set a cookie, so the session
+must exist (and its cookie be set) before the page opens its socket.
+"""
+from typing import Callable
+
+from django.http import HttpRequest, HttpResponse
+
+
+class EnsureSessionMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not request.session.session_key:
+            request.session.save()
+            request.session.modified = True  # so SessionMiddleware sets the cookie
+        return self.get_response(request)

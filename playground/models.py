@@ -1,0 +1,284 @@
+"""The playground's records: models, presets, chat templates, conversations, generations.
+
+Owns: what is stored and the conversions from rows to the engine's settings
+(`LanguageModel.to_engine_config`, `SamplingPreset.to_sampling_params`). Must not import
+torch, transformers or `inference.engine`: this module loads in the web process.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import fields as dataclass_fields
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models, transaction
+
+from inference.config import VALID_DTYPES, EngineConfig
+from inference.sampling_params import SamplingParams
+from playground import protocol
+
+SAMPLING_FIELDS = tuple(f.name for f in dataclass_fields(SamplingParams))
+_SAMPLING_DEFAULTS = SamplingParams()
+
+
+def validation_error(exc: ValueError, field_names: tuple[str, ...]) -> ValidationError:
+    """The dataclass's ValueError ("top_p=1.5 must be ...") as an error on the field it names."""
+    match = re.match(r"\s*(\w+)", str(exc))
+    if match and match.group(1) in field_names:
+        return ValidationError({match.group(1): str(exc)})
+    return ValidationError(str(exc))
+
+
+class DefaultFlagModel(models.Model):
+    """A row type with at most one `is_default` row; saving a new default unsets the old one."""
+
+    is_default = models.BooleanField(default=False)
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        with transaction.atomic():
+            if self.is_default:
+                type(self).objects.filter(is_default=True).exclude(pk=self.pk).update(is_default=False)
+            super().save(*args, **kwargs)
+
+    def validate_constraints(self, exclude: set[str] | None = None) -> None:
+        # save() moves the flag, so "one default" cannot be violated by a form: skip it there
+        super().validate_constraints(exclude={*(exclude or ()), "is_default"})
+
+    @classmethod
+    def default(cls) -> Any:
+        return cls.objects.filter(is_default=True).first()
+
+
+class ChatTemplate(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    source = models.TextField(help_text="Jinja2 chat template (Hugging Face format).")
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        from inference.chat_template import ChatTemplateError, validate_template
+
+        try:
+            validate_template(self.source)
+        except ChatTemplateError as exc:
+            raise ValidationError({"source": str(exc)}) from exc
+
+
+class LanguageModel(DefaultFlagModel):
+    name = models.CharField(max_length=100, unique=True)
+    source = models.CharField(
+        max_length=500,
+        help_text='A Hugging Face model folder, a hub id already in the local cache, a .gguf file, '
+                  'or "bundled" (SmolLM2-135M-Instruct).')
+    dtype = models.CharField(max_length=16, default="auto",
+                             choices=[(d, d) for d in VALID_DTYPES],
+                             help_text="auto: the worker's PLAYGROUND_DTYPE.")
+    device = models.CharField(max_length=16, default="auto",
+                              help_text="auto, cpu, cuda or cuda:N; auto: the worker's PLAYGROUND_DEVICE.")
+    max_context = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Caps the context length; empty: the model's own.")
+    default_chat_template = models.ForeignKey(
+        ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL,
+        help_text="Empty: the model's own template.")
+    is_enabled = models.BooleanField(default=True)
+    trust_remote_code = models.BooleanField(
+        default=False, help_text="Runs Python code shipped with the model. Only for sources you trust.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "model"
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True),
+                                               name="one_default_model")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def to_engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            source=self.source,
+            dtype=settings.PLAYGROUND_DTYPE if self.dtype == "auto" else self.dtype,
+            device=settings.PLAYGROUND_DEVICE if self.device == "auto" else self.device,
+            max_context=self.max_context,
+            trust_remote_code=self.trust_remote_code,
+            data_dir=str(settings.PLAYGROUND_DATA_DIR),
+        )
+
+    def clean(self) -> None:
+        try:
+            self.to_engine_config()
+        except ValueError as exc:
+            raise validation_error(exc, ("source", "dtype", "device", "max_context")) from exc
+
+
+class SamplingPreset(DefaultFlagModel):
+    """Named sampling settings: one field per `inference.SamplingParams` field."""
+
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    max_new_tokens = models.PositiveIntegerField(default=_SAMPLING_DEFAULTS.max_new_tokens)
+    greedy = models.BooleanField(default=_SAMPLING_DEFAULTS.greedy, help_text="Always pick the most likely token.")
+    temperature = models.FloatField(default=_SAMPLING_DEFAULTS.temperature, help_text="0 = greedy.")
+    top_k = models.PositiveIntegerField(default=_SAMPLING_DEFAULTS.top_k, help_text="0 = off.")
+    top_p = models.FloatField(default=_SAMPLING_DEFAULTS.top_p, help_text="1.0 = off.")
+    min_p = models.FloatField(default=_SAMPLING_DEFAULTS.min_p, help_text="0.0 = off.")
+    repetition_penalty = models.FloatField(default=_SAMPLING_DEFAULTS.repetition_penalty, help_text="1.0 = off.")
+    seed = models.BigIntegerField(null=True, blank=True, help_text="Empty: a fresh random seed per request.")
+    num_alternatives = models.PositiveIntegerField(
+        default=_SAMPLING_DEFAULTS.num_alternatives, help_text="Top tokens reported per step.")
+    stop = models.JSONField(default=list, blank=True, help_text='Stop strings, e.g. ["\\n\\n"].')
+    ignore_eos = models.BooleanField(default=_SAMPLING_DEFAULTS.ignore_eos)
+    use_kv_cache = models.BooleanField(default=_SAMPLING_DEFAULTS.use_kv_cache)
+    use_prefix_cache = models.BooleanField(default=_SAMPLING_DEFAULTS.use_prefix_cache,
+                                           help_text="Reuse the KV cache of earlier requests' common prefix.")
+    num_beams = models.PositiveIntegerField(default=_SAMPLING_DEFAULTS.num_beams, help_text="> 1: beam search.")
+    length_penalty = models.FloatField(default=_SAMPLING_DEFAULTS.length_penalty)
+    early_stopping = models.BooleanField(default=_SAMPLING_DEFAULTS.early_stopping)
+    num_return_sequences = models.PositiveIntegerField(default=_SAMPLING_DEFAULTS.num_return_sequences)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True),
+                                               name="one_default_preset")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def to_sampling_params(self, **overrides: Any) -> SamplingParams:
+        """The single preset -> `SamplingParams` conversion; `overrides` win (ValueError if invalid)."""
+        data = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        data.update(overrides)
+        return SamplingParams.from_dict(data)
+
+    def clean(self) -> None:
+        if not isinstance(self.stop, list):
+            raise ValidationError({"stop": f"stop={self.stop!r} must be a list of strings"})
+        try:
+            self.to_sampling_params()
+        except ValueError as exc:
+            raise validation_error(exc, SAMPLING_FIELDS) from exc
+
+
+class Conversation(models.Model):
+    session_key = models.CharField(max_length=40, db_index=True)
+    title = models.CharField(max_length=200, blank=True)
+    system_prompt = models.TextField(blank=True)
+    model = models.ForeignKey(LanguageModel, null=True, blank=True, on_delete=models.SET_NULL)
+    preset = models.ForeignKey(SamplingPreset, null=True, blank=True, on_delete=models.SET_NULL)
+    chat_template = models.ForeignKey(ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL,
+                                      help_text="Empty: the model's default template.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+
+    def __str__(self) -> str:
+        return self.title or f"Conversation {self.pk}"
+
+    def active_messages(self) -> models.QuerySet[Message]:
+        return self.messages.filter(is_active=True).order_by("position", "created_at")
+
+
+class Generation(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        FINISHED = "finished"
+        ERROR = "error"
+        CANCELLED = "cancelled"
+
+    class Kind(models.TextChoices):
+        CHAT = "chat"
+        COMPLETE = "complete"
+
+    ACTIVE_STATUSES = (Status.QUEUED, Status.RUNNING)
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
+    session_key = models.CharField(max_length=40, db_index=True)
+    conversation = models.ForeignKey(Conversation, null=True, blank=True, on_delete=models.CASCADE,
+                                     related_name="generations")
+    model = models.ForeignKey(LanguageModel, null=True, on_delete=models.SET_NULL)
+    chat_template = models.ForeignKey(ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL)
+    params = models.JSONField(default=dict, help_text="The resolved SamplingParams.")
+    inputs = models.JSONField(default=dict, blank=True,
+                              help_text="complete only: {text, chat, token_ids} as the client sent them.")
+    prompt_text = models.TextField(blank=True, help_text="The prompt as the model saw it.")
+    prompt = models.JSONField(default=dict, blank=True, help_text="{spans, tokens}")
+    text = models.TextField(blank=True, help_text="The answer (partial until finished).")
+    steps = models.JSONField(default=list, blank=True)
+    stats = models.JSONField(default=dict, blank=True)
+    finish_reason = models.CharField(max_length=16, blank=True)
+    error_code = models.CharField(max_length=32, blank=True)
+    error_message = models.TextField(blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    prefill_worker = models.CharField(max_length=200, blank=True)
+    decode_worker = models.CharField(max_length=200, blank=True)
+    num_prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    num_cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    num_generated_tokens = models.PositiveIntegerField(null=True, blank=True)
+    prefill_ms = models.FloatField(null=True, blank=True)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    decode_tok_s = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"Generation {self.pk} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE_STATUSES
+
+    def answer_message_id(self) -> int | None:
+        return self.messages.filter(role=Message.Role.ASSISTANT).values_list("id", flat=True).first()
+
+    def terminal_event(self) -> dict[str, Any]:
+        """The generation's one terminal event, built from the stored row."""
+        assert not self.is_active, f"generation {self.pk} is still {self.status}"
+        if self.status == self.Status.ERROR:
+            return protocol.generation_error(self.pk, self.error_code or "internal_error", self.error_message)
+        return protocol.generation_finished(self.pk, self.answer_message_id(), self.finish_reason,
+                                            self.text, self.stats)
+
+
+class Message(models.Model):
+    class Role(models.TextChoices):
+        SYSTEM = "system"
+        USER = "user"
+        ASSISTANT = "assistant"
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True)
+    position = models.PositiveIntegerField(help_text="Place in the conversation; superseded messages keep theirs.")
+    is_active = models.BooleanField(default=True, help_text="False once an edit or regenerate replaced it.")
+    generation = models.ForeignKey(Generation, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="messages")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["position", "created_at"]
+        indexes = [models.Index(fields=["conversation", "is_active", "position"])]
+
+    def __str__(self) -> str:
+        return f"{self.role}: {self.content[:50]}"

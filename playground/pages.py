@@ -1,0 +1,21 @@
+"""The two HTML pages: the chat UI at `/` and the token-probability explorer at `/explorer/`.
+
+Owns: which template each page renders. The pages are static shells; everything they show
+comes from the JSON API and the `/ws/generate/` socket (docs/protocol.md), so these views
+must not know models, conversations or the engine.
+"""
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.csrf import ensure_csrf_cookie
+
+
+# The page's scripts send mutating API calls with the `csrftoken` cookie as `X-CSRFToken`;
+# nothing in the page renders a form, so the cookie must be set explicitly.
+@ensure_csrf_cookie
+def chat(request: HttpRequest) -> HttpResponse:
+    return render(request, "chat.html", {"page": "chat"})
+
+
+@ensure_csrf_cookie
+def explorer(request: HttpRequest) -> HttpResponse:
+    return render(request, "explorer.html", {"page": "explorer"})

@@ -1,0 +1,149 @@
+"""The wire contract (docs/protocol.md) in one place: error codes, command field parsing
+and the builders of every event the server sends.
+
+Used by the consumer (web process) and the runner (worker). Must not know: sockets, the
+ORM, Celery or the engine; events are plain JSON-ready dicts whose `type` is the wire type
+(and, over the channel layer, the consumer handler's name: `generation.tokens` ->
+`generation_tokens`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+ERROR_CODES = (
+    "bad_json", "unknown_command", "invalid_field", "invalid_params", "prompt_too_long",
+    "too_many_generations", "not_found", "model_unavailable", "worker_lost", "internal_error",
+    "kv_handoff_failed",
+)
+TERMINAL_TYPES = ("generation.finished", "generation.error")
+
+
+class CommandError(Exception):
+    """A refused command or request, or a failed generation: a stable `code` from ERROR_CODES
+    and a message meant for a person."""
+
+    def __init__(self, code: str, message: str) -> None:
+        assert code in ERROR_CODES, code
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# Command fields --------------------------------------------------------------------------
+
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object",
+               list: "a list"}
+
+
+def get_field(content: dict[str, Any], name: str, kind: type, *, required: bool = False,
+              default: Any = None) -> Any:
+    """`content[name]` checked to be of `kind` (bool is not an int here), else invalid_field."""
+    if name not in content or content[name] is None:
+        if required:
+            raise CommandError("invalid_field", f"{name} is required")
+        return default
+    value = content[name]
+    is_bool = isinstance(value, bool)
+    if not isinstance(value, kind) or (is_bool and kind is not bool):
+        raise CommandError("invalid_field", f"{name}={value!r} must be {_TYPE_NAMES[kind]}")
+    return value
+
+
+def get_id_list(content: dict[str, Any], name: str) -> list[int]:
+    """A list of non-negative integers (e.g. token ids), else invalid_field."""
+    values = get_field(content, name, list, default=[])
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CommandError("invalid_field", f"{name} must hold non-negative integers, not {value!r}")
+    return values
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with non-finite floats (e.g. the -inf logprob of a filtered token) as None.
+
+    Browsers' JSON.parse and PostgreSQL's jsonb both reject NaN and Infinity.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+# Events ----------------------------------------------------------------------------------
+
+def error(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+    """A refused command: nothing was started."""
+    return {"type": "error", "request_id": request_id, "code": code, "message": message}
+
+
+def generation_queued(request_id: str | None, generation_id: int, conversation_id: int | None,
+                      user_message_id: int | None, message_id: int | None) -> dict[str, Any]:
+    return {"type": "generation.queued", "request_id": request_id, "generation_id": generation_id,
+            "conversation_id": conversation_id, "user_message_id": user_message_id,
+            "message_id": message_id}
+
+
+def generation_started(generation_id: int, worker: str, model: dict[str, Any],
+                       params: dict[str, Any], prompt: dict[str, Any]) -> dict[str, Any]:
+    """`prompt` is {text, spans, tokens} (see `prompt_record`)."""
+    return {"type": "generation.started", "generation_id": generation_id, "worker": worker,
+            "model": model, "params": params, "prompt": prompt}
+
+
+def prompt_record(text: str, spans: list[dict[str, Any]], tokens: list[dict[str, Any]]) -> dict[str, Any]:
+    """`tokens` are `inference.tokenization.TokenInfo.to_dict()`s: {id, piece, bytes (hex), ...}."""
+    return {"text": text, "spans": spans, "tokens": tokens}
+
+
+def generation_prefilled(generation_id: int, prefilled: dict[str, Any]) -> dict[str, Any]:
+    """`prefilled` is `inference.Prefilled.to_dict()`."""
+    fields = ("num_prompt_tokens", "num_cached_tokens", "num_prefilled_tokens", "prefill_ms",
+              "kv_cache_bytes")
+    return {"type": "generation.prefilled", "generation_id": generation_id,
+            **{name: prefilled[name] for name in fields}}
+
+
+def generation_steps(generation_id: int, steps: list[dict[str, Any]], *, is_beam: bool) -> dict[str, Any]:
+    """Coalesced token steps (`generation.tokens`) or beam steps (`generation.beams`)."""
+    kind = "generation.beams" if is_beam else "generation.tokens"
+    return {"type": kind, "generation_id": generation_id, "steps": steps}
+
+
+def generation_finished(generation_id: int, message_id: int | None, finish_reason: str,
+                        text: str, stats: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "generation.finished", "generation_id": generation_id,
+            "message_id": message_id, "finish_reason": finish_reason, "text": text,
+            "stats": stats}
+
+
+def generation_error(generation_id: int, code: str, message: str) -> dict[str, Any]:
+    assert code in ERROR_CODES, code
+    return {"type": "generation.error", "generation_id": generation_id, "code": code,
+            "message": message}
+
+
+_STATS_FIELDS = ("num_prompt_tokens", "num_cached_tokens", "num_generated_tokens", "prefill_ms", "ttft_ms",
+                 "decode_ms", "decode_tok_s", "kv_cache_bytes", "finish_reason")
+
+
+def stats_record(finished: dict[str, Any], worker: str) -> dict[str, Any]:
+    """`stats` of `generation.finished` from `inference.Finished.to_dict()`; beam search adds
+    its returned `sequences`."""
+    stats = {name: finished[name] for name in _STATS_FIELDS}
+    stats["worker"] = worker
+    if finished.get("sequences"):
+        stats["sequences"] = finished["sequences"]
+    return stats
+
+
+def group_name(generation_id: int) -> str:
+    """The channel-layer group a generation's events go to (worker -> consumer)."""
+    return f"generation-{generation_id}"
+
+
+def is_terminal(event: dict[str, Any]) -> bool:
+    return event.get("type") in TERMINAL_TYPES

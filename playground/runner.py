@@ -1,0 +1,227 @@
+"""The Django <-> engine bridge, run by the Celery worker for one generation.
+
+Owns: claiming the queued row, the engine cache (one model per worker process, loaded
+lazily), building the prompt from the records, the stop check, streaming events to the
+generation's group, saving the partial answer, and the single terminal event (a `finally`
+path). Must not know: sockets. `inference.engine` (torch) is imported only when a model is
+first loaded, so importing this module stays cheap.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from django.utils import timezone
+
+from inference.events import BeamStep, Finished, Prefilled, Step
+from inference.sampling_params import SamplingParams
+from playground import cancel, limits, liveness, protocol
+from playground.models import Generation, LanguageModel, Message
+from playground.protocol import CommandError
+from playground.publisher import StepCoalescer, send_to_group
+
+if TYPE_CHECKING:
+    from inference.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+SAVE_PARTIAL_EVERY_S = 1.0  # what a killed worker loses at most
+
+_loaded: tuple[tuple[Any, ...], Engine] | None = None
+
+
+def get_engine(model: LanguageModel) -> Engine:
+    """The engine for `model`, loading it (and dropping the previous one) when needed."""
+    global _loaded
+    config = model.to_engine_config()
+    key = (model.pk, config)
+    if _loaded is not None and _loaded[0] == key:
+        return _loaded[1]
+    _loaded = None
+    gc.collect()  # free the previous model's memory before loading the next
+    from inference.engine import Engine
+
+    logger.info("loading model %r (%s)", model.name, config)
+    engine = Engine.load(config, progress=lambda message: logger.info("%s: %s", model.name, message))
+    _loaded = (key, engine)
+    return engine
+
+
+def run_generation(generation_id: int, worker: str,
+                   load_engine: Callable[[LanguageModel], Engine] = get_engine,
+                   send: Callable[[dict[str, Any]], None] = send_to_group) -> None:
+    """Runs one queued generation to its end; skips one that is no longer queued."""
+    with liveness.generation_heartbeat(generation_id):  # beats before the row says "running"
+        generation = _claim(generation_id, worker)
+        if generation is None:
+            logger.info("generation %s is no longer queued; skipped", generation_id)
+            return
+        GenerationRun(generation, send).execute(load_engine)
+    cancel.clear(generation_id)
+
+
+def _claim(generation_id: int, worker: str) -> Generation | None:
+    num_updated = Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
+        status=Generation.Status.RUNNING, started_at=timezone.now(), worker=worker)
+    if not num_updated:
+        return None
+    return Generation.objects.select_related("model", "chat_template", "conversation").get(pk=generation_id)
+
+
+class GenerationRun:
+    """The state of one running generation: streamed steps, partial text, its outcome."""
+
+    def __init__(self, generation: Generation, send: Callable[[dict[str, Any]], None]) -> None:
+        self.generation = generation
+        self.send = send
+        self.answer_id: int | None = None   # the assistant message (chat only)
+        self.is_beam_search = False
+        self.text = ""
+        self.steps: list[dict[str, Any]] = []
+        self.coalescer = StepCoalescer(self._send_steps)
+        self.saved_at = time.monotonic()
+
+    def execute(self, load_engine: Callable[[LanguageModel], Engine]) -> None:
+        outcome: Finished | CommandError = CommandError("internal_error", "the worker was interrupted")
+        try:
+            outcome = self._generate(load_engine)
+        except CommandError as exc:
+            outcome = exc
+        except Exception as exc:
+            logger.exception("generation %s failed", self.generation.pk)
+            outcome = CommandError("internal_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            self._end(outcome)
+
+    # ---- the generation ----------------------------------------------------------------
+
+    def _generate(self, load_engine: Callable[[LanguageModel], Engine]) -> Finished:
+        generation = self.generation
+        self.answer_id = generation.answer_message_id()
+        try:
+            params = SamplingParams.from_dict(generation.params)
+        except (TypeError, ValueError) as exc:  # stored by an older version with other settings
+            raise CommandError("invalid_params", str(exc)) from exc
+        self.is_beam_search = params.is_beam_search
+        if generation.model is None:
+            raise CommandError("model_unavailable", "the generation's model was deleted")
+        try:
+            engine = load_engine(generation.model)
+        except Exception as exc:
+            logger.exception("loading model %r failed", generation.model.name)
+            raise CommandError("model_unavailable",
+                               f"model {generation.model.name!r} could not be loaded: {exc}") from exc
+        info = engine.model_info()
+        prompt_ids, prompt = self._prompt(engine, info["max_context"])
+        self._save(prompt_text=prompt["text"], prompt={"spans": prompt["spans"], "tokens": prompt["tokens"]},
+                   num_prompt_tokens=len(prompt_ids))
+        self.send(protocol.generation_started(generation.pk, generation.worker, protocol.json_safe(info),
+                                              params.to_dict(), prompt))
+        events = engine.generate(prompt_ids, params, should_stop=lambda: cancel.is_stop_requested(generation.pk))
+        for event in events:
+            if isinstance(event, Finished):
+                return event
+            if isinstance(event, Prefilled):
+                self.send(protocol.generation_prefilled(generation.pk, event.to_dict()))
+            elif isinstance(event, (Step, BeamStep)):
+                self._on_step(event)
+        raise RuntimeError("the engine ended without a Finished record")
+
+    def _prompt(self, engine: Engine, max_context: int) -> tuple[list[int], dict[str, Any]]:
+        """The prompt's token ids and its record ({text, spans, tokens}), within the limits."""
+        generation = self.generation
+        template = generation.chat_template.source if generation.chat_template else None
+        inputs = generation.inputs
+        if generation.kind == Generation.Kind.CHAT:
+            messages = self._chat_messages()
+        elif inputs.get("chat"):
+            messages = [{"role": "user", "content": inputs["text"]}]
+        else:  # raw completion: the text as it is
+            messages = None
+        if messages is None:
+            text = inputs["text"]
+            spans = [{"start": 0, "end": len(text), "kind": "content", "role": None}] if text else []
+        else:
+            try:
+                rendered = engine.render_chat(messages, template)
+            except ValueError as exc:  # includes ChatTemplateError
+                raise CommandError("invalid_params", f"the prompt could not be built: {exc}") from exc
+            text, spans = rendered.text, [span.to_dict() for span in rendered.spans]
+        tokens = engine.tokenize(text) + engine.token_infos(inputs.get("token_ids", []))
+        limits.check_prompt_tokens(len(tokens), max_context)
+        return [t.id for t in tokens], protocol.prompt_record(text, spans, [t.to_dict() for t in tokens])
+
+    def _chat_messages(self) -> list[dict[str, str]]:
+        """System prompt first, then the active messages before this generation's answer."""
+        conversation = self.generation.conversation
+        answer = Message.objects.get(pk=self.answer_id)
+        messages = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
+        for message in conversation.active_messages().filter(position__lt=answer.position):
+            if message.role == Message.Role.ASSISTANT and not message.content:
+                continue  # an answer that failed before its first token: an empty turn confuses templates
+            messages.append({"role": message.role, "content": message.content})
+        return messages
+
+    def _on_step(self, event: Step | BeamStep) -> None:
+        step = protocol.json_safe(event.to_dict())
+        self.steps.append(step)
+        if isinstance(event, Step):
+            self.text += event.text_delta
+        elif event.beams:
+            self.text = event.beams[0].text
+        self.coalescer.add(step)
+        if time.monotonic() - self.saved_at >= SAVE_PARTIAL_EVERY_S:
+            self._save(text=self.text)
+            self._save_answer(self.text)
+
+    def _send_steps(self, steps: list[dict[str, Any]]) -> None:
+        self.send(protocol.generation_steps(self.generation.pk, steps, is_beam=self.is_beam_search))
+
+    # ---- the end -------------------------------------------------------------------------
+
+    def _end(self, outcome: Finished | CommandError) -> None:
+        """Persists the outcome and sends the one terminal event, whatever failed before."""
+        generation_id = self.generation.pk
+        try:
+            self.coalescer.flush()
+        except Exception:
+            logger.exception("generation %s: could not send the last steps", generation_id)
+        if isinstance(outcome, Finished) and outcome.finish_reason == "error":
+            outcome = CommandError("internal_error", outcome.error or "the engine failed")
+        if isinstance(outcome, Finished):
+            stats = protocol.stats_record(protocol.json_safe(outcome.to_dict()), self.generation.worker)
+            fields = self._finished_fields(outcome, stats)
+            event = protocol.generation_finished(generation_id, self.answer_id, outcome.finish_reason,
+                                                 outcome.text, stats)
+        else:
+            fields = {"status": Generation.Status.ERROR, "finish_reason": "error", "text": self.text,
+                      "error_code": outcome.code, "error_message": outcome.message}
+            event = protocol.generation_error(generation_id, outcome.code, outcome.message)
+        try:
+            self._save(steps=self.steps, finished_at=timezone.now(), **fields)
+            self._save_answer(fields["text"])
+        except Exception:
+            logger.exception("generation %s: could not save its outcome", generation_id)
+        try:
+            self.send(event)
+        except Exception:
+            logger.exception("generation %s: could not send its terminal event", generation_id)
+
+    def _finished_fields(self, finished: Finished, stats: dict[str, Any]) -> dict[str, Any]:
+        is_cancelled = finished.finish_reason == "cancelled"
+        return {"status": Generation.Status.CANCELLED if is_cancelled else Generation.Status.FINISHED,
+                "finish_reason": finished.finish_reason, "text": finished.text, "stats": stats,
+                "num_prompt_tokens": finished.num_prompt_tokens, "num_cached_tokens": finished.num_cached_tokens,
+                "num_generated_tokens": finished.num_generated_tokens, "prefill_ms": finished.prefill_ms,
+                "ttft_ms": finished.ttft_ms, "decode_tok_s": finished.decode_tok_s}
+
+    def _save(self, **fields: Any) -> None:
+        """Updates the row while it is still running: a watchdog that declared it lost wins."""
+        Generation.objects.filter(pk=self.generation.pk, status=Generation.Status.RUNNING).update(**fields)
+        self.saved_at = time.monotonic()
+
+    def _save_answer(self, text: str) -> None:
+        if self.answer_id is not None:
+            Message.objects.filter(pk=self.answer_id).update(content=text)

@@ -1,0 +1,139 @@
+"""`make run`'s process supervisor: Redis (found or started), one Celery worker, daphne.
+
+Owns: the order processes start and stop in, the environment they share (REDIS_URL), and
+the rule that when one of them dies the others are stopped too. Ctrl-C (SIGINT) or SIGTERM
+stops everything (a second Ctrl-C kills at once). Must not know: migrations, static files or
+the model (the Makefile prepares those before this runs).
+
+Settings (environment): HOST (127.0.0.1), PORT (8000), REDIS_URL (redis://127.0.0.1:6379/0),
+PLAYGROUND_DATA_DIR (<repo>/data), WORKER_QUEUES (gpu,celery).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_DIR))  # run as a script: make `scripts.*` importable
+
+from scripts.net import http_status  # noqa: E402
+from scripts.processes import Service  # noqa: E402
+from scripts.redis_server import DEFAULT_REDIS_URL, find_or_start_redis  # noqa: E402
+
+POLL_S = 0.2
+
+
+class ForceStop(Exception):
+    """A second Ctrl-C while stopping: skip the grace periods."""
+
+
+class Supervisor:
+    def __init__(self) -> None:
+        self.services: list[Service] = []  # in start order; stopped in reverse
+        self.stop_signal: int | None = None
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        if self.stop_signal is not None:
+            raise ForceStop()
+        self.stop_signal = signum
+        say(f"got {signal.Signals(signum).name}: stopping (press Ctrl-C again to kill)")
+
+    def start(self, service: Service) -> Service:
+        self.services.append(service.start())
+        say(f"started {service.name} (pid {service.pid}): {' '.join(service.argv)}")
+        return service
+
+    def dead_service(self) -> Service | None:
+        return next((s for s in self.services if not s.is_alive()), None)
+
+    def stop_all(self) -> None:
+        try:
+            for service in reversed(self.services):
+                if service.is_alive():
+                    say(f"stopping {service.name} (pid {service.pid})")
+                service.stop(grace_s=10.0)
+        except ForceStop:
+            for service in self.services:
+                service.kill()
+        say("all processes stopped")
+
+
+def say(message: str) -> None:
+    print(f"   run | {message}", flush=True)
+
+
+def child_env(redis_url: str, data_dir: Path) -> dict[str, str]:
+    return os.environ | {
+        "REDIS_URL": redis_url,
+        "PLAYGROUND_DATA_DIR": str(data_dir),
+        "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "playground.settings"),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def worker_argv(queues: str, name: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", queues,
+            "-P", "solo", "-n", name, "--loglevel=info"]
+
+
+def web_argv(host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "playground.asgi:application"]
+
+
+def supervise(supervisor: Supervisor, host: str, port: int) -> int:
+    """Start everything, announce the URL once daphne answers, then watch for deaths."""
+    data_dir = Path(os.environ.get("PLAYGROUND_DATA_DIR", REPO_DIR / "data")).resolve()
+    redis, redis_url = find_or_start_redis(os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+                                           data_dir / "redis", log_path=data_dir / "redis" / "redis.log")
+    if redis is None:
+        say(f"using the Redis that answers at {redis_url}")
+    else:
+        supervisor.services.append(redis)
+        say(f"started redis (pid {redis.pid}) at {redis_url}, log in {redis.log_path}")
+    env = child_env(redis_url, data_dir)
+    queues = os.environ.get("WORKER_QUEUES", "gpu,celery")
+    supervisor.start(Service("worker", worker_argv(queues, "gpu@%h"), env=env, cwd=REPO_DIR,
+                             prefix_output=True))
+    supervisor.start(Service("web", web_argv(host, port), env=env, cwd=REPO_DIR, prefix_output=True))
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
+    is_announced = False
+    while supervisor.stop_signal is None:
+        dead = supervisor.dead_service()
+        if dead is not None:
+            say(f"{dead.name} (pid {dead.pid}) exited with code {dead.returncode}; stopping the rest")
+            return 1
+        if not is_announced and (status := http_status(url, timeout_s=2)) is not None:
+            note = "" if status == 200 else f" (it answers HTTP {status}: see the web log above)"
+            say(f"Open {url}{note}")
+            is_announced = True
+        time.sleep(POLL_S)
+    return 0
+
+
+def port_from_env() -> int:
+    value = os.environ.get("PORT", "8000")
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ValueError(f"PORT={value!r} must be a port number (1-65535)")
+    return int(value)
+
+
+def main() -> int:
+    supervisor = Supervisor()
+    signal.signal(signal.SIGINT, supervisor.on_signal)
+    signal.signal(signal.SIGTERM, supervisor.on_signal)
+    try:
+        return supervise(supervisor, os.environ.get("HOST", "127.0.0.1"), port_from_env())
+    except ForceStop:
+        return 130
+    except Exception as error:  # a start-up failure: say it plainly, still stop what started
+        say(f"error: {error}")
+        return 1
+    finally:
+        supervisor.stop_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

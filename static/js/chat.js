@@ -1,0 +1,344 @@
+// The chat page (/). Owns: the page state (current conversation, its messages, the running
+// generation) and the commands it sends (generate, stop, regenerate, edit).
+// Rendering lives in chat_messages.js, the sidebar in conversations.js, the settings panel
+// in chat_settings.js; this module wires them together.
+import { api, getJson } from "./api.js";
+import { ChatSettings, OverrideError } from "./chat_settings.js";
+import { newAssistantMessage, renderMessage, scheduleUpdate, stepAt, streamedText, updateAssistant } from "./chat_messages.js";
+import { ConversationList } from "./conversations.js";
+import { $, h, wirePanelToggles } from "./dom.js";
+import { renderIcons } from "./icons.js";
+import { promptView } from "./prompt_view.js";
+import { GenerationSocket, showConnection } from "./socket.js";
+import { TokenPopover } from "./token_popover.js";
+
+const SUGGESTIONS = [
+  "Explain what a KV cache is in two sentences.",
+  "Write a haiku about gradient descent.",
+  "List three uses of the Python `itertools` module.",
+  "What is the capital of France, and why is it famous?",
+];
+
+const state = { conversation: null, messages: [], handle: null };
+
+const input = $("#prompt-input");
+const messagesEl = $("#messages");
+const messagesInner = $("#messages-inner");
+const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
+const settings = new ChatSettings(saveConversationSetting);
+const conversations = new ConversationList($("#conv-list"), {
+  onSelect: (id) => openConversation(id),
+  onRenamed: (conv) => { if (state.conversation?.id === conv.id) setTitle(conv.title); },
+  onDeleted: (id) => { if (state.conversation?.id === id) newChat(); },
+  onError: showError,
+});
+new TokenPopover(messagesEl, (tok) => {
+  const message = state.messages.find((m) => m.el?.contains(tok));
+  return message ? stepAt(message.steps, Number(tok.dataset.step)) : null;
+});
+
+const actions = {
+  canEdit: (message) => !isBusy() && message.id !== null,
+  edit: editAndResend,
+  regenerate,
+  showPrompt,
+  ensureSteps,
+};
+
+// ---------- sending ----------
+
+function send(content) {
+  if (!content || isBusy()) return;
+  const overrides = readOverrides();
+  if (!overrides) return;
+  const user = { role: "user", id: null, content };
+  const answer = newAssistantMessage({ isStreaming: true, modelName: settings.modelName(settings.modelId) });
+  appendMessages(user, answer);
+  input.value = "";
+  autosize();
+  const command = { command: "generate", content, overrides, model_id: settings.modelId, preset_id: settings.presetId };
+  if (state.conversation) command.conversation_id = state.conversation.id;
+  else if (settings.systemPrompt.value.trim()) command.system_prompt = settings.systemPrompt.value;
+  startGeneration(command, answer, {
+    onQueued: (event) => {
+      user.id = event.user_message_id;
+      if (!state.conversation) {
+        state.conversation = { id: event.conversation_id, title: content.slice(0, 60) };
+        setTitle(state.conversation.title);
+        history.replaceState(null, "", `#c${event.conversation_id}`);
+      }
+      conversations.activeId = event.conversation_id;
+      conversations.refresh();
+    },
+    onRefused: () => {
+      removeMessages(user, answer);
+      input.value = content;
+      autosize();
+    },
+  });
+}
+
+function regenerate(answer) {
+  if (isBusy() || answer.id === null) return;
+  const overrides = readOverrides();
+  if (!overrides) return;
+  const previous = { ...answer };
+  Object.assign(answer, newAssistantMessage({ isStreaming: true, modelName: answer.modelName }));
+  updateAssistant(answer);
+  startGeneration({ command: "regenerate", message_id: previous.id, overrides, model_id: settings.modelId, preset_id: settings.presetId },
+    answer, { onRefused: () => { Object.assign(answer, previous); updateAssistant(answer); } });
+}
+
+function editAndResend(user, content) {
+  if (isBusy()) return;
+  const overrides = readOverrides();
+  if (!overrides) return;
+  const index = state.messages.indexOf(user);
+  const removed = state.messages.slice(index + 1);
+  const previousContent = user.content;
+  removeMessages(...removed);
+  user.content = content;
+  user.el.replaceWith(renderMessage(user, actions));
+  const answer = newAssistantMessage({ isStreaming: true, modelName: settings.modelName(settings.modelId) });
+  appendMessages(answer);
+  startGeneration({ command: "edit", message_id: user.id, content, overrides, model_id: settings.modelId, preset_id: settings.presetId },
+    answer, {
+      onRefused: () => {
+        removeMessages(answer);
+        user.content = previousContent;
+        user.el.replaceWith(renderMessage(user, actions));
+        appendMessages(...removed);
+      },
+    });
+}
+
+/** Send `command` and stream its events into `answer`. */
+function startGeneration(command, answer, { onQueued = () => {}, onRefused }) {
+  hideError();
+  state.handle = socket.start(command, {
+    onQueued(event) {
+      answer.id = event.message_id;
+      answer.generation_id = event.generation_id;
+      onQueued(event);
+    },
+    onStarted(event) {
+      answer.prompt = event.prompt;
+      answer.modelName = event.model?.name ?? event.model ?? answer.modelName;
+      scheduleUpdate(answer);
+    },
+    onPrefilled(event) {
+      answer.prefilled = event;
+      scheduleUpdate(answer);
+    },
+    onTokens(event) {
+      const isAtBottom = nearBottom();
+      answer.steps.push(...event.steps);
+      scheduleUpdate(answer);
+      if (isAtBottom) requestAnimationFrame(scrollToBottom);
+    },
+    onFinished(event) {
+      Object.assign(answer, { isStreaming: false, content: event.text, stats: event.stats });
+      answer.id = event.message_id ?? answer.id;
+      updateAssistant(answer);
+      setBusy(false);
+      conversations.refresh();
+    },
+    onError(error) {
+      setBusy(false);
+      if (error.isRefused) {
+        onRefused();
+        showError(error);
+        return;
+      }
+      Object.assign(answer, { isStreaming: false, content: streamedText(answer), error });
+      updateAssistant(answer);
+    },
+  });
+  setBusy(true);
+}
+
+function readOverrides() {
+  try {
+    return settings.overrides();
+  } catch (err) {
+    if (!(err instanceof OverrideError)) throw err;
+    document.body.classList.add("show-settings");
+    showError(err);
+    return null;
+  }
+}
+
+// ---------- conversations ----------
+
+async function openConversation(id) {
+  document.body.classList.remove("show-sidebar");
+  let conversation;
+  try {
+    conversation = await getJson(`/api/conversations/${id}/`);
+  } catch (err) {
+    showError(err);
+    return;
+  }
+  state.conversation = conversation;
+  settings.showConversation(conversation);
+  const modelName = settings.modelName(conversation.model_id);
+  const messages = conversation.messages.filter((m) => m.role !== "system")
+    .map((m) => (m.role === "assistant" ? newAssistantMessage({ ...m, modelName }) : { ...m }));
+  setMessages(messages);
+  setTitle(conversation.title);
+  conversations.setActive(id);
+  history.replaceState(null, "", `#c${id}`);
+  scrollToBottom();
+}
+
+function newChat() {
+  state.conversation = null;
+  settings.showConversation(null);
+  setMessages([]);
+  setTitle("New chat");
+  conversations.setActive(null);
+  history.replaceState(null, "", location.pathname);
+  input.focus();
+}
+
+async function saveConversationSetting(patch) {
+  if (!state.conversation) return;
+  try {
+    await api("PATCH", `/api/conversations/${state.conversation.id}/`, patch);
+  } catch (err) {
+    showError(err);
+  }
+}
+
+// ---------- message details ----------
+
+/** Historic messages load their steps (and prompt) on first hover. */
+async function ensureSteps(answer) {
+  if (answer.steps.length || answer.prompt || !answer.generation_id || answer.isStreaming || answer.isLoading) return;
+  answer.isLoading = true;
+  try {
+    const generation = await getJson(`/api/generations/${answer.generation_id}/`);
+    answer.steps = generation.steps || [];
+    answer.prompt = generation.prompt;
+    answer.stats = answer.stats ?? generation.stats;
+    updateAssistant(answer);
+  } catch (err) {
+    console.warn("could not load the generation's steps", err);
+  } finally {
+    answer.isLoading = false;
+  }
+}
+
+async function showPrompt(answer) {
+  await ensureSteps(answer);
+  const body = $("#prompt-dialog-body");
+  if (!answer.prompt) {
+    body.replaceChildren(h("p", { class: "empty" }, "The prompt is not available for this message."));
+  } else {
+    const numCached = answer.prefilled?.num_cached_tokens ?? answer.stats?.num_cached_tokens ?? 0;
+    body.replaceChildren(promptView(answer.prompt, numCached));
+  }
+  $("#prompt-dialog").showModal();
+}
+
+// ---------- page plumbing ----------
+
+function setMessages(messages) {
+  state.messages = [];
+  messagesInner.replaceChildren();
+  appendMessages(...messages);
+}
+
+function appendMessages(...messages) {
+  messagesInner.querySelector(".empty-state")?.remove();
+  for (const message of messages) {
+    state.messages.push(message);
+    messagesInner.append(message.el ?? renderMessage(message, actions));
+  }
+  if (!state.messages.length) messagesInner.replaceChildren(emptyState());
+  scrollToBottom();
+}
+
+function removeMessages(...messages) {
+  for (const message of messages) message.el?.remove();
+  state.messages = state.messages.filter((m) => !messages.includes(m));
+  if (!state.messages.length) messagesInner.replaceChildren(emptyState());
+}
+
+function emptyState() {
+  return h("div", { class: "empty-state" },
+    h("div", { class: "brand-mark" }, "✦"),
+    h("h2", {}, "What would you like to ask?"),
+    h("p", {}, "Answers stream token by token. Hover any token to see the alternatives the model considered."),
+    h("div", { class: "suggestions" }, SUGGESTIONS.map((text) =>
+      h("button", { class: "suggestion", type: "button", onclick: () => send(text) }, text))));
+}
+
+function setTitle(title) {
+  $("#chat-title").textContent = title || "New chat";
+}
+
+function isBusy() {
+  return state.handle !== null && !state.handle.isDone;
+}
+
+function setBusy(isBusyNow) {
+  $("#send-btn").hidden = isBusyNow;
+  $("#stop-btn").hidden = !isBusyNow;
+  document.body.classList.toggle("is-generating", isBusyNow);
+}
+
+function showError(error) {
+  const el = $("#composer-error");
+  el.textContent = error.code && error.code !== "http_error" ? `${error.message} (${error.code})` : error.message;
+  el.hidden = false;
+  $("#composer-hint").hidden = true;
+}
+
+function hideError() {
+  $("#composer-error").hidden = true;
+  $("#composer-hint").hidden = false;
+}
+
+function nearBottom() {
+  return messagesEl.scrollHeight - messagesEl.scrollTop - messagesEl.clientHeight < 80;
+}
+
+function scrollToBottom() {
+  messagesEl.scrollTop = messagesEl.scrollHeight;
+}
+
+function autosize() {
+  input.style.height = "auto";
+  input.style.height = `${Math.min(input.scrollHeight, 200)}px`;
+}
+
+function wireComposer() {
+  $("#composer").addEventListener("submit", (e) => { e.preventDefault(); send(input.value.trim()); });
+  input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(input.value.trim()); }
+  });
+  input.addEventListener("input", () => { autosize(); hideError(); });
+  $("#stop-btn").addEventListener("click", () => state.handle?.stop());
+  $("#new-chat").addEventListener("click", newChat);
+  $("#colorize").addEventListener("change", (e) => messagesEl.classList.toggle("colorize", e.target.checked));
+  $("#prompt-dialog-close").addEventListener("click", () => $("#prompt-dialog").close());
+}
+
+async function init() {
+  renderIcons();
+  wirePanelToggles();
+  wireComposer();
+  setMessages([]);
+  conversations.refresh();
+  try {
+    await settings.load();
+  } catch (err) {
+    showError(err);
+  }
+  const match = location.hash.match(/^#c(\d+)$/);
+  if (match) openConversation(Number(match[1]));
+  else input.focus();
+}
+
+init();

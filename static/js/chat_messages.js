@@ -1,0 +1,134 @@
+// One chat message on screen. Owns: the DOM of user and assistant messages, streaming
+// updates, per-message stats and the in-place editor. State changes (sending, stopping)
+// belong to chat.js, which passes the `actions` callbacks in.
+import { h } from "./dom.js";
+import { fmtMs, fmtNum } from "./format.js";
+import { icon } from "./icons.js";
+import { charTokensFromSteps, renderAnswer } from "./markdown.js";
+
+/** An assistant message as the page tracks it (server fields plus streaming state). */
+export function newAssistantMessage(fields = {}) {
+  return { role: "assistant", id: null, content: "", generation_id: null, stats: null, steps: [],
+    prompt: null, prefilled: null, isStreaming: false, error: null, openReasoning: new Set(), ...fields };
+}
+
+/** The step with `index` (steps arrive in order, so this is normally `steps[index]`). */
+export function stepAt(steps, index) {
+  return steps[index]?.index === index ? steps[index] : steps.find((s) => s.index === index) ?? null;
+}
+
+export function streamedText(message) {
+  return message.steps.map((s) => s.text_delta).join("");
+}
+
+export function renderMessage(message, actions) {
+  message.el = message.role === "user" ? userElement(message, actions) : assistantElement(message, actions);
+  if (message.role === "assistant") updateAssistant(message);
+  return message.el;
+}
+
+function userElement(message, actions) {
+  return h("div", { class: "msg msg-user", dataset: { role: "user" } },
+    h("div", { class: "bubble" }, message.content),
+    h("div", { class: "msg-actions" },
+      h("button", { class: "btn ghost small edit-btn", type: "button", onclick: () => openEditor(message, actions) },
+        icon("edit", 14), "Edit")));
+}
+
+function openEditor(message, actions) {
+  if (!actions.canEdit(message)) return;
+  const textarea = h("textarea", { class: "textarea", rows: 3, "aria-label": "Edit message" });
+  textarea.value = message.content;
+  const editor = h("div", { class: "msg-edit" }, textarea,
+    h("div", { class: "actions" },
+      h("button", { class: "btn small", type: "button", onclick: () => editor.replaceWith(bubble) }, "Cancel"),
+      h("button", { class: "btn primary small", type: "button",
+        onclick: () => { const content = textarea.value.trim(); if (content) actions.edit(message, content); } }, "Save & send")));
+  const bubble = message.el.querySelector(".bubble");
+  bubble.replaceWith(editor);
+  textarea.focus();
+}
+
+function assistantElement(message, actions) {
+  const body = h("div", { class: "msg-body" });
+  body.addEventListener("pointerenter", () => actions.ensureSteps(message), { once: true });
+  return h("div", { class: "msg msg-assistant", dataset: { role: "assistant" } },
+    h("div", { class: "msg-head" }, h("span", { class: "avatar" }, "AI"), h("span", { class: "model-name" }, message.modelName || "Assistant")),
+    body,
+    h("div", { class: "alert msg-error", hidden: true, role: "alert" }),
+    h("div", { class: "msg-stats" }),
+    h("div", { class: "msg-actions" },
+      h("button", { class: "btn ghost small prompt-btn", type: "button", onclick: () => actions.showPrompt(message) }, icon("code", 14), "Show prompt"),
+      h("button", { class: "btn ghost small regenerate-btn", type: "button", onclick: () => actions.regenerate(message) }, icon("refresh", 14), "Regenerate"),
+      h("button", { class: "btn ghost small copy-btn", type: "button", onclick: (e) => copyText(e.currentTarget, message) }, icon("copy", 14), "Copy")));
+}
+
+async function copyText(button, message) {
+  try {
+    await navigator.clipboard.writeText(message.content || streamedText(message));
+    button.lastChild.textContent = "Copied";
+  } catch {
+    button.lastChild.textContent = "Copy failed";
+  }
+  setTimeout(() => { button.lastChild.textContent = "Copy"; }, 1500);
+}
+
+/** Redraw an assistant message's body, error, stats and buttons from its state. */
+export function updateAssistant(message) {
+  const el = message.el;
+  const body = el.querySelector(".msg-body");
+  const text = message.isStreaming ? streamedText(message) : message.content;
+  const charTokens = message.steps.length ? charTokensFromSteps(message.steps) : null;
+  renderAnswer(body, text, charTokens, message.openReasoning);
+  colourTokens(body, message.steps);
+  body.classList.toggle("streaming", message.isStreaming);
+  const error = el.querySelector(".msg-error");
+  error.hidden = !message.error;
+  error.textContent = message.error ? `${message.error.message} (${message.error.code})` : "";
+  el.querySelector(".msg-stats").replaceChildren(...statBadges(message));
+  el.querySelector(".model-name").textContent = message.modelName || "Assistant";
+  for (const btn of el.querySelectorAll(".regenerate-btn, .copy-btn")) btn.hidden = message.isStreaming;
+  el.querySelector(".prompt-btn").hidden = !message.prompt && !message.generation_id;
+}
+
+const pendingUpdates = new Set();
+
+/** `updateAssistant` at most once per animation frame per message, for streaming. */
+export function scheduleUpdate(message) {
+  if (!pendingUpdates.size) {
+    requestAnimationFrame(() => {
+      for (const m of pendingUpdates) updateAssistant(m);
+      pendingUpdates.clear();
+    });
+  }
+  pendingUpdates.add(message);
+}
+
+/** Give each token span its chosen-token probability (raw) as `--p`, for the colour toggle. */
+function colourTokens(body, steps) {
+  for (const span of body.querySelectorAll(".tok")) {
+    const step = stepAt(steps, Number(span.dataset.step));
+    if (step) span.style.setProperty("--p", Math.exp(step.raw_logprob).toFixed(3));
+  }
+}
+
+function statBadges(message) {
+  const stats = message.stats ?? liveStats(message);
+  if (!stats) return [];
+  const badges = [];
+  const add = (title, text, extraClass = "") => badges.push(h("span", { class: `badge ${extraClass}`, title }, text));
+  if (stats.num_prompt_tokens != null) add("tokens in the prompt", `${stats.num_prompt_tokens} prompt tok`);
+  if (stats.num_cached_tokens != null) add("prompt tokens reused from the prefix cache", `${stats.num_cached_tokens} cached`);
+  if (stats.num_generated_tokens != null) add("generated tokens", `${stats.num_generated_tokens} generated`);
+  if (stats.ttft_ms != null) add("time to first token", `TTFT ${fmtMs(stats.ttft_ms)}`);
+  if (stats.prefill_ms != null) add("prefill forward pass", `prefill ${fmtMs(stats.prefill_ms)}`);
+  if (stats.decode_tok_s != null) add("decode speed", `${fmtNum(stats.decode_tok_s, 1)} tok/s`);
+  if (stats.finish_reason) add("finish reason", stats.finish_reason, `finish finish-${stats.finish_reason}`);
+  return badges;
+}
+
+function liveStats(message) {
+  if (!message.prefilled) return null;
+  return { num_prompt_tokens: message.prefilled.num_prompt_tokens, num_cached_tokens: message.prefilled.num_cached_tokens,
+    prefill_ms: message.prefilled.prefill_ms, num_generated_tokens: message.steps.length };
+}

@@ -1,0 +1,96 @@
+// The chat page's settings panel: model, sampling preset, system prompt and the inline
+// overrides. Owns: loading /api/models/ and /api/presets/, showing the preset's values as
+// placeholders, and turning filled-in fields into an `overrides` object (empty = preset).
+import { getJson } from "./api.js";
+import { $, h } from "./dom.js";
+
+// field id -> SamplingParams name, parser and bounds (the server validates again).
+const OVERRIDE_FIELDS = {
+  "ov-temperature": { name: "temperature", parse: Number, min: 0, max: 100 },
+  "ov-top-k": { name: "top_k", parse: Number, min: 0, integer: true },
+  "ov-top-p": { name: "top_p", parse: Number, min: 0, max: 1 },
+  "ov-max-tokens": { name: "max_new_tokens", parse: Number, min: 1, integer: true },
+  "ov-seed": { name: "seed", parse: Number, min: 0, integer: true },
+};
+
+export class OverrideError extends Error {}
+
+export class ChatSettings {
+  constructor(onChange) {
+    this.onChange = onChange;
+    this.models = [];
+    this.presets = [];
+    this.modelSelect = $("#model-select");
+    this.presetSelect = $("#preset-select");
+    this.systemPrompt = $("#system-prompt");
+    this.modelSelect.addEventListener("change", () => onChange({ model_id: this.modelId }));
+    this.presetSelect.addEventListener("change", () => { this.showPresetPlaceholders(); onChange({ preset_id: this.presetId }); });
+    this.systemPrompt.addEventListener("change", () => onChange({ system_prompt: this.systemPrompt.value }));
+    $("#reset-overrides").addEventListener("click", () => this.resetOverrides());
+    for (const id of Object.keys(OVERRIDE_FIELDS)) {
+      $(`#${id}`).addEventListener("input", (e) => e.target.removeAttribute("aria-invalid"));
+    }
+  }
+
+  async load() {
+    [this.models, this.presets] = await Promise.all([getJson("/api/models/"), getJson("/api/presets/")]);
+    fillSelect(this.modelSelect, this.models, (m) => `${m.name}${m.max_context ? ` · ${m.max_context.toLocaleString()} ctx` : ""}`);
+    fillSelect(this.presetSelect, this.presets, (p) => p.name);
+    this.showPresetPlaceholders();
+  }
+
+  get modelId() { return this.modelSelect.value ? Number(this.modelSelect.value) : null; }
+  get presetId() { return this.presetSelect.value ? Number(this.presetSelect.value) : null; }
+
+  modelName(modelId) { return this.models.find((m) => m.id === modelId)?.name ?? ""; }
+
+  /** Show a conversation's own settings (null: a new chat keeps the current choices). */
+  showConversation(conversation) {
+    if (!conversation) { this.systemPrompt.value = ""; return; }
+    if (conversation.model_id) this.modelSelect.value = conversation.model_id;
+    if (conversation.preset_id) { this.presetSelect.value = conversation.preset_id; this.showPresetPlaceholders(); }
+    this.systemPrompt.value = conversation.system_prompt || "";
+  }
+
+  showPresetPlaceholders() {
+    const params = this.presets.find((p) => p.id === this.presetId)?.params ?? {};
+    for (const [id, spec] of Object.entries(OVERRIDE_FIELDS)) {
+      const value = params[spec.name];
+      $(`#${id}`).placeholder = value === null || value === undefined ? "preset" : String(value);
+    }
+  }
+
+  /** The filled-in fields as SamplingParams overrides; OverrideError names a bad field. */
+  overrides() {
+    const overrides = {};
+    for (const [id, spec] of Object.entries(OVERRIDE_FIELDS)) {
+      const input = $(`#${id}`);
+      const raw = input.value.trim();
+      if (raw === "") continue;
+      const value = spec.parse(raw);
+      const bad = !Number.isFinite(value) || (spec.integer && !Number.isInteger(value))
+        || (spec.min !== undefined && value < spec.min) || (spec.max !== undefined && value > spec.max);
+      if (bad) {
+        input.setAttribute("aria-invalid", "true");
+        input.focus();
+        throw new OverrideError(`${input.labels[0]?.textContent ?? spec.name}: "${raw}" is not a valid value.`);
+      }
+      overrides[spec.name] = value;
+    }
+    return overrides;
+  }
+
+  resetOverrides() {
+    for (const id of Object.keys(OVERRIDE_FIELDS)) {
+      const input = $(`#${id}`);
+      input.value = "";
+      input.removeAttribute("aria-invalid");
+    }
+  }
+}
+
+function fillSelect(select, items, label) {
+  select.replaceChildren(...items.map((item) => h("option", { value: item.id }, label(item))));
+  const preferred = items.find((item) => item.is_default) ?? items[0];
+  if (preferred) select.value = preferred.id;
+}

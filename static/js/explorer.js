@@ -1,0 +1,262 @@
+// The token-probability explorer (/explorer/). Owns: the chosen token path (steps), the
+// requests that extend it (`complete` with `token_ids`), branching, and redrawing the
+// panels when steps, the selected step or the sliders change.
+import { getJson } from "./api.js";
+import { beamTree } from "./beam_tree.js";
+import { $, h } from "./dom.js";
+import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
+import { fmtBytes, fmtMs, fmtNum, fmtProb, visiblePiece } from "./format.js";
+import { promptView } from "./prompt_view.js";
+import { processedProbs } from "./sampling.js";
+import { GenerationSocket, showConnection } from "./socket.js";
+
+const state = {
+  steps: [],          // the chosen path; steps[i].index === i
+  selected: null,     // index of the step shown in the distribution panel
+  handle: null,
+  prompt: null,       // the last generation.started `prompt`
+  numCachedTokens: 0,
+  beamSteps: [],
+  beamSequences: [],  // a finished beam search's returned sequences, best first
+};
+
+const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
+const sliders = {
+  temperature: slider("#ex-temperature", (v) => (v === 0 ? "0 · greedy" : v.toFixed(2))),
+  top_k: slider("#ex-top-k", (v) => (v === 0 ? "off" : String(v))),
+  top_p: slider("#ex-top-p", (v) => (v >= 1 ? "off" : v.toFixed(2))),
+  min_p: slider("#ex-min-p", (v) => (v === 0 ? "off" : v.toFixed(2))),
+  num_alternatives: slider("#ex-alternatives", String),
+  run_length: slider("#ex-run-length", String),
+};
+const distChart = createDistributionChart($("#dist-chart"), (alt) => branch(state.selected, alt));
+const stepCharts = createStepCharts({
+  prob: $("#prob-chart"), entropy: $("#entropy-chart"), latency: $("#latency-chart"), kv: $("#kv-chart"),
+}, selectStep);
+
+function slider(selector, format) {
+  const input = $(selector);
+  const output = $(`${selector}-value`);
+  const show = () => { output.textContent = format(Number(input.value)); };
+  input.addEventListener("input", () => { show(); renderDistribution(); });
+  show();
+  return input;
+}
+
+function samplingParams() {
+  return {
+    temperature: Number(sliders.temperature.value),
+    top_k: Number(sliders.top_k.value),
+    top_p: Number(sliders.top_p.value),
+    min_p: Number(sliders.min_p.value),
+  };
+}
+
+// ---------- requests ----------
+
+function request(maxNewTokens) {
+  if (isBusy()) return;
+  const text = $("#ex-text").value;
+  if (!text.trim()) { showError({ message: "Enter some text first." }); return; }
+  const numBeams = Number($("#ex-beams").value);
+  const overrides = { ...samplingParams(), repetition_penalty: 1.0, max_new_tokens: maxNewTokens,
+    num_alternatives: Number(sliders.num_alternatives.value) };
+  const seed = $("#ex-seed").value.trim();
+  if (seed !== "") {
+    if (!/^\d+$/.test(seed)) { showError({ message: `Seed "${seed}" must be a whole number.` }); return; }
+    overrides.seed = Number(seed);
+  }
+  if (numBeams > 1) Object.assign(overrides, { num_beams: numBeams, num_return_sequences: numBeams });
+  const base = state.steps.length;
+  if (numBeams > 1) { state.beamSteps = []; state.beamSequences = []; renderBeams(); }
+  hideError();
+  // Events from a request that Reset abandoned must not touch the new state.
+  const isCurrent = () => state.handle === handle;
+  const handle = socket.start({
+    command: "complete", text, chat: $("#ex-chat").checked, token_ids: state.steps.map((s) => s.token_id),
+    model_id: Number($("#ex-model").value) || undefined, overrides,
+  }, {
+    onStarted: (event) => { if (isCurrent()) state.prompt = event.prompt; },
+    onPrefilled: (event) => {
+      if (!isCurrent()) return;
+      state.numCachedTokens = event.num_cached_tokens;
+      renderTokenization();
+    },
+    onTokens: (event) => {
+      if (!isCurrent()) return;
+      for (const step of event.steps) state.steps.push({ ...step, index: base + step.index });
+      state.selected = state.steps.length - 1;
+      renderAll();
+    },
+    onBeams: (event) => {
+      if (!isCurrent()) return;
+      state.beamSteps.push(...event.steps);
+      renderBeams();
+    },
+    onFinished: (event) => {
+      if (isCurrent() && numBeams > 1) { state.beamSequences = event.stats?.sequences ?? []; renderBeams(); }
+      renderControls();
+    },
+    onError: (error) => {
+      if (isCurrent()) showError(error);
+      renderControls();
+    },
+  });
+  state.handle = handle;
+  renderControls();
+}
+
+/** Take `alt` instead of the token chosen at step `index`, drop what followed, continue. */
+function branch(index, alt) {
+  if (index === null || isBusy()) return;
+  const step = state.steps[index];
+  if (alt.token_id === step.token_id && index === state.steps.length - 1) return;
+  const processed = step.top_processed.find((a) => a.token_id === alt.token_id);
+  state.steps = state.steps.slice(0, index);
+  state.steps.push({
+    ...step, token_id: alt.token_id, piece: alt.piece, text_delta: alt.piece, token_bytes: "",
+    raw_logprob: alt.logprob, logprob: processed ? processed.logprob : -Infinity,
+    rank: step.top_raw.findIndex((a) => a.token_id === alt.token_id) + 1, isBranched: true,
+  });
+  state.selected = index;
+  renderAll();
+  request(1);
+}
+
+function selectStep(index) {
+  state.selected = index;
+  renderContinuation();
+  renderDistribution();
+}
+
+function reset() {
+  state.handle?.stop();
+  Object.assign(state, { steps: [], selected: null, prompt: null, numCachedTokens: 0, beamSteps: [], beamSequences: [] });
+  renderAll();
+  renderBeams();
+  renderTokenization();
+}
+
+const isBusy = () => state.handle !== null && !state.handle.isDone;
+
+// ---------- rendering ----------
+
+function renderAll() {
+  renderContinuation();
+  renderDistribution();
+  updateStepCharts(stepCharts, state.steps);
+  renderTokenization();
+}
+
+function renderControls() {
+  const busy = isBusy();
+  const isBeam = Number($("#ex-beams").value) > 1;
+  $("#ex-step").disabled = busy || isBeam;
+  $("#ex-run").hidden = busy;
+  $("#ex-stop").hidden = !busy;
+}
+
+function renderContinuation() {
+  const box = $("#ex-continuation");
+  const tokens = state.steps.map((step) => h("span", {
+    class: `step-tok${step.index === state.selected ? " selected" : ""}${step.isBranched ? " branched" : ""}`,
+    dataset: { step: step.index, tokenId: step.token_id },
+    style: `--p: ${Math.exp(step.raw_logprob).toFixed(3)}`,
+    title: `step ${step.index} · id ${step.token_id} · p ${fmtProb(Math.exp(step.raw_logprob))} · rank ${step.rank}`,
+    onclick: () => selectStep(step.index),
+  }, step.piece));
+  box.replaceChildren(h("span", { class: "prompt-part" }, $("#ex-text").value), ...tokens);
+  $("#ex-count").textContent = `${state.steps.length} token${state.steps.length === 1 ? "" : "s"}`;
+}
+
+function renderDistribution() {
+  const step = state.selected === null ? null : state.steps[state.selected];
+  const processed = step ? processedProbs(step.top_raw, samplingParams()) : new Map();
+  updateDistributionChart(distChart, step, processed);
+  $("#ex-step-label").textContent = step ? `step ${step.index} · ${step.phase}` : "no step yet";
+  $("#ex-step-info").replaceChildren(...(step ? stepBadges(step) : []));
+  renderAlternatives(step, processed);
+}
+
+function stepBadges(step) {
+  const badge = (text, title) => h("span", { class: "badge", title }, text);
+  return [
+    h("span", { class: "badge" }, "chosen ", h("span", { class: "piece" }, visiblePiece(step.piece)), ` id ${step.token_id}`),
+    badge(`raw p ${fmtProb(Math.exp(step.raw_logprob))} · rank ${step.rank}`, "probability and rank under the model's own distribution"),
+    badge(`sampled p ${fmtProb(Math.exp(step.logprob))}`, "probability under the distribution it was sampled from"),
+    badge(`entropy ${fmtNum(step.entropy)} nats`),
+    badge(`${fmtMs(step.latency_ms)} ${step.phase}`, "time for this step"),
+    badge(`KV ${fmtBytes(step.kv_cache_bytes)}`, "KV-cache size after this step"),
+    step.isBranched ? badge("branched here", "you picked this token") : null,
+  ].filter(Boolean);
+}
+
+function renderAlternatives(step, processed) {
+  const list = $("#ex-alternatives-list");
+  if (!step) { list.replaceChildren(h("p", { class: "empty" }, "Press “Next token” to see the distribution.")); return; }
+  const head = h("div", { class: "alt-row alt-head", role: "presentation" },
+    h("span", {}, "#"), h("span", {}, "token"), h("span", { class: "num" }, "raw"), h("span", { class: "num" }, "processed"));
+  const rows = step.top_raw.map((alt, i) => {
+    const prob = processed.get(alt.token_id) ?? 0;
+    const classes = [alt.token_id === step.token_id ? "chosen" : "", prob === 0 ? "filtered" : ""].join(" ");
+    return h("button", { type: "button", role: "listitem", class: `alt-row ${classes}`, dataset: { tokenId: alt.token_id },
+      title: `take “${alt.piece}” (id ${alt.token_id}) here and continue`, onclick: () => branch(step.index, alt) },
+      h("span", { class: "muted" }, i + 1), h("span", { class: "piece" }, visiblePiece(alt.piece)),
+      h("span", { class: "num" }, fmtProb(alt.prob)), h("span", { class: "num" }, fmtProb(prob)));
+  });
+  list.replaceChildren(head, ...rows);
+}
+
+function renderTokenization() {
+  const box = $("#ex-tokenization");
+  if (!state.prompt) { box.replaceChildren(h("p", { class: "empty" }, "Generate a token to see how the model tokenizes the prompt.")); return; }
+  box.replaceChildren(promptView(state.prompt, state.numCachedTokens));
+}
+
+function renderBeams() {
+  const isBeam = Number($("#ex-beams").value) > 1;
+  $("#ex-beam-section").hidden = !isBeam && !state.beamSteps.length;
+  const best = state.beamSequences[0]?.token_ids ?? null;
+  $("#ex-beam-label").textContent = state.beamSteps.length ? `${state.beamSteps.length} steps` : "press Run";
+  $("#ex-beam-tree").replaceChildren(state.beamSteps.length ? beamTree(state.beamSteps, best)
+    : h("p", { class: "empty" }, "Press “Run” to search; each column is a step, each box a live beam."));
+  $("#ex-beam-results").replaceChildren(...state.beamSequences.map((seq, i) => h("p", { class: "small" },
+    h("span", { class: "badge" }, i === 0 ? "best" : `#${i + 1}`), " ", h("span", { class: "mono" }, seq.text),
+    h("span", { class: "muted" }, `  score ${seq.score.toFixed(3)}`))));
+}
+
+function showError(error) {
+  const el = $("#ex-error");
+  el.textContent = error.code ? `${error.message} (${error.code})` : error.message;
+  el.hidden = false;
+}
+
+function hideError() {
+  $("#ex-error").hidden = true;
+}
+
+// ---------- wiring ----------
+
+async function init() {
+  $("#ex-step").addEventListener("click", () => request(1));
+  $("#ex-run").addEventListener("click", () => request(Number(sliders.run_length.value)));
+  $("#ex-stop").addEventListener("click", () => state.handle?.stop());
+  $("#ex-reset").addEventListener("click", reset);
+  $("#ex-text").addEventListener("input", () => { if (state.steps.length || state.prompt) reset(); else renderContinuation(); });
+  $("#ex-chat").addEventListener("change", reset);
+  $("#ex-model").addEventListener("change", reset);
+  $("#ex-beams").addEventListener("change", () => { renderControls(); renderBeams(); });
+  $("#ex-colorize").addEventListener("change", (e) => $("#ex-continuation").classList.toggle("colorize", e.target.checked));
+  renderAll();
+  renderControls();
+  try {
+    const models = await getJson("/api/models/");
+    const select = $("#ex-model");
+    select.replaceChildren(...models.map((m) => h("option", { value: m.id }, m.name)));
+    select.value = (models.find((m) => m.is_default) ?? models[0])?.id ?? "";
+  } catch (err) {
+    showError(err);
+  }
+}
+
+init();

@@ -1,0 +1,55 @@
+// The exact prompt the model saw: rendered text with role markers and special tokens
+// highlighted, then its tokens (piece, id, bytes on hover), the prefix-cache hits marked.
+// Owns: presentation of a `generation.started` `prompt` record; shared by both pages.
+import { h } from "./dom.js";
+import { spacedHex, visiblePiece } from "./format.js";
+
+const SPECIAL_PIECE = /^<\|[^|\s]*\|>$|^<\/?s>$|^<\/?think>$/;
+
+/** The prompt text as a <pre>, each span's kind as a class (role / special / content). */
+export function promptText(prompt) {
+  const pre = h("pre", { class: "prompt-text" });
+  const text = prompt.text || "";
+  let pos = 0;
+  for (const span of [...(prompt.spans || [])].sort((a, b) => a.start - b.start)) {
+    if (span.start > pos) pre.append(text.slice(pos, span.start));
+    const part = text.slice(Math.max(span.start, pos), span.end);
+    if (span.kind === "content") pre.append(part);
+    else pre.append(h("span", { class: `span-${span.kind}`, title: span.role ? `${span.kind} (${span.role})` : span.kind }, part));
+    pos = Math.max(pos, span.end);
+  }
+  if (pos < text.length) pre.append(text.slice(pos));
+  return pre;
+}
+
+/** Token chips; the first `numCachedTokens` came from the prefix cache. */
+export function tokenChips(tokens, numCachedTokens = 0) {
+  return h("div", { class: "token-chips" }, tokens.map((tok, i) => {
+    const classes = ["chip"];
+    if (i < numCachedTokens) classes.push("cached");
+    if (SPECIAL_PIECE.test(tok.piece)) classes.push("special");
+    const cached = i < numCachedTokens ? " · from the prefix cache" : "";
+    return h("span", { class: classes.join(" "), title: `#${i} · id ${tok.id} · bytes ${spacedHex(tok.bytes)}${cached}` },
+      h("span", { class: "chip-piece" }, visiblePiece(tok.piece)),
+      h("span", { class: "chip-id" }, tok.id));
+  }));
+}
+
+export function legend(numTokens, numCachedTokens) {
+  return h("div", { class: "legend" },
+    h("span", {}, h("span", { class: "swatch", style: "background: var(--role)" }), "role marker"),
+    h("span", {}, h("span", { class: "swatch", style: "background: var(--special)" }), "special token"),
+    numCachedTokens > 0
+      ? h("span", {}, h("span", { class: "swatch", style: "background: var(--cached)" }), `${numCachedTokens} of ${numTokens} tokens from the prefix cache`)
+      : h("span", {}, `${numTokens} tokens, none from the prefix cache`));
+}
+
+/** The whole view: legend, text, tokens. */
+export function promptView(prompt, numCachedTokens = 0) {
+  const tokens = prompt.tokens || [];
+  return h("div", { class: "prompt-view" },
+    legend(tokens.length, numCachedTokens),
+    promptText(prompt),
+    h("p", { class: "panel-title" }, `Tokens (${tokens.length})`),
+    tokenChips(tokens, numCachedTokens));
+}

@@ -1,0 +1,127 @@
+// The /ws/generate/ connection (docs/protocol.md). Owns: connecting and reconnecting,
+// request ids, and routing events to the generation they belong to. Pages see one
+// `GenerationHandle` per command and never parse routing fields themselves.
+
+const RECONNECT_MAX_MS = 8000;
+
+const HANDLER_BY_TYPE = {
+  "generation.queued": "onQueued",
+  "generation.started": "onStarted",
+  "generation.prefilled": "onPrefilled",
+  "generation.tokens": "onTokens",
+  "generation.beams": "onBeams",
+  "generation.finished": "onFinished",
+};
+
+export class GenerationHandle {
+  constructor(socket, requestId, handlers) {
+    this.socket = socket;
+    this.requestId = requestId;
+    this.handlers = handlers;
+    this.generationId = null;
+    this.isDone = false;
+    this.stopRequested = false;
+  }
+
+  /** Ask the server to stop; safe before `generation.queued` arrived (sent once it does). */
+  stop() {
+    this.stopRequested = true;
+    if (this.generationId !== null && !this.isDone) {
+      this.socket.sendRaw({ command: "stop", generation_id: this.generationId });
+    }
+  }
+}
+
+export class GenerationSocket {
+  constructor({ path = "/ws/generate/", onStatus = () => {} } = {}) {
+    this.url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${path}`;
+    this.onStatus = onStatus;
+    this.byRequest = new Map();
+    this.byGeneration = new Map();
+    this.outbox = [];
+    this.nextRequest = 1;
+    this.retryMs = 500;
+    this.connect();
+  }
+
+  connect() {
+    this.onStatus("connecting");
+    const ws = new WebSocket(this.url);
+    this.ws = ws;
+    ws.addEventListener("open", () => {
+      this.retryMs = 500;
+      this.onStatus("open");
+      for (const message of this.outbox.splice(0)) ws.send(JSON.stringify(message));
+    });
+    ws.addEventListener("message", (msg) => this.dispatch(msg.data));
+    ws.addEventListener("close", () => {
+      this.onStatus("closed");
+      this.failAll("connection_lost", "The connection to the server was lost. The answer so far is kept.");
+      setTimeout(() => this.connect(), this.retryMs);
+      this.retryMs = Math.min(this.retryMs * 2, RECONNECT_MAX_MS);
+    });
+  }
+
+  /** Send a command; events answering it go to `handlers` (onQueued, onStarted, ..., onError). */
+  start(command, handlers) {
+    const requestId = `r${this.nextRequest++}`;
+    const handle = new GenerationHandle(this, requestId, handlers);
+    this.byRequest.set(requestId, handle);
+    this.sendRaw({ ...command, request_id: requestId });
+    return handle;
+  }
+
+  sendRaw(message) {
+    if (this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(message));
+    else this.outbox.push(message);
+  }
+
+  dispatch(raw) {
+    let event;
+    try { event = JSON.parse(raw); } catch { console.warn("ignored a non-JSON message", raw); return; }
+    const handle = this.route(event);
+    if (!handle) return;
+    if (event.type === "error" || event.type === "generation.error") {
+      this.finish(handle);
+      handle.handlers.onError?.({ code: event.code, message: event.message, isRefused: event.type === "error" });
+      return;
+    }
+    const name = HANDLER_BY_TYPE[event.type];
+    if (!name) return;
+    if (event.type === "generation.finished") this.finish(handle);
+    handle.handlers[name]?.(event);
+  }
+
+  route(event) {
+    let handle = event.generation_id != null ? this.byGeneration.get(event.generation_id) : undefined;
+    if (!handle && event.request_id) handle = this.byRequest.get(event.request_id);
+    if (handle && event.type === "generation.queued") {
+      handle.generationId = event.generation_id;
+      this.byGeneration.set(event.generation_id, handle);
+      if (handle.stopRequested) handle.stop();
+    }
+    return handle;
+  }
+
+  finish(handle) {
+    handle.isDone = true;
+    this.byRequest.delete(handle.requestId);
+    if (handle.generationId !== null) this.byGeneration.delete(handle.generationId);
+  }
+
+  failAll(code, message) {
+    for (const handle of [...this.byRequest.values()]) {
+      this.finish(handle);
+      handle.handlers.onError?.({ code, message, isRefused: handle.generationId === null });
+    }
+  }
+}
+
+/** Reflect the socket state in the top bar's `.conn` element. */
+export function showConnection(el) {
+  const labels = { connecting: "Connecting…", open: "Connected", closed: "Reconnecting…" };
+  return (state) => {
+    el.dataset.state = state;
+    el.querySelector(".conn-label").textContent = labels[state];
+  };
+}

@@ -1,0 +1,70 @@
+"""Fixtures for the browser tests: Debian's Chromium driven by Playwright against the real
+stack from tests/conftest.py (`live_stack`: Redis, a Celery worker with the bundled model,
+daphne).
+
+Owns: launching Chromium once per session, a fresh browser context (own cookies, so its own
+session and conversations) per test, recording every WebSocket event the page receives
+(`window.__events`) so tests can compare the UI with the data it was sent, failing a test
+on any uncaught page error, and the screenshot folder.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SCREENSHOT_DIR = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+# A model forward pass can take seconds on a busy CPU, and the worker loads the model on
+# its first task: waits are generous, and no test asserts on durations.
+WAIT_MS = 180_000
+
+# Runs before the page's own scripts: wraps WebSocket so every received event is kept.
+RECORD_EVENTS = """
+window.__events = [];
+const NativeWebSocket = window.WebSocket;
+window.WebSocket = class extends NativeWebSocket {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener("message", (e) => { try { window.__events.push(JSON.parse(e.data)); } catch {} });
+  }
+};
+"""
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[object]:
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's Chromium is not at /usr/bin/chromium (apt-get install chromium); "
+                    "`playwright install` cannot download browsers here")
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=WAIT_MS)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(chromium, live_stack) -> Iterator[object]:
+    """A new page in its own context, pointed at the live stack (relative URLs work)."""
+    live_stack.ensure_worker()
+    context = chromium.new_context(base_url=live_stack.base_url, viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(WAIT_MS)
+    context.add_init_script(RECORD_EVENTS)
+    page = context.new_page()
+    page_errors: list[str] = []
+    page.on("pageerror", lambda error: page_errors.append(str(error)))
+    yield page
+    context.close()
+    assert not page_errors, f"uncaught errors in the page: {page_errors}"
+
+
+@pytest.fixture(scope="session")
+def screenshot_dir() -> Path:
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    return SCREENSHOT_DIR

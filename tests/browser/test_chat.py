@@ -1,0 +1,188 @@
+"""The chat page in a real browser against the real server and worker: streaming, stop,
+token alternatives, the prompt view, editing, conversations, errors, safe Markdown."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from playwright.sync_api import expect
+
+from .ui import events, steps_of_last_generation, visible_piece, wait_for_events
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
+# Sets window.__sawPartial once an answer is on screen with text while still streaming.
+WATCH_STREAMING = """() => {
+  window.__sawPartial = false;
+  new MutationObserver(() => {
+    const body = document.querySelector(".msg-assistant .msg-body.streaming");
+    if (body && body.textContent.trim()) window.__sawPartial = true;
+  }).observe(document.getElementById("messages-inner"), {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def open_chat(page, max_tokens: int, seed: int | None = 7) -> None:
+    page.goto("/")
+    expect(page.locator("#conn")).to_have_attribute("data-state", "open")
+    expect(page.locator("#preset-select option")).not_to_have_count(0)
+    page.fill("#ov-max-tokens", str(max_tokens))
+    if seed is not None:
+        page.fill("#ov-seed", str(seed))
+
+
+def send(page, text: str) -> None:
+    page.fill("#prompt-input", text)
+    page.press("#prompt-input", "Enter")
+
+
+def test_answer_streams_and_tokens_explain_themselves(page, screenshot_dir):
+    open_chat(page, max_tokens=16)
+    page.evaluate(WATCH_STREAMING)
+    send(page, "Name three colours of the rainbow.")
+    expect(page.locator("#prompt-input")).to_have_value("")
+    expect(page.locator(".msg-user .bubble")).to_have_text("Name three colours of the rainbow.")
+
+    answer = page.locator(".msg-assistant").last
+    expect(answer.locator(".finish")).to_be_visible()
+    finished = events(page, "generation.finished")[-1]
+    steps = steps_of_last_generation(page)
+    assert page.evaluate("window.__sawPartial"), "the answer never showed while streaming"
+    assert len(steps) == finished["stats"]["num_generated_tokens"] > 0
+    assert answer.locator(".msg-body").inner_text().strip() != ""
+    expect(answer.locator(".finish")).to_have_text(finished["finish_reason"])
+    prompt_tokens = finished["stats"]["num_prompt_tokens"]
+    expect(answer.locator(".msg-stats")).to_contain_text(f"{prompt_tokens} prompt tok")
+    expect(answer.locator(".msg-stats")).to_contain_text("TTFT")
+    expect(answer.locator(".msg-stats")).to_contain_text("tok/s")
+
+    # Hover a generated token: its own piece and the model's top alternatives.
+    token = answer.locator(".tok").first
+    step = steps[int(token.get_attribute("data-step"))]
+    token.hover()
+    popover = page.locator("#token-popover")
+    expect(popover).to_be_visible()
+    expect(popover.locator(".popover-head .piece")).to_have_text(visible_piece(step["piece"]))
+    rows = popover.locator("tbody tr")
+    assert rows.count() >= min(2, len(step["top_raw"]))
+    expect(rows.first).to_contain_text(visible_piece(step["top_raw"][0]["piece"]))
+    expect(popover.locator("tr.chosen")).to_have_count(1)
+    page.screenshot(path=str(screenshot_dir / "chat.png"), full_page=True)
+
+    # Colour by probability: each token carries its chosen-token probability.
+    page.check("#colorize")
+    expect(page.locator("#messages")).to_have_class("messages colorize")
+    p = float(token.evaluate("(el) => el.style.getPropertyValue('--p')"))
+    assert p == pytest.approx(math.exp(step["raw_logprob"]), abs=1e-3)
+
+    # The exact prompt: ChatML special tokens highlighted, one chip per prompt token.
+    answer.locator(".prompt-btn").click()
+    dialog = page.locator("#prompt-dialog")
+    expect(dialog).to_be_visible()
+    started = events(page, "generation.started")[-1]
+    expect(dialog.locator(".chip")).to_have_count(len(started["prompt"]["tokens"]))
+    assert dialog.locator(".span-special").count() >= 1
+    expect(dialog.locator(".prompt-text")).to_contain_text("Name three colours of the rainbow.")
+    page.screenshot(path=str(screenshot_dir / "chat-prompt.png"))
+    page.click("#prompt-dialog-close")
+    expect(dialog).to_be_hidden()
+
+
+def test_stop_keeps_the_partial_answer(page):
+    open_chat(page, max_tokens=400)
+    send(page, "Tell me a long story about a dragon who learns to paint.")
+    answer = page.locator(".msg-assistant").last
+    page.wait_for_function("document.querySelectorAll('.msg-assistant .tok').length >= 2")
+    page.click("#stop-btn")
+    expect(answer.locator(".finish")).to_have_text("cancelled")
+    expect(page.locator("#send-btn")).to_be_visible()
+    expect(page.locator("#stop-btn")).to_be_hidden()
+    stats = events(page, "generation.finished")[-1]["stats"]
+    assert 2 <= stats["num_generated_tokens"] < 400
+    assert answer.locator(".msg-body").inner_text().strip() != ""
+
+
+def test_refused_request_shows_the_error_and_keeps_the_input(page):
+    open_chat(page, max_tokens=10_000_000)
+    send(page, "Hello there")
+    error = page.locator("#composer-error")
+    expect(error).to_be_visible()
+    refusal = events(page, "error")[-1]
+    expect(error).to_contain_text(refusal["code"])
+    expect(page.locator("#prompt-input")).to_have_value("Hello there")
+    expect(page.locator(".msg")).to_have_count(0)
+
+
+def test_edit_resend_and_manage_conversations(page):
+    open_chat(page, max_tokens=4)
+    send(page, "Say hello.")
+    wait_for_events(page, "generation.finished", 1)
+
+    page.locator(".msg-user .edit-btn").click()
+    page.fill(".msg-edit textarea", "Say goodbye.")
+    page.click("text=Save & send")
+    wait_for_events(page, "generation.finished", 2)
+    expect(page.locator(".msg")).to_have_count(2)
+    expect(page.locator(".msg-user .bubble")).to_have_text("Say goodbye.")
+    expect(page.locator(".msg-assistant .finish")).to_be_visible()
+
+    # The conversation is stored: reload, open it from the sidebar, rename, delete.
+    page.goto("/")
+    item = page.locator(".conv-item")
+    expect(item).to_have_count(1)
+    item.click()
+    expect(page.locator(".msg-user .bubble")).to_have_text("Say goodbye.")
+    expect(page.locator(".msg")).to_have_count(2)
+
+    item.get_by_role("button", name="Rename").click()
+    page.fill(".conv-item input", "Greetings")
+    page.press(".conv-item input", "Enter")
+    expect(page.locator(".conv-item .conv-title")).to_have_text("Greetings")
+    expect(page.locator("#chat-title")).to_have_text("Greetings")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator(".conv-item").get_by_role("button", name="Delete").click()
+    expect(page.locator(".conv-item")).to_have_count(0)
+    expect(page.locator("#chat-title")).to_have_text("New chat")
+    expect(page.locator(".empty-state")).to_be_visible()
+
+
+def test_model_markdown_is_rendered_safely_with_token_spans(page):
+    page.goto("/")
+    result = page.evaluate("""async () => {
+        const { renderAnswer } = await import("/static/js/markdown.js");
+        const deltas = ["<think>", "plan", "</think>", "**Hi**", " <script>window.__pwned = 1</script>",
+                        " <img src=x onerror='window.__pwned = 2'>", " [link](javascript:window.__pwned=3)"];
+        const text = deltas.join("");
+        const charTokens = deltas.flatMap((d, i) => Array.from(d, () => i));
+        const box = document.createElement("div");
+        document.body.append(box);
+        renderAnswer(box, text, charTokens);
+        await new Promise((r) => setTimeout(r, 50));
+        return {
+            pwned: window.__pwned ?? null,
+            scripts: box.querySelectorAll("script, img").length,
+            text: box.textContent,
+            reasoning: box.querySelector("details.reasoning .md")?.textContent,
+            bold: box.querySelector("strong")?.textContent,
+            boldStep: box.querySelector("strong .tok")?.dataset.step,
+            href: box.querySelector("a")?.getAttribute("href") ?? null,
+        };
+    }""")
+    assert result["pwned"] is None
+    assert result["scripts"] == 0
+    assert "<script>window.__pwned = 1</script>" in result["text"]  # shown as text, not run
+    assert result["reasoning"].strip() == "plan"
+    assert result["bold"] == "Hi" and result["boldStep"] == "3"
+    assert result["href"] is None or not result["href"].startswith("javascript:")
+
+
+def test_phone_width_layout(page, screenshot_dir):
+    page.set_viewport_size({"width": 390, "height": 844})
+    open_chat(page, max_tokens=6)
+    expect(page.locator("#sidebar")).not_to_be_in_viewport()
+    send(page, "What is 2 + 2?")
+    expect(page.locator(".msg-assistant .finish")).to_be_visible()
+    page.screenshot(path=str(screenshot_dir / "chat-phone.png"))
+    page.locator(".sidebar-toggle").click()
+    expect(page.locator("#sidebar")).to_be_in_viewport()
+    expect(page.locator(".conv-item")).to_have_count(1)

@@ -1,0 +1,131 @@
+"""The token-probability explorer in a real browser against the real server and worker:
+stepping, the charts' data, client-side processors vs the engine's, branching, beams."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from playwright.sync_api import expect
+
+from .ui import chart_data, events, set_range, visible_piece, wait_for_events
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
+PROMPT = "The capital of France is"
+
+
+def open_explorer(page, text: str = PROMPT) -> None:
+    page.goto("/explorer/")
+    expect(page.locator("#conn")).to_have_attribute("data-state", "open")
+    expect(page.locator("#ex-model option")).not_to_have_count(0)
+    page.fill("#ex-text", text)
+    page.fill("#ex-seed", "3")
+
+
+def next_token(page, expected_count: int) -> None:
+    page.click("#ex-step")
+    expect(page.locator(".step-tok")).to_have_count(expected_count)
+    expect(page.locator("#ex-step")).to_be_enabled()
+
+
+def all_steps(page) -> list[dict]:
+    return [step for e in events(page, "generation.tokens") for step in e["steps"]]
+
+
+def test_step_three_tokens_then_branch(page, screenshot_dir):
+    open_explorer(page)
+    for count in (1, 2, 3):
+        next_token(page, count)
+    steps = all_steps(page)
+    assert len(steps) == 3
+    assert [s["index"] for s in steps] == [0, 0, 0]  # one request per step
+
+    # The distribution chart shows the last step's raw top tokens.
+    dist = chart_data(page, "dist-chart")
+    assert dist["labels"] == [visible_piece(a["piece"]) for a in steps[-1]["top_raw"][:20]]
+    assert dist["datasets"][0]["data"] == pytest.approx([a["prob"] for a in steps[-1]["top_raw"][:20]])
+    expect(page.locator("#ex-step-label")).to_have_text("step 2 · prefill")
+
+    # The charts over the generation have one point per step, prefill coloured as such.
+    prob = chart_data(page, "prob-chart")
+    assert prob["labels"] == ["0", "1", "2"]
+    assert prob["datasets"][0]["data"] == pytest.approx([math.exp(s["raw_logprob"]) for s in steps])
+    assert chart_data(page, "entropy-chart")["datasets"][0]["data"] == pytest.approx([s["entropy"] for s in steps])
+    latency = chart_data(page, "latency-chart")["datasets"][0]
+    assert latency["data"] == pytest.approx([s["latency_ms"] for s in steps])
+    assert len(set(latency["backgroundColor"])) == 1  # every step was a fresh request's prefill
+    kv = chart_data(page, "kv-chart")["datasets"][0]["data"]
+    assert kv == sorted(kv) and kv[0] > 0
+
+    # The tokenization of the prompt, from generation.started.
+    started = events(page, "generation.started")[-1]
+    expect(page.locator("#ex-tokenization .chip")).to_have_count(len(started["prompt"]["tokens"]))
+    expect(page.locator("#ex-continuation")).to_contain_text(PROMPT + "".join(s["piece"] for s in steps))
+    page.screenshot(path=str(screenshot_dir / "explorer.png"), full_page=True)
+
+    # Branch: at step 1 take the most likely token that was not chosen, and continue.
+    page.locator('.step-tok[data-step="1"]').click()
+    expect(page.locator("#ex-step-label")).to_have_text("step 1 · prefill")
+    alternative = next(a for a in steps[1]["top_raw"] if a["token_id"] != steps[1]["token_id"])
+    page.locator(f'#ex-alternatives-list button[data-token-id="{alternative["token_id"]}"]').click()
+    wait_for_events(page, "generation.finished", 4)
+    expect(page.locator(".step-tok")).to_have_count(3)
+    branched = page.locator('.step-tok[data-step="1"]')
+    expect(branched).to_have_attribute("data-token-id", str(alternative["token_id"]))
+    expect(branched).to_have_class("step-tok branched")
+    new_step = all_steps(page)[-1]
+    expected_text = PROMPT + steps[0]["piece"] + alternative["piece"] + new_step["piece"]
+    expect(page.locator("#ex-continuation")).to_have_text(expected_text)
+
+
+def test_sliders_recompute_the_processed_distribution_like_the_engine(page):
+    open_explorer(page)
+    set_range(page, "#ex-temperature", 0.7)
+    set_range(page, "#ex-top-k", 5)
+    expect(page.locator("#ex-top-k-value")).to_have_text("5")
+    next_token(page, 1)
+    step = all_steps(page)[-1]
+    assert len(step["top_processed"]) >= 5
+
+    # Top-k 5 keeps tokens the step already lists, so renormalizing over them is exact.
+    processed = chart_data(page, "dist-chart")["datasets"][1]["data"]
+    engine = {a["token_id"]: a["prob"] for a in step["top_processed"]}
+    for alt, prob in zip(step["top_raw"][:20], processed):
+        assert prob == pytest.approx(engine.get(alt["token_id"], 0.0), abs=2e-3)
+
+    # Moving a slider redraws the current step at once, without a request.
+    num_requests = len(events(page, "generation.queued"))
+    set_range(page, "#ex-top-k", 1)
+    processed = chart_data(page, "dist-chart")["datasets"][1]["data"]
+    assert processed[0] == pytest.approx(1.0) and sum(processed[1:]) == pytest.approx(0.0)
+    set_range(page, "#ex-temperature", 0)
+    expect(page.locator("#ex-temperature-value")).to_have_text("0 · greedy")
+    processed = chart_data(page, "dist-chart")["datasets"][1]["data"]
+    raw = chart_data(page, "dist-chart")["datasets"][0]["data"]
+    assert processed[0] > raw[0]  # greedy: the raw top tokens renormalized over the known ones
+    assert len(events(page, "generation.queued")) == num_requests
+
+
+def test_run_and_beam_search_tree(page, screenshot_dir):
+    open_explorer(page, "Once upon a time")
+    set_range(page, "#ex-run-length", 4)
+    page.click("#ex-run")
+    finished = wait_for_events(page, "generation.finished", 1)[-1]
+    expect(page.locator(".step-tok")).to_have_count(finished["stats"]["num_generated_tokens"])
+    phases = [s["phase"] for s in all_steps(page)]
+    assert phases[0] == "prefill" and set(phases[1:]) <= {"decode"}
+    colours = chart_data(page, "latency-chart")["datasets"][0]["backgroundColor"]
+    assert len(phases) < 2 or colours[0] != colours[1]  # prefill is told apart from decode
+
+    page.select_option("#ex-beams", "2")
+    expect(page.locator("#ex-step")).to_be_disabled()
+    page.click("#ex-run")
+    beam_finished = wait_for_events(page, "generation.finished", 2)[-1]
+    beam_steps = [s for e in events(page, "generation.beams") for s in e["steps"]]
+    assert beam_steps, "beam search sent no generation.beams"
+    tree = page.locator("#ex-beam-tree svg")
+    expect(tree.locator("g.node:not(.root)")).to_have_count(sum(len(s["beams"]) for s in beam_steps))
+    if beam_finished["stats"].get("sequences"):
+        assert tree.locator("g.node.best").count() >= 1
+        expect(page.locator("#ex-beam-results")).to_contain_text(beam_finished["stats"]["sequences"][0]["text"])
+    page.locator("#ex-beam-section").screenshot(path=str(screenshot_dir / "explorer-beams.png"))

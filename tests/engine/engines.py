@@ -1,0 +1,39 @@
+"""Helpers for engine tests: an Engine around a tiny random model, transformers' greedy reference."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from inference import EngineConfig, Finished, SamplingParams, Step
+from inference.engine import Engine
+from inference.model_loader import LoadedModel
+from tests.engine.tiny_models import make_tiny_model, make_tiny_tokenizer
+
+
+def engine_for(arch: str, prefix_cache_bytes: int = 0, seed: int = 0) -> Engine:
+    """An Engine over a tiny random `arch` model with the tiny byte-level tokenizer."""
+    model = make_tiny_model(arch, seed=seed)
+    tokenizer = make_tiny_tokenizer()
+    loaded = LoadedModel(
+        model=model, tokenizer=tokenizer, name=f"tiny-{arch}", source_path=Path("."),
+        dtype=torch.float32, device=torch.device("cpu"), chat_template=None,
+        max_context=model.config.max_position_embeddings, eos_token_ids=(),
+    )
+    return Engine(loaded, EngineConfig(prefix_cache_bytes=prefix_cache_bytes))
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_ids) -> list[int]:
+    """transformers' own greedy decoding: the reference every runner must reproduce."""
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=list(eos_token_ids) or None,
+            pad_token_id=0, temperature=None, top_p=None, top_k=None,
+        )
+    return out[0, len(prompt_ids):].tolist()
+
+
+def run(engine: Engine, prompt_ids: list[int], **params) -> tuple[list, list[Step], Finished]:
+    events = list(engine.generate(prompt_ids, SamplingParams(**params)))
+    return events, [e for e in events if isinstance(e, Step)], events[-1]

@@ -1,0 +1,220 @@
+"""The generation loop against transformers, on the bundled model and tiny random models."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from inference import EngineConfig, Finished, Prefilled, SamplingParams, Step
+from inference.engine import Engine
+from inference.kv_cache import ContiguousKVCache
+from tests.engine.engines import engine_for, hf_greedy, run
+
+TINY_ARCHS = ["gpt2", "llama", "qwen2", "deepseek_v3"]
+PROMPT = "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def engine(bundled) -> Engine:
+    return Engine(bundled, EngineConfig(prefix_cache_bytes=0))
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(engine) -> list[int]:
+    return engine.encode(PROMPT)
+
+
+# ---- equivalence with transformers --------------------------------------------------------
+
+@pytest.mark.parametrize("runner", ["auto", "transformers"])
+def test_greedy_equals_transformers_generate_on_bundled_model(bundled, prompt_ids, runner):
+    engine = Engine(bundled, EngineConfig(runner=runner, prefix_cache_bytes=0))
+    assert engine.runner.name == ("lean-llama" if runner == "auto" else "transformers")
+    _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=24)
+    expected = hf_greedy(bundled.model, prompt_ids, 24, bundled.eos_token_ids)
+    assert [s.token_id for s in steps] == expected
+    assert list(finished.token_ids) == expected
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_greedy_equals_transformers_generate_on_tiny_models(arch):
+    engine = engine_for(arch)
+    prompt = [5, 77, 130, 9, 200, 41]
+    _, steps, _ = run(engine, prompt, greedy=True, max_new_tokens=16, ignore_eos=True)
+    assert [s.token_id for s in steps] == hf_greedy(engine.model, prompt, 16, ())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_runner_logits_match_transformers_with_chunked_prefill(arch):
+    engine = engine_for(arch)
+    assert engine.runner.name == "lean-llama"
+    ids = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79, 32, 38])
+    with torch.inference_mode():
+        expected = engine.model(ids[None]).logits[0].float()  # (T, vocab)
+    cache = engine.runner.new_cache(4)  # too small on purpose: it must grow
+    first = engine.runner.forward(ids[:6], cache)        # prefill
+    second = engine.runner.forward(ids[6:9], cache)      # a chunk after a cached prefix (masked)
+    third = engine.runner.forward(ids[9:], cache)        # one decode step
+    for got, position in [(first, 5), (second, 8), (third, 9)]:
+        torch.testing.assert_close(got, expected[position], atol=1e-4, rtol=1e-4)
+    assert isinstance(cache, ContiguousKVCache) and cache.num_tokens == 10
+
+
+def test_cached_decode_equals_recompute_without_cache(engine, prompt_ids):
+    _, cached, _ = run(engine, prompt_ids, greedy=True, max_new_tokens=12, num_alternatives=5)
+    _, recomputed, fin = run(engine, prompt_ids, greedy=True, max_new_tokens=12, num_alternatives=5,
+                             use_kv_cache=False)
+    assert [s.token_id for s in cached] == [s.token_id for s in recomputed]
+    for a, b in zip(cached, recomputed):
+        assert [x.token_id for x in a.top_raw] == [x.token_id for x in b.top_raw]
+        for x, y in zip(a.top_raw, b.top_raw):
+            assert math.isclose(x.logprob, y.logprob, abs_tol=1e-3)
+    assert fin.kv_cache_bytes == 0 and cached[-1].kv_cache_bytes > 0
+
+
+# ---- the records ------------------------------------------------------------------------
+
+def test_event_sequence_and_step_records(engine, prompt_ids):
+    events, steps, finished = run(engine, prompt_ids, temperature=0.8, top_k=20, seed=3,
+                                  max_new_tokens=8, num_alternatives=10)
+    assert isinstance(events[0], Prefilled) and events[0].num_prompt_tokens == len(prompt_ids)
+    assert events[0].kv_cache_bytes == engine.kv_bytes_per_token() * len(prompt_ids)
+    assert isinstance(finished, Finished) and sum(isinstance(e, Finished) for e in events) == 1
+    assert [s.phase for s in steps] == ["prefill"] + ["decode"] * (len(steps) - 1)
+    for step in steps:
+        assert len(step.top_raw) == 10 and len(step.top_processed) <= 10
+        probs = [a.prob for a in step.top_raw]
+        assert probs == sorted(probs, reverse=True) and sum(probs) <= 1.0 + 1e-5
+        assert step.rank >= 1 and step.entropy >= 0 and step.latency_ms > 0
+        # top-k=20 leaves at most 20 tokens, so the processed top list has no -inf members
+        assert all(a.prob > 0 for a in step.top_processed)
+        # temperature and top-k keep the raw order, so the chosen token is listed iff its raw rank <= 10
+        assert (step.token_id in {a.token_id for a in step.top_processed}) == (step.rank <= 10)
+        assert step.token_bytes == engine.token_table.bytes_of(step.token_id)
+    assert finished.text == "".join(s.text_delta for s in steps)
+    assert finished.num_generated_tokens == len(steps) and finished.ttft_ms >= finished.prefill_ms
+
+
+def test_same_seed_same_tokens_and_other_seed_differs(engine, prompt_ids):
+    def tokens(seed):
+        return [s.token_id for s in run(engine, prompt_ids, temperature=1.2, seed=seed, max_new_tokens=20)[1]]
+    assert tokens(7) == tokens(7)
+    assert tokens(7) != tokens(8)
+
+
+# ---- stops ------------------------------------------------------------------------------
+
+def test_stops_on_any_eos_id(engine, prompt_ids):
+    first = run(engine, prompt_ids, greedy=True, max_new_tokens=6)[1]
+    original = engine.eos_token_ids
+    engine.eos_token_ids = (999_999, first[2].token_id)  # pretend the third token is an end-of-sequence id
+    try:
+        _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=6)
+    finally:
+        engine.eos_token_ids = original
+    assert len(steps) == 3 and finished.finish_reason == "eos"
+    _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=6, ignore_eos=True)
+    assert len(steps) == 6 and finished.finish_reason == "length"
+
+
+def test_stop_string_ends_text_before_it(engine, prompt_ids):
+    full = run(engine, prompt_ids, greedy=True, max_new_tokens=24)[2].text
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    assert stop.strip(), full
+    _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=24, stop=(stop,))
+    assert finished.finish_reason == "stop_string"
+    assert finished.text == full[: full.find(stop)]
+    assert "".join(s.text_delta for s in steps) == finished.text
+
+
+def test_cancellation_is_checked_every_step(engine, prompt_ids):
+    calls = []
+
+    def should_stop() -> bool:
+        calls.append(1)
+        return len(calls) >= 3
+
+    events = list(engine.generate(prompt_ids, SamplingParams(greedy=True, max_new_tokens=50), should_stop))
+    steps = [e for e in events if isinstance(e, Step)]
+    assert len(steps) == 3 and events[-1].finish_reason == "cancelled"
+
+
+def test_context_length_ends_generation(bundled, prompt_ids):
+    engine = Engine(bundled, EngineConfig(prefix_cache_bytes=0))
+    engine.max_context = len(prompt_ids) + 4
+    _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=50, ignore_eos=True)
+    assert finished.finish_reason == "context" and len(steps) == 4
+    with pytest.raises(ValueError, match="context"):
+        list(engine.generate(prompt_ids * 2, SamplingParams()))
+
+
+def test_utf8_split_across_tokens_streams_whole_characters(engine):
+    text = "Tea 🍵 and 日本語, naïve 👩‍👩‍👧!"
+    script = engine.encode(text)
+    assert len(script) > len(text.split())  # multi-byte characters really are split over tokens
+    real_runner = engine.runner
+    engine.runner = ScriptedRunner(script, len(engine.tokenizer))
+    try:
+        _, steps, finished = run(engine, [1, 2, 3], greedy=True, max_new_tokens=len(script), ignore_eos=True)
+    finally:
+        engine.runner = real_runner
+    assert [s.token_id for s in steps] == script
+    assert all("\ufffd" not in s.text_delta for s in steps)
+    assert "".join(s.text_delta for s in steps) == text == finished.text
+
+
+# ---- bad input --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -3), ("min_p", 1.0),
+    ("repetition_penalty", 0.0), ("max_new_tokens", 0), ("num_alternatives", 51), ("seed", -1),
+    ("num_beams", 0), ("temperature", float("nan")), ("greedy", "yes"), ("stop", ("",)),
+])
+def test_invalid_sampling_params_name_the_value(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_unknown_setting_is_named():
+    with pytest.raises(ValueError, match="tempreature"):
+        SamplingParams.from_dict({"tempreature": 0.5})
+
+
+def test_bad_prompts_are_clear_errors(engine):
+    with pytest.raises(ValueError, match="empty"):
+        list(engine.generate([], SamplingParams()))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        list(engine.generate([10**7], SamplingParams()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_greedy_on_cuda_matches_transformers(bundled_model_dir):
+    from inference.model_loader import load_model
+    loaded = load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="bfloat16"))
+    engine = Engine(loaded, EngineConfig(device="cuda"))
+    ids = engine.encode(PROMPT)
+    _, steps, _ = run(engine, ids, greedy=True, max_new_tokens=16)
+    assert [s.token_id for s in steps] == hf_greedy(loaded.model, ids, 16, loaded.eos_token_ids)
+
+
+class ScriptedRunner:
+    """A fake model: its logits put all mass on the next token of a script."""
+
+    name = "scripted"
+
+    def __init__(self, script: list[int], vocab_size: int) -> None:
+        self.script, self.vocab_size, self.calls = script, vocab_size, 0
+
+    def new_cache(self, capacity: int) -> ContiguousKVCache:
+        return ContiguousKVCache(1, 1, 1, capacity, torch.float32, torch.device("cpu"))
+
+    def forward(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+        if cache is not None:
+            cache.reserve(len(input_ids))
+            cache.advance(len(input_ids))
+        logits = torch.zeros(self.vocab_size)
+        logits[self.script[min(self.calls, len(self.script) - 1)]] = 30.0
+        self.calls += 1
+        return logits

@@ -1,0 +1,133 @@
+"""The HTTP JSON endpoints: conversations CRUD, session ownership, CSRF, errors as JSON."""
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from playground import cancel, submit
+from playground.models import Conversation, Generation, SamplingPreset
+
+pytestmark = pytest.mark.django_db
+
+
+def send(client: Client, method: str, path: str, body: Any = None, **extra: Any):
+    data = json.dumps(body) if body is not None else ""
+    return getattr(client, method)(path, data=data, content_type="application/json", **extra)
+
+
+@pytest.fixture
+def browser() -> Client:
+    """A browser that loaded a page: it has its session and CSRF cookies."""
+    client = Client(enforce_csrf_checks=True)
+    client.get("/api/models/")
+    return client
+
+
+def csrf(client: Client) -> dict[str, str]:
+    client.get("/admin/login/")  # a page with a form sets the csrftoken cookie
+    return {"HTTP_X_CSRFTOKEN": client.cookies["csrftoken"].value}
+
+
+def test_models_and_presets_list_what_the_admin_configured(browser: Client) -> None:
+    models = browser.get("/api/models/").json()
+    assert [(m["name"], m["is_default"]) for m in models] == [("SmolLM2-135M-Instruct (bundled)", True)]
+    presets = {p["name"]: p for p in browser.get("/api/presets/").json()}
+    assert presets["Balanced"]["is_default"] and presets["Balanced"]["params"]["top_p"] == 0.9
+    assert presets["Beam search"]["params"]["num_beams"] == 4
+
+
+def test_the_first_request_gets_a_session_cookie() -> None:
+    client = Client()
+    client.get("/api/conversations/")
+    assert client.cookies["sessionid"].value
+
+
+def test_conversations_crud(browser: Client) -> None:
+    headers = csrf(browser)
+    preset = SamplingPreset.objects.get(name="Greedy")
+    created = send(browser, "post", "/api/conversations/", {"title": "First", "system_prompt": "Be kind.",
+                                                             "preset_id": preset.pk}, **headers)
+    assert created.status_code == 201
+    conversation = created.json()
+    assert (conversation["title"], conversation["system_prompt"], conversation["preset_id"],
+            conversation["messages"]) == ("First", "Be kind.", preset.pk, [])
+    path = f"/api/conversations/{conversation['id']}/"
+
+    send(browser, "post", "/api/conversations/", {"title": "Second"}, **headers)
+    assert [c["title"] for c in browser.get("/api/conversations/").json()] == ["Second", "First"]
+
+    patched = send(browser, "patch", path, {"title": "Renamed", "preset_id": None}, **headers)
+    assert patched.status_code == 200
+    assert (patched.json()["title"], patched.json()["preset_id"]) == ("Renamed", None)
+    assert browser.get(path).json()["title"] == "Renamed"
+
+    assert send(browser, "delete", path, **headers).status_code == 204
+    assert browser.get(path).status_code == 404
+
+
+def test_a_conversation_shows_its_active_messages_with_their_generation(browser: Client) -> None:
+    queued = submit.generate(browser.session.session_key, {"content": "Hi!"})
+    messages = browser.get(f"/api/conversations/{queued.conversation_id}/").json()["messages"]
+    assert [(m["id"], m["role"], m["content"]) for m in messages] == [
+        (queued.user_message_id, "user", "Hi!"), (queued.message_id, "assistant", "")]
+    assert (messages[1]["generation_id"], messages[1]["status"]) == (queued.generation_id, "queued")
+
+
+def test_another_session_gets_404_for_my_records(browser: Client) -> None:
+    queued = submit.generate(browser.session.session_key, {"content": "Secret"})
+    stranger = Client()
+    stranger.get("/api/models/")
+    assert stranger.get(f"/api/conversations/{queued.conversation_id}/").status_code == 404
+    assert stranger.get(f"/api/generations/{queued.generation_id}/").status_code == 404
+    assert send(stranger, "delete", f"/api/conversations/{queued.conversation_id}/").status_code == 404
+    assert stranger.get("/api/conversations/").json() == []
+    assert Conversation.objects.filter(pk=queued.conversation_id).exists()
+
+
+def test_mutations_need_the_csrf_token(browser: Client) -> None:
+    refused = send(browser, "post", "/api/conversations/", {"title": "x"})
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "csrf_failed"
+    assert not Conversation.objects.exists()
+
+
+@pytest.mark.parametrize("body, code, status", [
+    ("not json", "bad_json", 400),
+    ([1, 2], "bad_json", 400),
+    ({"title": 5}, "invalid_field", 400),
+    ({"model_id": 999}, "not_found", 404),
+])
+def test_bad_bodies_get_a_json_error(browser: Client, body: Any, code: str, status: int) -> None:
+    headers = csrf(browser)
+    data = body if isinstance(body, str) else json.dumps(body)
+    response = browser.post("/api/conversations/", data=data, content_type="application/json", **headers)
+    assert (response.status_code, response.json()["error"]["code"]) == (status, code)
+
+
+def test_an_unsupported_method_is_a_json_405(browser: Client) -> None:
+    response = send(browser, "put", "/api/conversations/", {}, **csrf(browser))
+    assert response.status_code == 405 and response.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_a_generation_whose_worker_died_reads_as_worker_lost(browser: Client) -> None:
+    queued = submit.generate(browser.session.session_key, {"content": "Hi!"})
+    long_ago = timezone.now() - timedelta(minutes=1)
+    Generation.objects.filter(pk=queued.generation_id).update(status="running", started_at=long_ago, text="Par")
+
+    body = browser.get(f"/api/generations/{queued.generation_id}/").json()
+    assert (body["status"], body["error"]["code"], body["text"]) == ("error", "worker_lost", "Par")
+    conversation = browser.get(f"/api/conversations/{queued.conversation_id}/").json()
+    assert conversation["messages"][1]["status"] == "error"
+
+
+def test_deleting_a_conversation_stops_its_running_generation(browser: Client) -> None:
+    queued = submit.generate(browser.session.session_key, {"content": "Hi!"})
+    response = send(browser, "delete", f"/api/conversations/{queued.conversation_id}/", **csrf(browser))
+    assert response.status_code == 204
+    assert cancel.is_stop_requested(queued.generation_id)
+    assert not Generation.objects.filter(pk=queued.generation_id).exists()

@@ -1,0 +1,234 @@
+"""The generation WebSocket over the in-memory channel layer: refusals (each with its code,
+the socket still usable after), following a generation, stop, and the worker watchdog."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, AsyncIterator
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.utils import timezone
+
+from playground import cancel, consumers, protocol, runner, tasks
+from playground.asgi import application
+from playground.models import Conversation, Generation, Message
+
+from .fake_engine import FakeEngine
+
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)  # keep the migrated rows
+
+TIMEOUT_S = 10  # generous: only a bound on a hang, never a measurement
+ORIGIN = (b"origin", b"http://localhost")
+
+
+@pytest.fixture
+def queued_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records what the consumer enqueues instead of sending it to a broker."""
+    ids: list[int] = []
+    monkeypatch.setattr(tasks.run_generation, "delay", ids.append)
+    return ids
+
+
+@pytest.fixture
+async def ws(session_key: str, queued_ids: list[int]) -> AsyncIterator[WebsocketCommunicator]:
+    communicator = connect(session_key)
+    connected, _ = await communicator.connect(timeout=TIMEOUT_S)
+    assert connected
+    yield communicator
+    await communicator.disconnect()
+
+
+def connect(session_key: str | None = None, origin: tuple[bytes, bytes] = ORIGIN) -> WebsocketCommunicator:
+    headers = [origin] + ([(b"cookie", f"sessionid={session_key}".encode())] if session_key else [])
+    return WebsocketCommunicator(application, "/ws/generate/", headers=headers)
+
+
+async def command(ws: WebsocketCommunicator, name: str, **fields: Any) -> dict[str, Any]:
+    await ws.send_json_to({"command": name, **fields})
+    return await ws.receive_json_from(timeout=TIMEOUT_S)
+
+
+async def assert_refused(ws: WebsocketCommunicator, code: str, name: str, **fields: Any) -> dict[str, Any]:
+    """The command is refused with `code`, and the socket still answers the next command."""
+    refusal = await command(ws, name, request_id="r-bad", **fields)
+    assert (refusal["type"], refusal["code"], refusal["request_id"]) == ("error", code, "r-bad"), refusal
+    follow_up = await command(ws, "no-such-command", request_id="r-next")
+    assert (follow_up["code"], follow_up["request_id"]) == ("unknown_command", "r-next")
+    return refusal
+
+
+async def test_bad_json_is_refused_and_the_socket_stays_usable(ws: WebsocketCommunicator) -> None:
+    await ws.send_to(text_data="{not json")
+    refusal = await ws.receive_json_from(timeout=TIMEOUT_S)
+    assert (refusal["type"], refusal["code"]) == ("error", "bad_json")
+    await ws.send_to(text_data="[1, 2]")
+    assert (await ws.receive_json_from(timeout=TIMEOUT_S))["code"] == "bad_json"
+    await assert_refused(ws, "unknown_command", "fly")
+    await assert_refused(ws, "unknown_command", ["generate"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fields, fragment", [
+    ({"content": 5}, "content=5"),
+    ({"content": "  "}, "must not be empty"),
+    ({"content": "hi", "conversation_id": "7"}, "conversation_id='7'"),
+    ({"content": "hi", "overrides": [1]}, "overrides=[1]"),
+    ({"content": "hi", "model_id": True}, "model_id=True"),
+])
+async def test_fields_of_the_wrong_type_are_invalid_field(ws: WebsocketCommunicator, fields: dict,
+                                                          fragment: str) -> None:
+    refusal = await assert_refused(ws, "invalid_field", "generate", **fields)
+    assert fragment in refusal["message"]
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    ({"top_p": 1.5}, "top_p=1.5"),
+    ({"top_k": 2.5}, "top_k=2.5"),
+    ({"warp_speed": 9}, "warp_speed"),
+    ({"max_new_tokens": 10**6}, "server's limit"),
+])
+async def test_invalid_sampling_settings_are_invalid_params(ws: WebsocketCommunicator, overrides: dict,
+                                                            fragment: str, queued_ids: list[int]) -> None:
+    refusal = await assert_refused(ws, "invalid_params", "generate", content="hi", overrides=overrides)
+    assert fragment in refusal["message"]
+    assert queued_ids == [] and not await sync_to_async(Conversation.objects.exists)()
+
+
+async def test_an_oversize_prompt_is_refused_and_nothing_is_written(ws: WebsocketCommunicator, settings: Any) -> None:
+    settings.PLAYGROUND_MAX_PROMPT_CHARS = 10
+    await assert_refused(ws, "prompt_too_long", "generate", content="x" * 11)
+    await assert_refused(ws, "prompt_too_long", "complete", text="x" * 11)
+    assert not await sync_to_async(Generation.objects.exists)()
+
+
+async def test_missing_records_are_not_found(ws: WebsocketCommunicator) -> None:
+    await assert_refused(ws, "not_found", "generate", content="hi", conversation_id=999)
+    await assert_refused(ws, "not_found", "generate", content="hi", preset_id=999)
+    await assert_refused(ws, "not_found", "regenerate", message_id=999)
+    await assert_refused(ws, "not_found", "stop", generation_id=999)
+
+
+async def test_another_sessions_records_are_not_found(ws: WebsocketCommunicator) -> None:
+    other = await command(ws, "generate", content="mine")
+    stranger = connect()  # no cookie: the consumer gives it a fresh session
+    assert (await stranger.connect(timeout=TIMEOUT_S))[0]
+    await assert_refused(stranger, "not_found", "generate", content="hi", conversation_id=other["conversation_id"])
+    await assert_refused(stranger, "not_found", "stop", generation_id=other["generation_id"])
+    await stranger.disconnect()
+
+
+async def test_a_regenerate_of_a_user_message_is_invalid_field(ws: WebsocketCommunicator) -> None:
+    queued = await command(ws, "generate", content="hi")
+    await assert_refused(ws, "invalid_field", "regenerate", message_id=queued["user_message_id"])
+
+
+async def test_generate_is_queued_with_its_records_and_enqueued(ws: WebsocketCommunicator,
+                                                                queued_ids: list[int]) -> None:
+    queued = await command(ws, "generate", request_id="r1", content="Hello?", system_prompt="Be brief.")
+    assert (queued["type"], queued["request_id"]) == ("generation.queued", "r1")
+    assert queued_ids == [queued["generation_id"]]
+    conversation = await sync_to_async(Conversation.objects.get)(pk=queued["conversation_id"])
+    assert (conversation.title, conversation.system_prompt) == ("Hello?", "Be brief.")
+    answer = await sync_to_async(Message.objects.get)(pk=queued["message_id"])
+    assert (answer.role, answer.generation_id) == ("assistant", queued["generation_id"])
+
+
+async def test_too_many_concurrent_generations_are_refused(ws: WebsocketCommunicator, settings: Any) -> None:
+    settings.PLAYGROUND_MAX_CONCURRENT_PER_CLIENT = 1
+    queued = await command(ws, "generate", content="one")
+    assert queued["type"] == "generation.queued"
+    await assert_refused(ws, "too_many_generations", "generate", content="two",
+                         conversation_id=queued["conversation_id"])
+    await assert_refused(ws, "too_many_generations", "complete", text="two")
+
+
+async def test_stop_sets_the_flag_the_worker_reads(ws: WebsocketCommunicator) -> None:
+    queued = await command(ws, "generate", content="hi")
+    await sync_to_async(Generation.objects.filter(pk=queued["generation_id"]).update)(status="running",
+                                                                                      started_at=timezone.now())
+    await ws.send_json_to({"command": "stop", "generation_id": queued["generation_id"]})
+    assert await ws.receive_nothing(timeout=0.2)  # the worker will report the end, not the consumer
+    assert await sync_to_async(cancel.is_stop_requested)(queued["generation_id"])
+
+
+async def test_stopping_a_queued_generation_ends_it_at_once(ws: WebsocketCommunicator) -> None:
+    queued = await command(ws, "generate", content="hi")
+    finished = await command(ws, "stop", generation_id=queued["generation_id"])
+    assert (finished["type"], finished["finish_reason"], finished["message_id"]) == (
+        "generation.finished", "cancelled", queued["message_id"])
+    generation = await sync_to_async(Generation.objects.get)(pk=queued["generation_id"])
+    assert generation.status == "cancelled"
+
+
+async def test_a_foreign_origin_cannot_connect(session_key: str) -> None:
+    communicator = connect(session_key, origin=(b"origin", b"http://evil.example"))
+    connected, _ = await communicator.connect(timeout=TIMEOUT_S)
+    assert not connected
+
+
+async def test_events_of_a_generation_flow_from_the_worker_to_the_socket(session_key: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # "Eager" worker: the enqueued task runs the real runner (with a fake engine) at once.
+    monkeypatch.setattr(tasks.run_generation, "delay", lambda generation_id: runner.run_generation(
+        generation_id, "eager", load_engine=lambda model: FakeEngine("Hi you")))
+    ws = connect(session_key)
+    assert (await ws.connect(timeout=TIMEOUT_S))[0]
+    queued = await command(ws, "generate", content="Hello?")
+    events = [queued]
+    while not protocol.is_terminal(events[-1]):
+        events.append(await ws.receive_json_from(timeout=TIMEOUT_S))
+    assert [e["type"] for e in events[:3]] == ["generation.queued", "generation.started", "generation.prefilled"]
+    assert "".join(s["text_delta"] for e in events if e["type"] == "generation.tokens" for s in e["steps"]) == "Hi you"
+    assert (events[-1]["type"], events[-1]["text"], events[-1]["message_id"]) == (
+        "generation.finished", "Hi you", queued["message_id"])
+    assert await ws.receive_nothing(timeout=0.2)
+    await ws.disconnect()
+
+
+async def test_a_dead_worker_is_reported_once_and_later_events_are_dropped(ws: WebsocketCommunicator,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consumers, "WATCH_INTERVAL_S", 0.05)
+    queued = await command(ws, "generate", content="hi")
+    generation_id = queued["generation_id"]
+    # A worker took it long ago and has stopped beating (no heartbeat key), leaving a partial answer.
+    long_ago = timezone.now() - timedelta(minutes=1)
+    await sync_to_async(Generation.objects.filter(pk=generation_id).update)(status="running", started_at=long_ago)
+    await sync_to_async(Message.objects.filter(pk=queued["message_id"]).update)(content="Par")
+
+    error = await ws.receive_json_from(timeout=TIMEOUT_S)
+    assert (error["type"], error["code"], error["generation_id"]) == ("generation.error", "worker_lost", generation_id)
+    # The worker's own terminal event arriving late is not a second one.
+    await get_channel_layer().group_send(protocol.group_name(generation_id), protocol.generation_finished(
+        generation_id, queued["message_id"], "length", "late", {}))
+    assert await ws.receive_nothing(timeout=0.3)
+    message = await sync_to_async(Message.objects.get)(pk=queued["message_id"])
+    assert message.content == "Par"
+
+
+async def test_a_worker_terminal_event_is_not_repeated_by_the_watchdog(ws: WebsocketCommunicator,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consumers, "WATCH_INTERVAL_S", 0.05)
+    queued = await command(ws, "generate", content="hi")
+    generation_id = queued["generation_id"]
+    await sync_to_async(Generation.objects.filter(pk=generation_id).update)(status="finished", finish_reason="eos")
+    await get_channel_layer().group_send(protocol.group_name(generation_id), protocol.generation_finished(
+        generation_id, queued["message_id"], "eos", "done", {}))
+    finished = await ws.receive_json_from(timeout=TIMEOUT_S)
+    assert (finished["type"], finished["text"]) == ("generation.finished", "done")
+    assert await ws.receive_nothing(timeout=0.3)
+
+
+async def test_an_unreachable_queue_ends_the_generation_with_an_error(session_key: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def broker_down(generation_id: int) -> None:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(tasks.run_generation, "delay", broker_down)
+    ws = connect(session_key)
+    assert (await ws.connect(timeout=TIMEOUT_S))[0]
+    queued = await command(ws, "generate", content="hi")
+    error = await ws.receive_json_from(timeout=TIMEOUT_S)
+    assert (queued["type"], error["type"], error["code"]) == ("generation.queued", "generation.error", "internal_error")
+    assert "broker down" in error["message"]
+    await ws.disconnect()

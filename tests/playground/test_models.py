@@ -1,0 +1,65 @@
+"""Rows -> engine settings, their validation, and what the data migration ships."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from inference.sampling_params import SamplingParams
+from playground.models import LanguageModel, SamplingPreset
+
+pytestmark = pytest.mark.django_db
+
+
+def test_every_sampling_setting_is_a_preset_field() -> None:
+    preset_fields = {f.name for f in SamplingPreset._meta.get_fields()}
+    missing = {f.name for f in fields(SamplingParams)} - preset_fields
+    assert not missing
+
+
+def test_a_preset_converts_with_overrides_winning() -> None:
+    preset = SamplingPreset.objects.get(name="Precise")
+    params = preset.to_sampling_params(top_k=5, stop=["###"])
+    assert (params.temperature, params.top_k, params.stop) == (0.3, 5, ("###",))
+
+
+def test_a_bad_override_is_a_value_error_naming_it() -> None:
+    preset = SamplingPreset.objects.get(name="Balanced")
+    with pytest.raises(ValueError, match="min_p=2"):
+        preset.to_sampling_params(min_p=2)
+    with pytest.raises(ValueError, match="bogus"):
+        preset.to_sampling_params(bogus=1)
+
+
+def test_clean_puts_the_error_on_the_field_it_names() -> None:
+    preset = SamplingPreset(name="x", repetition_penalty=0.0)
+    with pytest.raises(ValidationError) as refused:
+        preset.full_clean()
+    assert "repetition_penalty=0.0" in refused.value.message_dict["repetition_penalty"][0]
+
+
+def test_the_migration_ships_the_bundled_model_and_five_presets_with_one_default_each() -> None:
+    default_model = LanguageModel.default()
+    assert (default_model.source, default_model.is_enabled) == ("bundled", True)
+    names = set(SamplingPreset.objects.values_list("name", flat=True))
+    assert names == {"Greedy", "Balanced", "Creative", "Precise", "Beam search"}
+    assert SamplingPreset.default().name == "Balanced"
+    for preset in SamplingPreset.objects.all():
+        preset.full_clean()  # every shipped preset is valid
+    assert SamplingPreset.objects.get(name="Beam search").to_sampling_params().is_beam_search
+
+
+def test_saving_a_new_default_model_unsets_the_old_one() -> None:
+    old = LanguageModel.default()
+    new = LanguageModel.objects.create(name="other", source="/models/other", is_default=True)
+    old.refresh_from_db()
+    assert LanguageModel.default() == new and not old.is_default
+
+
+def test_auto_device_and_dtype_defer_to_the_worker_settings(settings) -> None:
+    settings.PLAYGROUND_DEVICE, settings.PLAYGROUND_DTYPE = "cpu", "bfloat16"
+    config = LanguageModel(name="m", source="bundled").to_engine_config()
+    assert (config.device, config.dtype, config.data_dir) == ("cpu", "bfloat16", str(settings.PLAYGROUND_DATA_DIR))
+    config = LanguageModel(name="m", source="bundled", device="cuda:1", dtype="float16").to_engine_config()
+    assert (config.device, config.dtype) == ("cuda:1", "float16")

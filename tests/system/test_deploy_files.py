@@ -1,0 +1,50 @@
+"""docker-compose.yml cannot be run here (no Docker daemon), so check what it promises."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def services() -> dict:
+    return yaml.safe_load((REPO_DIR / "docker-compose.yml").read_text())["services"]
+
+
+def worker_queues(service: dict) -> str:
+    command = service["command"]
+    return command[command.index("-Q") + 1]
+
+
+def test_every_role_has_a_service(services: dict) -> None:
+    assert {"redis", "postgres", "web", "worker-gpu", "worker-cpu", "worker-prefill",
+            "worker-decode"} <= set(services)
+    assert services["worker-cpu"]["profiles"] == ["cpu"]
+    assert services["worker-prefill"]["profiles"] == services["worker-decode"]["profiles"] == ["pd"]
+
+
+def test_workers_listen_on_their_queues_with_the_right_device(services: dict) -> None:
+    assert worker_queues(services["worker-gpu"]) == "gpu,celery"
+    assert worker_queues(services["worker-cpu"]) == "gpu,celery"
+    assert worker_queues(services["worker-prefill"]) == "prefill"
+    assert worker_queues(services["worker-decode"]) == "decode"
+    assert services["worker-gpu"]["environment"]["PLAYGROUND_DEVICE"] == "cuda"
+    assert services["worker-cpu"]["environment"]["PLAYGROUND_DEVICE"] == "cpu"
+    devices = services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert "deploy" not in services["worker-cpu"]
+
+
+def test_app_services_share_redis_postgres_and_the_model_volume(services: dict) -> None:
+    app_services = [name for name, service in services.items() if service.get("build")]
+    assert set(app_services) >= {"prepare", "web", "worker-gpu", "worker-cpu"}
+    for name in app_services:
+        env = services[name]["environment"]
+        assert env["REDIS_URL"] == "redis://redis:6379/0", name
+        assert env["DATABASE_URL"].startswith("postgres://"), name
+        assert "model-data:/data" in services[name]["volumes"], name
+        if name != "prepare":
+            assert services[name]["depends_on"]["prepare"]["condition"] == "service_completed_successfully"

@@ -1,0 +1,26 @@
+"""The WebSocket contract's refusals, over the real ASGI server (docs/protocol.md)."""
+from __future__ import annotations
+
+import pytest
+from websockets.exceptions import InvalidStatus
+
+from .wsclient import BrowserTab, receive, send
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def test_bad_json_is_refused_and_the_socket_stays_usable(tab: BrowserTab) -> None:
+    with tab.connect() as ws:
+        ws.send("{this is not json")
+        refusal = receive(ws, timeout_s=30)
+        assert (refusal["type"], refusal["code"]) == ("error", "bad_json"), refusal
+
+        send(ws, "no-such-command", request_id="r2")
+        refusal = receive(ws, timeout_s=30)
+        assert (refusal["type"], refusal["code"], refusal["request_id"]) == ("error", "unknown_command", "r2")
+
+
+def test_a_foreign_origin_cannot_open_the_socket(tab: BrowserTab) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        tab.connect(origin="http://evil.example")
+    assert refused.value.response.status_code == 403
