@@ -28,6 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from inference.events import Beam, BeamStep, Finished, FinishReason, Prefilled
+from inference.kv_cache import dynamic_cache_nbytes
 from inference.logits import RepetitionPenalty
 from inference.sampling_params import SamplingParams
 
@@ -219,7 +220,7 @@ def beam_search(model, prompt_ids: list[int], params: SamplingParams, *, eos_tok
     logits = _next_logits(model, state.context_ids()[:1], cache).expand(params.num_beams, -1)
     clock.prefill_done = time.perf_counter()
     yield Prefilled(num_prompt_tokens=len(prompt_ids), num_cached_tokens=0, num_prefilled_tokens=len(prompt_ids),
-                    prefill_ms=_ms(clock.start, clock.prefill_done), kv_cache_bytes=_cache_bytes(cache))
+                    prefill_ms=_ms(clock.start, clock.prefill_done), kv_cache_bytes=dynamic_cache_nbytes(cache))
     if cache is not None:
         cache.batch_repeat_interleave(params.num_beams)
     num_steps, step_start, is_cancelled = 0, clock.start, False
@@ -239,7 +240,7 @@ def beam_search(model, prompt_ids: list[int], params: SamplingParams, *, eos_tok
             logits = _next_logits(model, state.last_ids(), cache)
         else:
             logits = _next_logits(model, state.context_ids(), None)
-    yield _finished(state, is_cancelled, max_length, clock, num_steps, _cache_bytes(cache))
+    yield _finished(state, is_cancelled, max_length, clock, num_steps, dynamic_cache_nbytes(cache))
 
 
 def _finished(state: BeamSearchState, is_cancelled: bool, context_length: int, clock: _Clock,
@@ -269,13 +270,6 @@ def _next_logits(model, input_ids: torch.Tensor, cache: DynamicCache | None) -> 
     """(B, T) ids -> (B, V) float32 logits of the last position; appends T tokens to `cache`."""
     out = model(input_ids=input_ids, past_key_values=cache, use_cache=cache is not None, logits_to_keep=1)
     return out.logits[:, -1].float()
-
-
-def _cache_bytes(cache: DynamicCache | None) -> int:
-    if cache is None:
-        return 0
-    tensors = [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 def _ms(start: float, end: float) -> float:

@@ -78,7 +78,7 @@ class TemplateTokens:
     def from_tokenizer(cls, tokenizer: Any) -> "TemplateTokens":
         # whitespace-only added tokens (Gemma's "\n" runs) are ordinary text in a template
         strings = {t.content for t in tokenizer.added_tokens_decoder.values() if t.content.strip()}
-        return cls(dict(tokenizer.special_tokens_map), tuple(sorted(strings, key=len, reverse=True)))
+        return cls(dict(tokenizer.special_tokens_map), tuple(sorted(strings)))
 
 
 def render_chat(messages: Sequence[Mapping[str, Any]], template: str, *,
@@ -305,7 +305,8 @@ def _spans(compiled: jinja2.Template, context: dict[str, Any], chat: list[dict[s
            special_strings: tuple[str, ...], add_generation_prompt: bool) -> list[Span]:
     """Find where each message's content landed by rendering once more with a unique
     sentinel in place of each content; what lies between contents is template text."""
-    special_re = re.compile("|".join(map(re.escape, special_strings))) if special_strings else None
+    longest_first = sorted(special_strings, key=len, reverse=True)  # "<|im_end|>" before "<|im"
+    special_re = re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
     located = _locate_contents(compiled, context, chat, text)
     if located is None:  # the template treated sentinels unlike real content: no roles known
         return _split_special(0, len(text), text, special_re, "content", None)

@@ -317,10 +317,7 @@ class Engine:
         num_decoded = max(len(run.generated_ids) - 1, 0)
         prefilled = run.prefilled
         if run.cache is not None and run.params.use_prefix_cache:
-            # Prompt and answer are the next turn's prompt: keep their KV (all but the last token's,
-            # which was never computed) so the next chat turn prefills only its new tokens.
-            keep = run.cache.num_tokens
-            self.prefix_cache.insert(run.context_ids[:keep].tolist(), run.cache.export(keep))
+            self._remember(run)
         return Finished(
             finish_reason=reason, text=run.text, token_ids=tuple(run.generated_ids),
             num_prompt_tokens=len(run.prompt_ids), num_cached_tokens=prefilled.num_cached_tokens,
@@ -328,6 +325,15 @@ class Engine:
             decode_ms=run.decode_ms, decode_tok_s=num_decoded / (run.decode_ms / 1000) if run.decode_ms else 0.0,
             kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
         )
+
+    def _remember(self, run: _Run) -> None:
+        """Prompt and answer are the next turn's prompt: keep their KV (all but the last token's,
+        which was never computed) so the next chat turn prefills only its new tokens."""
+        keep = run.cache.num_tokens
+        layers = run.cache.export(keep)
+        if any(k.shape[1] != keep for k, _ in layers):
+            return  # a sliding-window cache forgot early positions: not reusable as a prefix
+        self.prefix_cache.insert(run.context_ids[:keep].tolist(), layers)
 
     def _decode_text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

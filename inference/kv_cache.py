@@ -107,12 +107,7 @@ class HFKVCache:
 
     @property
     def nbytes(self) -> int:
-        total = 0
-        for layer in self.cache.layers:
-            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if isinstance(t, torch.Tensor):
-                    total += t.numel() * t.element_size()
-        return total
+        return dynamic_cache_nbytes(self.cache)
 
     def crop(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= self.num_tokens:
@@ -127,6 +122,14 @@ class HFKVCache:
     def load(self, layers: LayerKV) -> None:
         for i, (k, v) in enumerate(layers):
             self.cache.update(k.unsqueeze(0).clone(), v.unsqueeze(0).clone(), i)
+
+
+def dynamic_cache_nbytes(cache: DynamicCache | None) -> int:
+    """Bytes held by a transformers cache (any batch size); 0 for no cache."""
+    if cache is None:
+        return 0
+    tensors = [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 def layer_kv_nbytes(layers: LayerKV) -> int:

@@ -40,14 +40,25 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return F.linear(x, weight, bias)
 
 
+def _fuse(modules: list[torch.nn.Module], name: str) -> torch.Tensor | None:
+    """Concatenate the modules' `name` tensors into one, and point each module at its slice
+    of it, so the fused copy costs no extra memory and transformers' path (beam search) still works."""
+    parts = [getattr(m, name) for m in modules]
+    if parts[0] is None:
+        return None
+    fused = torch.cat([p.detach() for p in parts]).contiguous()
+    for module, piece in zip(modules, fused.split([p.shape[0] for p in parts])):
+        setattr(module, name, torch.nn.Parameter(piece, requires_grad=False))
+    return fused
+
+
 class _Layer:
     def __init__(self, layer) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv_weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).contiguous()
-        biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
-        self.qkv_bias = torch.cat(biases).contiguous() if biases[0] is not None else None
+        self.qkv_weight = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight")
+        self.qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias")
         self.o_weight = attn.o_proj.weight
-        self.gate_up_weight = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous()
+        self.gate_up_weight = _fuse([mlp.gate_proj, mlp.up_proj], "weight")
         self.down_weight = mlp.down_proj.weight
         self.input_norm = layer.input_layernorm.weight
         self.post_norm = layer.post_attention_layernorm.weight

@@ -132,10 +132,10 @@ def _build_table(tokenizer: Tokenizer) -> TokenTable:
         raw = [_sentencepiece_bytes(s or "") for s in strings]
     else:
         raw = [tokenizer.decode([i], skip_special_tokens=False).encode("utf-8") for i in range(size)]
-    for token_id, token in added.items():
-        if scheme != "byte_level":
-            # byte-level decoders map added tokens through the byte table like any other
-            # token (`_byte_level_bytes` handles both); the others emit their text as is
+    if scheme != "byte_level":
+        # byte-level decoders map added tokens through the byte table like any other token
+        # (`_byte_level_bytes` covers both); the other decoders emit their text as is
+        for token_id, token in added.items():
             raw[token_id] = token.content.encode("utf-8")
     special_ids = frozenset(i for i, token in added.items() if token.special)
     pieces = tuple(b.decode("utf-8", errors="replace") for b in raw)

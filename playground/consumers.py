@@ -16,7 +16,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from playground import liveness, protocol, submit, tasks
+from playground import liveness, pd, protocol, submit, tasks
 from playground.models import Generation
 from playground.protocol import CommandError, get_field
 
@@ -75,6 +75,7 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
                                                 request_id))
 
     async def _start(self, command: str, content: dict[str, Any], request_id: str | None) -> None:
+        pd_requested = pd.requested(content)  # checked before anything is written
         queued = await database_sync_to_async(submit.submit)(command, self.session_key, content)
         generation_id = queued.generation_id
         # Join the group before the task exists, so no event of the worker can be missed; they
@@ -82,7 +83,7 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(protocol.group_name(generation_id), self.channel_name)
         self.watchdogs[generation_id] = asyncio.create_task(self._watch(generation_id))
         try:
-            await database_sync_to_async(tasks.enqueue)(generation_id)
+            await database_sync_to_async(tasks.enqueue)(generation_id, pd_requested, queued.conversation_id)
             ended = None
         except Exception as exc:
             logger.exception("generation %s could not be queued", generation_id)
@@ -111,7 +112,7 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
 
     # Channel-layer handlers: `generation.tokens` -> `generation_tokens`, and so on.
     generation_started = generation_prefilled = generation_tokens = generation_beams = _deliver
-    generation_finished = generation_error = _deliver
+    generation_handoff = generation_finished = generation_error = _deliver
 
     async def _unfollow(self, generation_id: int) -> None:
         watchdog = self.watchdogs.pop(generation_id)
@@ -125,6 +126,7 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             try:
+                await database_sync_to_async(tasks.reroute_if_stranded)(generation_id)
                 event = await database_sync_to_async(_ended_event)(generation_id)
             except Exception:
                 logger.exception("watchdog of generation %s failed; retrying", generation_id)

@@ -18,16 +18,15 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from playground import store
+from playground import store, worker_routing
 from playground.models import Generation
 
 logger = logging.getLogger(__name__)
 
-_WORKER_PREFIX = "playground:worker:"
 _WORKER_TTL_S = 5
 
 
-def _generation_key(generation_id: int) -> str:
+def generation_key(generation_id: int) -> str:
     return f"playground:generation:{generation_id}"
 
 
@@ -63,7 +62,7 @@ class Heartbeat(threading.Thread):
 @contextlib.contextmanager
 def generation_heartbeat(generation_id: int) -> Iterator[None]:
     """Beats for one generation; the key exists before the body runs and is gone after it."""
-    beat = Heartbeat(_generation_key(generation_id), settings.PLAYGROUND_HEARTBEAT_TTL_S,
+    beat = Heartbeat(generation_key(generation_id), settings.PLAYGROUND_HEARTBEAT_TTL_S,
                      settings.PLAYGROUND_HEARTBEAT_INTERVAL_S)
     beat.start()
     try:
@@ -74,7 +73,7 @@ def generation_heartbeat(generation_id: int) -> Iterator[None]:
 
 def start_worker_heartbeat(worker_name: str) -> Heartbeat:
     """Beats for this worker process until it exits (a daemon thread) or `stop()`."""
-    beat = Heartbeat(_WORKER_PREFIX + worker_name, _WORKER_TTL_S, 1.0)
+    beat = Heartbeat(worker_routing.alive_key(worker_name), _WORKER_TTL_S, 1.0)
     beat.start()
     return beat
 
@@ -87,11 +86,11 @@ def _is_stale(generation: Generation) -> bool:
         # the conditional update in `mark_lost_if_stale` tells apart).
         ttl = timedelta(seconds=settings.PLAYGROUND_HEARTBEAT_TTL_S)
         return (generation.started_at is not None and generation.started_at < now - ttl
-                and not store.client().exists(_generation_key(generation.pk)))
+                and not store.client().exists(generation_key(generation.pk)))
     if generation.status == Generation.Status.QUEUED:
         timeout = timedelta(seconds=settings.PLAYGROUND_QUEUE_TIMEOUT_S)
         return (generation.created_at < now - timeout
-                and next(store.client().scan_iter(match=_WORKER_PREFIX + "*", count=100), None) is None)
+                and next(store.client().scan_iter(match=worker_routing.alive_key("*"), count=100), None) is None)
     return False
 
 

@@ -114,6 +114,7 @@ class LanguageModel(DefaultFlagModel):
             max_context=self.max_context,
             trust_remote_code=self.trust_remote_code,
             data_dir=str(settings.PLAYGROUND_DATA_DIR),
+            prefix_cache_bytes=settings.PLAYGROUND_PREFIX_CACHE_MB * 2**20,
         )
 
     def clean(self) -> None:

@@ -126,6 +126,18 @@ def generation_error(generation_id: int, code: str, message: str) -> dict[str, A
             "message": message}
 
 
+# Prefill/decode disaggregation (docs/pd-disaggregation.md): the hand-over's workers, size,
+# timings (ms) and `timeline` (Unix epoch ms of each phase boundary).
+HANDOFF_FIELDS = ("prefill_worker", "decode_worker", "kv_transfer_bytes", "serialize_ms", "store_ms", "fetch_ms",
+                  "transfer_ms", "load_ms", "timeline")
+
+
+def generation_handoff(generation_id: int, handover: dict[str, Any]) -> dict[str, Any]:
+    """The decode worker loaded the KV cache the prefill worker stored; decoding goes on."""
+    return {"type": "generation.handoff", "generation_id": generation_id,
+            **{name: handover.get(name) for name in HANDOFF_FIELDS}}
+
+
 _STATS_FIELDS = ("num_prompt_tokens", "num_cached_tokens", "num_generated_tokens", "prefill_ms", "ttft_ms",
                  "decode_ms", "decode_tok_s", "kv_cache_bytes", "finish_reason")
 

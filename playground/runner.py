@@ -11,13 +11,13 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from django.utils import timezone
 
-from inference.events import BeamStep, Finished, Prefilled, Step
+from inference.events import BeamStep, Event, Finished, Prefilled, Step
 from inference.sampling_params import SamplingParams
-from playground import cancel, limits, liveness, protocol
+from playground import cancel, limits, liveness, protocol, store, worker_routing
 from playground.models import Generation, LanguageModel, Message
 from playground.protocol import CommandError
 from playground.publisher import StepCoalescer, send_to_group
@@ -53,16 +53,27 @@ def run_generation(generation_id: int, worker: str,
                    load_engine: Callable[[LanguageModel], Engine] = get_engine,
                    send: Callable[[dict[str, Any]], None] = send_to_group) -> None:
     """Runs one queued generation to its end; skips one that is no longer queued."""
-    with liveness.generation_heartbeat(generation_id):  # beats before the row says "running"
-        generation = _claim(generation_id, worker)
-        if generation is None:
-            logger.info("generation %s is no longer queued; skipped", generation_id)
-            return
-        GenerationRun(generation, send).execute(load_engine)
+    r = store.client()
+    if not worker_routing.claim(r, generation_id, worker):  # a re-routed copy already ran or runs
+        logger.info("generation %s was claimed by %s; skipped", generation_id, worker_routing.claimed_by(r, generation_id))
+        return
+    worker_routing.set_busy(r, worker, True)
+    try:
+        with liveness.generation_heartbeat(generation_id):  # beats before the row says "running"
+            generation = claim(generation_id, worker)
+            if generation is None:
+                logger.info("generation %s is no longer queued; skipped", generation_id)
+                return
+            GenerationRun(generation, send).execute(load_engine)
+        if generation.conversation_id is not None and generation.params.get("use_prefix_cache", True):
+            worker_routing.record_owner(r, generation.conversation_id, worker)  # its KV is here now
+    finally:
+        worker_routing.set_busy(r, worker, False)
     cancel.clear(generation_id)
 
 
-def _claim(generation_id: int, worker: str) -> Generation | None:
+def claim(generation_id: int, worker: str) -> Generation | None:
+    """The queued generation, now running on `worker`; None if it is no longer queued."""
     num_updated = Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
         status=Generation.Status.RUNNING, started_at=timezone.now(), worker=worker)
     if not num_updated:
@@ -98,6 +109,11 @@ class GenerationRun:
     # ---- the generation ----------------------------------------------------------------
 
     def _generate(self, load_engine: Callable[[LanguageModel], Engine]) -> Finished:
+        engine, params, prompt_ids = self._start(load_engine)
+        return self._stream(engine.generate(prompt_ids, params, should_stop=self._should_stop))
+
+    def _start(self, load_engine: Callable[[LanguageModel], Engine]) -> tuple[Engine, SamplingParams, list[int]]:
+        """Loads the model, builds and saves the prompt, announces `generation.started`."""
         generation = self.generation
         self.answer_id = generation.answer_message_id()
         try:
@@ -105,21 +121,31 @@ class GenerationRun:
         except (TypeError, ValueError) as exc:  # stored by an older version with other settings
             raise CommandError("invalid_params", str(exc)) from exc
         self.is_beam_search = params.is_beam_search
-        if generation.model is None:
-            raise CommandError("model_unavailable", "the generation's model was deleted")
-        try:
-            engine = load_engine(generation.model)
-        except Exception as exc:
-            logger.exception("loading model %r failed", generation.model.name)
-            raise CommandError("model_unavailable",
-                               f"model {generation.model.name!r} could not be loaded: {exc}") from exc
+        engine = self._load(load_engine)
         info = engine.model_info()
         prompt_ids, prompt = self._prompt(engine, info["max_context"])
         self._save(prompt_text=prompt["text"], prompt={"spans": prompt["spans"], "tokens": prompt["tokens"]},
                    num_prompt_tokens=len(prompt_ids))
         self.send(protocol.generation_started(generation.pk, generation.worker, protocol.json_safe(info),
                                               params.to_dict(), prompt))
-        events = engine.generate(prompt_ids, params, should_stop=lambda: cancel.is_stop_requested(generation.pk))
+        return engine, params, prompt_ids
+
+    def _load(self, load_engine: Callable[[LanguageModel], Engine]) -> Engine:
+        model = self.generation.model
+        if model is None:
+            raise CommandError("model_unavailable", "the generation's model was deleted")
+        try:
+            return load_engine(model)
+        except Exception as exc:
+            logger.exception("loading model %r failed", model.name)
+            raise CommandError("model_unavailable", f"model {model.name!r} could not be loaded: {exc}") from exc
+
+    def _should_stop(self) -> bool:
+        return cancel.is_stop_requested(self.generation.pk)
+
+    def _stream(self, events: Iterator[Event]) -> Finished:
+        """Sends the engine's records on until its `Finished`, which it returns."""
+        generation = self.generation
         for event in events:
             if isinstance(event, Finished):
                 return event
@@ -191,7 +217,7 @@ class GenerationRun:
         if isinstance(outcome, Finished) and outcome.finish_reason == "error":
             outcome = CommandError("internal_error", outcome.error or "the engine failed")
         if isinstance(outcome, Finished):
-            stats = protocol.stats_record(protocol.json_safe(outcome.to_dict()), self.generation.worker)
+            stats = self._stats(outcome)
             fields = self._finished_fields(outcome, stats)
             event = protocol.generation_finished(generation_id, self.answer_id, outcome.finish_reason,
                                                  outcome.text, stats)
@@ -208,6 +234,9 @@ class GenerationRun:
             self.send(event)
         except Exception:
             logger.exception("generation %s: could not send its terminal event", generation_id)
+
+    def _stats(self, finished: Finished) -> dict[str, Any]:
+        return protocol.stats_record(protocol.json_safe(finished.to_dict()), self.generation.worker)
 
     def _finished_fields(self, finished: Finished, stats: dict[str, Any]) -> dict[str, Any]:
         is_cancelled = finished.finish_reason == "cancelled"

@@ -58,6 +58,8 @@ PLAYGROUND_MAX_PROMPT_CHARS = env_int("PLAYGROUND_MAX_PROMPT_CHARS", 32_000)
 PLAYGROUND_MAX_PROMPT_TOKENS = env_int("PLAYGROUND_MAX_PROMPT_TOKENS", 8_192)
 PLAYGROUND_MAX_NEW_TOKENS = env_int("PLAYGROUND_MAX_NEW_TOKENS", 2_048)
 PLAYGROUND_MAX_CONCURRENT_PER_CLIENT = env_int("PLAYGROUND_MAX_CONCURRENT_PER_CLIENT", 2)
+# KV reuse across turns and branches, per worker process (0 disables it).
+PLAYGROUND_PREFIX_CACHE_MB = env_int("PLAYGROUND_PREFIX_CACHE_MB", 256)
 
 # Liveness (see playground/liveness.py): a worker refreshes a per-generation key every
 # HEARTBEAT_INTERVAL; the key lives HEARTBEAT_TTL, so a missing key means a dead worker.
@@ -66,6 +68,16 @@ PLAYGROUND_HEARTBEAT_TTL_S = 3
 # A queued generation is declared lost only when no worker at all is alive this long after
 # it was queued: a busy worker may take minutes to reach it.
 PLAYGROUND_QUEUE_TIMEOUT_S = env_int("PLAYGROUND_QUEUE_TIMEOUT_S", 15)
+
+# Prefill/decode disaggregation (see docs/pd-disaggregation.md): "colocated" (one worker does
+# both) or "disaggregated" (queue "prefill", then queue "decode"); a request's "pd" field wins.
+# The KV cache travels through Redis or a directory every worker mounts ("file:/path") and
+# expires after KV_TTL seconds if no decode worker takes it.
+PLAYGROUND_PD_MODE = os.environ.get("PLAYGROUND_PD_MODE", "colocated")
+if PLAYGROUND_PD_MODE not in ("colocated", "disaggregated"):
+    raise ValueError(f"PLAYGROUND_PD_MODE={PLAYGROUND_PD_MODE!r} must be 'colocated' or 'disaggregated'")
+PLAYGROUND_KV_STORE = os.environ.get("PLAYGROUND_KV_STORE", "redis")
+PLAYGROUND_KV_TTL_S = env_int("PLAYGROUND_KV_TTL_S", 120)
 
 SECRET_KEY = load_secret_key(PLAYGROUND_DATA_DIR)
 DEBUG = env_bool("DEBUG", True)
@@ -139,7 +151,9 @@ CHANNEL_LAYERS = {
 CELERY_BROKER_URL = REDIS_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True  # results travel over the channel layer and the DB
-CELERY_TASK_ROUTES = {"playground.tasks.run_generation": {"queue": "gpu"}}
+CELERY_TASK_ROUTES = {"playground.tasks.run_generation": {"queue": "gpu"},
+                      "playground.tasks.run_prefill": {"queue": "prefill"},
+                      "playground.tasks.run_decode": {"queue": "decode"}}
 # One generation per worker at a time, acknowledged when done: a second task never waits
 # behind a long generation while another worker is idle.
 CELERY_TASK_ACKS_LATE = True

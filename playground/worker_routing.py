@@ -95,14 +95,21 @@ def choose_queue(r: redis.Redis, conversation_id: int | str | None) -> str:
 
 
 def route(r: redis.Redis, generation_id: int | str, conversation_id: int | str | None) -> str:
-    """`choose_queue`, remembering the choice for `reroute_if_unclaimed`. Call just before sending."""
-    queue = choose_queue(r, conversation_id)
-    if queue != SHARED_QUEUE:
-        sent_at = _server_time(r)
-        r.hset(_route_key(generation_id), mapping={"queue": queue, "worker": queue.split(".", 1)[1],
-                                                   "sent_at": sent_at})
-        r.expire(_route_key(generation_id), CLAIM_TTL_S)
-    return queue
+    """`choose_queue`, remembering the choice for `reroute_if_unclaimed`. Call just before sending.
+
+    A Redis error gives the shared queue: routing is an optimisation, sending must not fail on it.
+    """
+    try:
+        queue = choose_queue(r, conversation_id)
+        if queue != SHARED_QUEUE:
+            with r.pipeline() as pipe:
+                pipe.hset(_route_key(generation_id), mapping={"worker": queue.split(".", 1)[1],
+                                                              "sent_at": _server_time(r)})
+                pipe.expire(_route_key(generation_id), CLAIM_TTL_S)
+                pipe.execute()
+        return queue
+    except redis.RedisError:
+        return SHARED_QUEUE
 
 
 def reroute_if_unclaimed(r: redis.Redis, generation_id: int | str, send: Callable[[str], None],

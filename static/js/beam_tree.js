@@ -1,6 +1,7 @@
-// Beam search as a tree: one column per step, one node per live beam, an edge from each
-// beam to its parent in the previous step (generation.beams `parent`). Nodes on the best
-// returned sequence are highlighted. Owns: the SVG layout only.
+// Beam search as a tree: one column per step, one node per beam of that step (hypotheses
+// that finished there are dashed), an edge from each to its parent in the previous step
+// (generation.beams `parent`). Nodes on the best returned sequence are highlighted.
+// Owns: the SVG layout only.
 import { visiblePiece } from "./format.js";
 
 const NS = "http://www.w3.org/2000/svg";
@@ -47,7 +48,8 @@ export function beamTree(beamSteps, bestTokenIds = null) {
     const previous = s > 0 ? beamSteps[s - 1].beams : null;
     step.beams.forEach((beam, b) => {
       const pos = at(s + 1, b);
-      const parentPos = previous ? at(s, beam.parent) : root;
+      // `parent` indexes the previous step's live beams (listed first); -1 is the prompt.
+      const parentPos = previous && beam.parent >= 0 ? at(s, beam.parent) : root;
       const mid = (parentPos.x + NODE_W + pos.x) / 2;
       svg.prepend(el("path", { class: "edge",
         d: `M${parentPos.x + NODE_W},${parentPos.y + NODE_H / 2} C${mid},${parentPos.y + NODE_H / 2} ${mid},${pos.y + NODE_H / 2} ${pos.x},${pos.y + NODE_H / 2}` }));

@@ -7,6 +7,7 @@ import { ChatSettings, OverrideError } from "./chat_settings.js";
 import { newAssistantMessage, renderMessage, scheduleUpdate, stepAt, streamedText, updateAssistant } from "./chat_messages.js";
 import { ConversationList } from "./conversations.js";
 import { $, h, wirePanelToggles } from "./dom.js";
+import { errorText } from "./format.js";
 import { renderIcons } from "./icons.js";
 import { promptView } from "./prompt_view.js";
 import { GenerationSocket, showConnection } from "./socket.js";
@@ -49,14 +50,14 @@ const actions = {
 
 function send(content) {
   if (!content || isBusy()) return;
-  const overrides = readOverrides();
-  if (!overrides) return;
+  const fields = readCommandFields();
+  if (!fields) return;
   const user = { role: "user", id: null, content };
   const answer = newAssistantMessage({ isStreaming: true, modelName: settings.modelName(settings.modelId) });
   appendMessages(user, answer);
   input.value = "";
   autosize();
-  const command = { command: "generate", content, overrides, model_id: settings.modelId, preset_id: settings.presetId };
+  const command = { command: "generate", content, ...fields };
   if (state.conversation) command.conversation_id = state.conversation.id;
   else if (settings.systemPrompt.value.trim()) command.system_prompt = settings.systemPrompt.value;
   startGeneration(command, answer, {
@@ -80,19 +81,23 @@ function send(content) {
 
 function regenerate(answer) {
   if (isBusy() || answer.id === null) return;
-  const overrides = readOverrides();
-  if (!overrides) return;
+  const fields = readCommandFields();
+  if (!fields) return;
   const previous = { ...answer };
   Object.assign(answer, newAssistantMessage({ isStreaming: true, modelName: answer.modelName }));
   updateAssistant(answer);
-  startGeneration({ command: "regenerate", message_id: previous.id, overrides, model_id: settings.modelId, preset_id: settings.presetId },
-    answer, { onRefused: () => { Object.assign(answer, previous); updateAssistant(answer); } });
+  startGeneration({ command: "regenerate", message_id: previous.id, ...fields }, answer, {
+    onRefused: () => {
+      Object.assign(answer, previous);
+      updateAssistant(answer);
+    },
+  });
 }
 
 function editAndResend(user, content) {
   if (isBusy()) return;
-  const overrides = readOverrides();
-  if (!overrides) return;
+  const fields = readCommandFields();
+  if (!fields) return;
   const index = state.messages.indexOf(user);
   const removed = state.messages.slice(index + 1);
   const previousContent = user.content;
@@ -101,15 +106,14 @@ function editAndResend(user, content) {
   user.el.replaceWith(renderMessage(user, actions));
   const answer = newAssistantMessage({ isStreaming: true, modelName: settings.modelName(settings.modelId) });
   appendMessages(answer);
-  startGeneration({ command: "edit", message_id: user.id, content, overrides, model_id: settings.modelId, preset_id: settings.presetId },
-    answer, {
-      onRefused: () => {
-        removeMessages(answer);
-        user.content = previousContent;
-        user.el.replaceWith(renderMessage(user, actions));
-        appendMessages(...removed);
-      },
-    });
+  startGeneration({ command: "edit", message_id: user.id, content, ...fields }, answer, {
+    onRefused: () => {
+      removeMessages(answer);
+      user.content = previousContent;
+      user.el.replaceWith(renderMessage(user, actions));
+      appendMessages(...removed);
+    },
+  });
 }
 
 /** Send `command` and stream its events into `answer`. */
@@ -157,9 +161,10 @@ function startGeneration(command, answer, { onQueued = () => {}, onRefused }) {
   setBusy(true);
 }
 
-function readOverrides() {
+/** The model, preset and overrides for a command; null (and the bad field shown) if invalid. */
+function readCommandFields() {
   try {
-    return settings.overrides();
+    return settings.commandFields();
   } catch (err) {
     if (!(err instanceof OverrideError)) throw err;
     document.body.classList.add("show-settings");
@@ -285,12 +290,11 @@ function isBusy() {
 function setBusy(isBusyNow) {
   $("#send-btn").hidden = isBusyNow;
   $("#stop-btn").hidden = !isBusyNow;
-  document.body.classList.toggle("is-generating", isBusyNow);
 }
 
 function showError(error) {
   const el = $("#composer-error");
-  el.textContent = error.code && error.code !== "http_error" ? `${error.message} (${error.code})` : error.message;
+  el.textContent = errorText(error);
   el.hidden = false;
   $("#composer-hint").hidden = true;
 }

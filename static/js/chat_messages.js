@@ -2,7 +2,7 @@
 // updates, per-message stats and the in-place editor. State changes (sending, stopping)
 // belong to chat.js, which passes the `actions` callbacks in.
 import { h } from "./dom.js";
-import { fmtMs, fmtNum } from "./format.js";
+import { errorText, fmtMs, fmtNum } from "./format.js";
 import { icon } from "./icons.js";
 import { charTokensFromSteps, renderAnswer } from "./markdown.js";
 
@@ -31,12 +31,13 @@ function userElement(message, actions) {
   return h("div", { class: "msg msg-user", dataset: { role: "user" } },
     h("div", { class: "bubble" }, message.content),
     h("div", { class: "msg-actions" },
-      h("button", { class: "btn ghost small edit-btn", type: "button", onclick: () => openEditor(message, actions) },
-        icon("edit", 14), "Edit")));
+      h("button", { class: "icon-btn edit-btn", type: "button", title: "Edit and resend", "aria-label": "Edit message",
+        onclick: () => openEditor(message, actions) }, icon("edit", 15))));
 }
 
 function openEditor(message, actions) {
-  if (!actions.canEdit(message)) return;
+  const bubble = message.el.querySelector(".bubble");
+  if (!bubble || !actions.canEdit(message)) return;  // no bubble: the editor is already open
   const textarea = h("textarea", { class: "textarea", rows: 3, "aria-label": "Edit message" });
   textarea.value = message.content;
   const editor = h("div", { class: "msg-edit" }, textarea,
@@ -44,7 +45,6 @@ function openEditor(message, actions) {
       h("button", { class: "btn small", type: "button", onclick: () => editor.replaceWith(bubble) }, "Cancel"),
       h("button", { class: "btn primary small", type: "button",
         onclick: () => { const content = textarea.value.trim(); if (content) actions.edit(message, content); } }, "Save & send")));
-  const bubble = message.el.querySelector(".bubble");
   bubble.replaceWith(editor);
   textarea.focus();
 }
@@ -84,7 +84,7 @@ export function updateAssistant(message) {
   body.classList.toggle("streaming", message.isStreaming);
   const error = el.querySelector(".msg-error");
   error.hidden = !message.error;
-  error.textContent = message.error ? `${message.error.message} (${message.error.code})` : "";
+  error.textContent = message.error ? errorText(message.error) : "";
   el.querySelector(".msg-stats").replaceChildren(...statBadges(message));
   el.querySelector(".model-name").textContent = message.modelName || "Assistant";
   for (const btn of el.querySelectorAll(".regenerate-btn, .copy-btn")) btn.hidden = message.isStreaming;

@@ -80,6 +80,14 @@ export class ChatSettings {
     return overrides;
   }
 
+  /** What every generating command carries: the chosen model and preset, and the overrides. */
+  commandFields() {
+    const fields = { overrides: this.overrides() };
+    if (this.modelId !== null) fields.model_id = this.modelId;
+    if (this.presetId !== null) fields.preset_id = this.presetId;
+    return fields;
+  }
+
   resetOverrides() {
     for (const id of Object.keys(OVERRIDE_FIELDS)) {
       const input = $(`#${id}`);

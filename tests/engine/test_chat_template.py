@@ -28,10 +28,11 @@ def real_template_tokenizers() -> dict[str, object]:
     """Tokenizers carrying real published templates and their special tokens."""
     return {
         "llama3.2": make_tiny_tokenizer(
-            ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"],
+            ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"], eos_token="<|eot_id|>",
             chat_template=(TEMPLATES / "llama3_2_instruct.jinja").read_text()),
         "deepseek-r1": make_tiny_tokenizer(
             ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"],
+            eos_token="<｜end▁of▁sentence｜>",
             chat_template=(TEMPLATES / "deepseek_r1_distill_llama.jinja").read_text()),
         "qwen3": make_tiny_tokenizer(
             ["<|endoftext|>", "<|im_end|>", "<|im_start|>", "<think>", "</think>"], eos_token="<|im_end|>",
@@ -152,7 +153,8 @@ def test_spans_without_generation_prompt_end_with_the_last_role(bundled) -> None
 
 
 def test_a_template_that_inspects_content_still_gets_tiling_spans() -> None:
-    template = "{% for m in messages %}{% if m.content == 'secret' %}[hidden]{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    template = ("{% for m in messages %}{% if m.content == 'secret' %}[hidden]{% else %}{{ m.content }}{% endif %}"
+                "{% endfor %}")
     tokenizer = make_tiny_tokenizer(chat_template=template)
     prompt = render_like(tokenizer, [{"role": "user", "content": "secret"}, {"role": "user", "content": "<|eos|>"}])
     assert prompt.text == "[hidden]<|eos|>"

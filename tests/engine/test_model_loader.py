@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import inference.bundled
 from inference.config import EngineConfig
 from inference.model_loader import ModelLoadError, load_model, resolve_device, resolve_dtype
-from tests.engine.tiny_models import make_tiny_model, make_tiny_tokenizer
+from tests.engine.tiny_models import TINY_ARCHITECTURES, make_tiny_model, make_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,25 @@ def test_folder_source_reports_progress_and_context(tiny_folder: Path) -> None:
     assert loaded.max_context == 256  # the model's max_position_embeddings
     assert loaded.chat_template == "{{ messages[0]['content'] }}"
     assert len(messages) >= 3 and any("tokenizer" in m for m in messages) and any("weights" in m for m in messages)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+def test_tiny_architectures_load_and_decode_with_a_cache(arch: str, tmp_path: Path) -> None:
+    make_tiny_model(arch).save_pretrained(tmp_path)
+    make_tiny_tokenizer().save_pretrained(tmp_path)
+    model = load_model(cpu(tmp_path)).model
+    ids = torch.tensor([[256, 72, 105, 33]])
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        prefill = model(ids, past_key_values=cache, use_cache=True)
+        next_id = prefill.logits[:, -1].argmax(-1, keepdim=True)
+        step = model(next_id, past_key_values=prefill.past_key_values, use_cache=True)
+        full = model(torch.cat([ids, next_id], dim=1))
+        generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                                   pad_token_id=257)
+    assert cache.get_seq_length() == 5
+    torch.testing.assert_close(step.logits[:, -1], full.logits[:, -1], atol=1e-5, rtol=1e-4)
+    assert generated.shape == (1, 8) and generated[0, 4].item() == next_id.item()
 
 
 @pytest.mark.parametrize("asked, expected", [(100, 100), (256, 256), (10_000, 256)])

@@ -4,8 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inference import EngineConfig, Prefilled, Step
+from inference.engine import Engine
 from inference.kv_cache import layer_kv_nbytes
 from inference.prefix_cache import PrefixCache
+from tests.engine.engines import engine_for, run
 
 NUM_LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 4
 BYTES_PER_TOKEN = NUM_LAYERS * 2 * KV_HEADS * HEAD_DIM * 4  # float32 keys and values
@@ -205,10 +208,6 @@ def test_bad_input_is_rejected_and_loses_nothing():
 
 
 # ---- inside the engine: reuse gives the same tokens and logits as recomputing --------------
-
-from inference import EngineConfig, Prefilled, SamplingParams, Step  # noqa: E402
-from inference.engine import Engine  # noqa: E402
-from tests.engine.engines import engine_for, run  # noqa: E402
 
 SAMPLINGS = {"greedy": dict(greedy=True), "seeded": dict(temperature=0.9, seed=1234)}
 NUM_ALTERNATIVES = 20

@@ -57,7 +57,9 @@ def make_tiny_model(arch: str, seed: int = 0) -> PreTrainedModel:
 def make_tiny_tokenizer(special_tokens: list[str] | tuple[str, ...] = ("<|bos|>", "<|eos|>"), *,
                         bos_token: str | None = None, eos_token: str | None = None,
                         chat_template: str | None = None) -> PreTrainedTokenizerFast:
-    """Byte-level BPE without merges: id == byte for 0-255, then `special_tokens` from 256."""
+    """Byte-level BPE without merges: id == byte for 0-255, then `special_tokens` from 256.
+
+    BOS and EOS default to the first and the last special token."""
     vocab = {char: b for b, char in bytes_to_unicode().items()}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -65,7 +67,7 @@ def make_tiny_tokenizer(special_tokens: list[str] | tuple[str, ...] = ("<|bos|>"
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        bos_token=bos_token or special_tokens[0], eos_token=eos_token or special_tokens[min(1, len(special_tokens) - 1)])
+        bos_token=bos_token or special_tokens[0], eos_token=eos_token or special_tokens[-1])
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     return tokenizer

@@ -27,7 +27,7 @@ ORIGIN = (b"origin", b"http://localhost")
 def queued_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Records what the consumer enqueues instead of sending it to a broker."""
     ids: list[int] = []
-    monkeypatch.setattr(tasks.run_generation, "delay", ids.append)
+    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: ids.append(args[0]))
     return ids
 
 
@@ -170,8 +170,8 @@ async def test_a_foreign_origin_cannot_connect(session_key: str) -> None:
 async def test_events_of_a_generation_flow_from_the_worker_to_the_socket(session_key: str,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # "Eager" worker: the enqueued task runs the real runner (with a fake engine) at once.
-    monkeypatch.setattr(tasks.run_generation, "delay", lambda generation_id: runner.run_generation(
-        generation_id, "eager", load_engine=lambda model: FakeEngine("Hi you")))
+    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: runner.run_generation(
+        args[0], "eager", load_engine=lambda model: FakeEngine("Hi you")))
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
     queued = await command(ws, "generate", content="Hello?")
@@ -221,10 +221,10 @@ async def test_a_worker_terminal_event_is_not_repeated_by_the_watchdog(ws: Webso
 
 async def test_an_unreachable_queue_ends_the_generation_with_an_error(session_key: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    def broker_down(generation_id: int) -> None:
+    def broker_down(args: tuple[int], **options: Any) -> None:
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr(tasks.run_generation, "delay", broker_down)
+    monkeypatch.setattr(tasks.run_generation, "apply_async", broker_down)
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
     queued = await command(ws, "generate", content="hi")

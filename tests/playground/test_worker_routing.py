@@ -1,6 +1,7 @@
 """Cache-aware routing against a real Redis (the session's private server, its own DB)."""
 from __future__ import annotations
 
+import socket
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -64,6 +65,14 @@ def test_busy_flag_does_not_look_like_a_live_worker(r):
     """liveness counts `playground:worker:*` keys as live workers."""
     wr.set_busy(r, "w1@host", True)
     assert list(r.scan_iter(match="playground:worker:*")) == []
+
+
+def test_routing_falls_back_to_the_shared_queue_when_redis_is_down():
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    unreachable = redis.Redis(port=port, socket_connect_timeout=1)
+    assert wr.route(unreachable, 1, conversation_id=7) == "gpu"
 
 
 def test_claim_is_exclusive(r):

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -75,7 +76,7 @@ def is_running(pid: int) -> bool:
 
 
 @pytest.fixture
-def supervised(tmp_path: Path):
+def supervised(tmp_path: Path) -> Iterator[Supervised]:
     """run.py on free ports with a private data dir and DB (migrated), and no Redis running
     at REDIS_URL, so it must start its own."""
     env = dict(os.environ, PORT=str(free_port()), PLAYGROUND_DATA_DIR=str(tmp_path / "data"),

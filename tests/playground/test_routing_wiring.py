@@ -1,0 +1,62 @@
+"""Cache-aware routing as the app uses it: where `enqueue` sends a turn, the worker-side claim
+that makes a re-sent copy a no-op, and the owner a finished chat turn leaves behind."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from playground import store, tasks, worker_routing
+from playground.models import Generation
+
+from .fake_engine import FakeEngine
+from .test_runner import queue_chat, run
+
+pytestmark = pytest.mark.django_db
+
+
+def sent_queues(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    sent: list[tuple[int, str]] = []
+    monkeypatch.setattr(tasks.run_generation, "apply_async",
+                        lambda args, queue=None, **options: sent.append((args[0], queue)))
+    return sent
+
+
+def test_a_chat_turn_records_its_worker_and_the_next_turn_goes_there(session_key: str, monkeypatch: pytest.MonkeyPatch,
+                                                                      django_capture_on_commit_callbacks: Any) -> None:
+    first = queue_chat(session_key, "Hi!")
+    run(first.generation_id, FakeEngine("Hello"))
+    r = store.client()
+    assert worker_routing.owner_of(r, first.conversation_id) == "worker-1"
+
+    sent = sent_queues(monkeypatch)
+    r.set(worker_routing.alive_key("worker-1"), 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.enqueue(99, conversation_id=first.conversation_id)
+    worker_routing.set_busy(r, "worker-1", True)
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.enqueue(100, conversation_id=first.conversation_id)
+    assert sent == [(99, worker_routing.worker_queue("worker-1")), (100, worker_routing.SHARED_QUEUE)]
+
+
+def test_a_generation_claimed_elsewhere_is_not_run_twice(session_key: str) -> None:
+    queued = queue_chat(session_key, "Hi!")
+    assert worker_routing.claim(store.client(), queued.generation_id, "worker-0")
+    assert run(queued.generation_id) == []  # the copy that lost the claim does nothing
+    assert Generation.objects.get(pk=queued.generation_id).status == Generation.Status.QUEUED
+
+
+def test_a_turn_stranded_on_a_dead_workers_queue_is_resent_once(session_key: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    queued = queue_chat(session_key, "Hi!")
+    r = store.client()
+    worker_routing.record_owner(r, queued.conversation_id, "gone")
+    r.set(worker_routing.alive_key("gone"), 1)
+    assert worker_routing.route(r, queued.generation_id, queued.conversation_id) == "gpu.gone"
+    r.delete(worker_routing.alive_key("gone"))  # the owner dies before claiming the task
+    sent = sent_queues(monkeypatch)
+    assert tasks.reroute_if_stranded(queued.generation_id)
+    assert not tasks.reroute_if_stranded(queued.generation_id)
+    assert sent == [(queued.generation_id, worker_routing.SHARED_QUEUE)]
+    events = run(queued.generation_id)
+    assert events[-1]["type"] == "generation.finished"
