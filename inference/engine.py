@@ -189,6 +189,8 @@ class Engine:
         run = self._new_run(prompt_ids, params)
         logits = self._prefill(run)
         first = self._sample_step(run, logits, "prefill", run.prefilled.prefill_ms)
+        if params.use_prefix_cache:  # the conversation's next turn comes back to a prefill worker
+            self._remember(run)
         return Handoff(prompt_ids=prompt_ids, params=params, layers=run.cache.export(len(prompt_ids)),
                        prefilled=run.prefilled, first_step=first, rng_state=run.sampler.generator.get_state(),
                        seed=run.sampler.seed, ttft_ms=run.ttft_ms)

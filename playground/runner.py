@@ -87,6 +87,7 @@ class GenerationRun:
     def __init__(self, generation: Generation, send: Callable[[dict[str, Any]], None]) -> None:
         self.generation = generation
         self.send = send
+        self.engine: Engine | None = None
         self.answer_id: int | None = None   # the assistant message (chat only)
         self.is_beam_search = False
         self.text = ""
@@ -135,7 +136,8 @@ class GenerationRun:
         if model is None:
             raise CommandError("model_unavailable", "the generation's model was deleted")
         try:
-            return load_engine(model)
+            self.engine = load_engine(model)
+            return self.engine
         except Exception as exc:
             logger.exception("loading model %r failed", model.name)
             raise CommandError("model_unavailable", f"model {model.name!r} could not be loaded: {exc}") from exc
@@ -236,7 +238,10 @@ class GenerationRun:
             logger.exception("generation %s: could not send its terminal event", generation_id)
 
     def _stats(self, finished: Finished) -> dict[str, Any]:
-        return protocol.stats_record(protocol.json_safe(finished.to_dict()), self.generation.worker)
+        stats = protocol.stats_record(protocol.json_safe(finished.to_dict()), self.generation.worker)
+        if self.engine is not None:  # this worker's prefix cache after the request: hit rate, bytes, ...
+            stats["prefix_cache"] = protocol.json_safe(self.engine.prefix_cache_stats())
+        return stats
 
     def _finished_fields(self, finished: Finished, stats: dict[str, Any]) -> dict[str, Any]:
         is_cancelled = finished.finish_reason == "cancelled"

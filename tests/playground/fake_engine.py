@@ -32,6 +32,9 @@ class FakeEngine:
                 "dtype": "float32", "device": "cpu", "max_context": self.max_context, "eos_token_ids": [0],
                 "kv_bytes_per_token": 16}
 
+    def prefix_cache_stats(self) -> dict[str, Any]:
+        return {"hits": 0, "misses": 1, "hit_rate": 0.0, "num_entries": 0, "num_bytes": 0, "num_evictions": 0}
+
     def render_chat(self, messages: list[dict], template: str | None = None,
                     add_generation_prompt: bool = True) -> RenderedPrompt:
         self.rendered.append((messages, template))

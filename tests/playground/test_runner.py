@@ -57,6 +57,7 @@ def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(session_ke
                                                                                       queued.message_id)
     assert finished["stats"]["num_generated_tokens"] == len(ANSWER)
     assert finished["stats"]["worker"] == "worker-1"
+    assert finished["stats"]["prefix_cache"]["misses"] == 1  # the worker's cache counters travel along
 
     generation = Generation.objects.get(pk=queued.generation_id)
     assert (generation.status, generation.text, generation.finish_reason) == ("finished", ANSWER, "length")
