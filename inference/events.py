@@ -6,7 +6,7 @@ tensors, so records cross process boundaries (Celery, Channels) unchanged.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 Phase = Literal["prefill", "decode"]

@@ -176,3 +176,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         for title, text in stack.log_sections():
             report.sections.append((title, text or "(empty)"))
     return report
+
+
+class PDWorkers:
+    """The prefill and decode workers of one test module, (re)started on demand."""
+
+    def __init__(self, stack: LiveStack) -> None:
+        self.stack = stack
+        self.services: dict[str, Service] = {}
+        self.num_started = 0
+
+    def start(self, role: str) -> Service:
+        self.num_started += 1
+        node = f"e2e-{role}{self.num_started}@{socket.gethostname()}"
+        argv = [sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", role, "-P", "solo",
+                "-n", node, "--loglevel=info"]
+        service = Service(f"worker-{role}-{self.num_started}", argv, env=self.stack.env, cwd=REPO_DIR,
+                          log_path=ARTIFACTS_DIR / f"pd-worker-{role}-{self.num_started}.log").start()
+        self.services[role] = service
+        wait_until(lambda: worker_answers_ping(self.stack.redis_url, node), service, "ping reply")
+        return service
+
+    def ensure(self, role: str) -> Service:
+        service = self.services.get(role)
+        return service if service and service.is_alive() else self.start(role)
+
+    def stop(self) -> None:
+        for service in self.services.values():
+            service.stop(grace_s=10.0)
+
+
+@pytest.fixture(scope="module")
+def pd_workers(live_stack: LiveStack) -> Iterator[PDWorkers]:
+    """A prefill worker (`-Q prefill`) and a decode worker (`-Q decode`) beside live_stack's worker."""
+    workers = PDWorkers(live_stack)
+    try:
+        yield workers
+    finally:
+        workers.stop()

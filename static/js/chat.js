@@ -134,6 +134,10 @@ function startGeneration(command, answer, { onQueued = () => {}, onRefused }) {
       answer.prefilled = event;
       scheduleUpdate(answer);
     },
+    onHandoff(event) {
+      answer.handoff = { ...event, receivedAt: Date.now() };
+      scheduleUpdate(answer);
+    },
     onTokens(event) {
       const isAtBottom = nearBottom();
       answer.steps.push(...event.steps);

@@ -1,15 +1,17 @@
 // One chat message on screen. Owns: the DOM of user and assistant messages, streaming
-// updates, per-message stats and the in-place editor. State changes (sending, stopping)
-// belong to chat.js, which passes the `actions` callbacks in.
+// updates, per-message stats (and how it was served, drawn by serving.js) and the in-place
+// editor. State changes (sending, stopping) belong to chat.js, which passes the `actions`
+// callbacks in.
 import { h } from "./dom.js";
 import { errorText, fmtMs, fmtNum } from "./format.js";
 import { icon } from "./icons.js";
 import { charTokensFromSteps, renderAnswer } from "./markdown.js";
+import { servingView } from "./serving.js";
 
 /** An assistant message as the page tracks it (server fields plus streaming state). */
 export function newAssistantMessage(fields = {}) {
   return { role: "assistant", id: null, content: "", generation_id: null, stats: null, steps: [],
-    prompt: null, prefilled: null, isStreaming: false, error: null, openReasoning: new Set(), ...fields };
+    prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), ...fields };
 }
 
 /** The step with `index` (steps arrive in order, so this is normally `steps[index]`). */
@@ -57,6 +59,7 @@ function assistantElement(message, actions) {
     body,
     h("div", { class: "alert msg-error", hidden: true, role: "alert" }),
     h("div", { class: "msg-stats" }),
+    h("div", { class: "msg-serving" }),
     h("div", { class: "msg-actions" },
       h("button", { class: "btn ghost small prompt-btn", type: "button", onclick: () => actions.showPrompt(message) }, icon("code", 14), "Show prompt"),
       h("button", { class: "btn ghost small regenerate-btn", type: "button", onclick: () => actions.regenerate(message) }, icon("refresh", 14), "Regenerate"),
@@ -86,6 +89,8 @@ export function updateAssistant(message) {
   error.hidden = !message.error;
   error.textContent = message.error ? errorText(message.error) : "";
   el.querySelector(".msg-stats").replaceChildren(...statBadges(message));
+  el.querySelector(".msg-serving").replaceChildren(...servingView({ stats: message.stats, handoff: message.handoff,
+    liveDecodeMs: message.handoff ? Date.now() - message.handoff.receivedAt : 0 }));
   el.querySelector(".model-name").textContent = message.modelName || "Assistant";
   for (const btn of el.querySelectorAll(".regenerate-btn, .copy-btn")) btn.hidden = message.isStreaming;
   el.querySelector(".prompt-btn").hidden = !message.prompt && !message.generation_id;
@@ -119,6 +124,10 @@ function statBadges(message) {
   const add = (title, text, extraClass = "") => badges.push(h("span", { class: `badge ${extraClass}`, title }, text));
   if (stats.num_prompt_tokens != null) add("tokens in the prompt", `${stats.num_prompt_tokens} prompt tok`);
   if (stats.num_cached_tokens != null) add("prompt tokens reused from the prefix cache", `${stats.num_cached_tokens} cached`);
+  if (stats.num_prompt_tokens != null && stats.num_cached_tokens != null) {
+    add("prompt tokens the prefill computed (the rest came from the prefix cache)",
+      `${stats.num_prompt_tokens - stats.num_cached_tokens} prefilled`);
+  }
   if (stats.num_generated_tokens != null) add("generated tokens", `${stats.num_generated_tokens} generated`);
   if (stats.ttft_ms != null) add("time to first token", `TTFT ${fmtMs(stats.ttft_ms)}`);
   if (stats.prefill_ms != null) add("prefill forward pass", `prefill ${fmtMs(stats.prefill_ms)}`);

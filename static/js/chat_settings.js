@@ -1,6 +1,7 @@
-// The chat page's settings panel: model, sampling preset, system prompt and the inline
-// overrides. Owns: loading /api/models/ and /api/presets/, showing the preset's values as
-// placeholders, and turning filled-in fields into an `overrides` object (empty = preset).
+// The chat page's settings panel: model, sampling preset, system prompt, the inline
+// overrides and the PD toggle. Owns: loading /api/models/ and /api/presets/, showing the
+// preset's values as placeholders, and turning filled-in fields into an `overrides` object
+// (empty = preset).
 import { getJson } from "./api.js";
 import { $, h } from "./dom.js";
 
@@ -23,6 +24,7 @@ export class ChatSettings {
     this.modelSelect = $("#model-select");
     this.presetSelect = $("#preset-select");
     this.systemPrompt = $("#system-prompt");
+    this.pdToggle = $("#pd-toggle");
     this.modelSelect.addEventListener("change", () => onChange({ model_id: this.modelId }));
     this.presetSelect.addEventListener("change", () => { this.showPresetPlaceholders(); onChange({ preset_id: this.presetId }); });
     this.systemPrompt.addEventListener("change", () => onChange({ system_prompt: this.systemPrompt.value }));
@@ -80,11 +82,15 @@ export class ChatSettings {
     return overrides;
   }
 
-  /** What every generating command carries: the chosen model and preset, and the overrides. */
+  /**
+   * What every generating command carries: the chosen model and preset, the overrides, and
+   * `pd: true` when disaggregation is ticked (absent otherwise: the server's mode applies).
+   */
   commandFields() {
     const fields = { overrides: this.overrides() };
     if (this.modelId !== null) fields.model_id = this.modelId;
     if (this.presetId !== null) fields.preset_id = this.presetId;
+    if (this.pdToggle.checked) fields.pd = true;
     return fields;
   }
 

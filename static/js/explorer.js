@@ -1,13 +1,15 @@
 // The token-probability explorer (/explorer/). Owns: the chosen token path (steps), the
-// requests that extend it (`complete` with `token_ids`), branching, and redrawing the
-// panels when steps, the selected step or the sliders change.
+// requests that extend it (`complete` with `token_ids`, cache and PD switches), branching,
+// and redrawing the panels when steps, the selected step or the sliders change.
 import { getJson } from "./api.js";
 import { beamTree } from "./beam_tree.js";
 import { $, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
 import { errorText, fmtBytes, fmtMs, fmtNum, fmtProb, visiblePiece } from "./format.js";
+import { pipelineStrip } from "./pipeline_strip.js";
 import { promptView } from "./prompt_view.js";
 import { processedProbs } from "./sampling.js";
+import { servingView } from "./serving.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 
 const state = {
@@ -15,7 +17,11 @@ const state = {
   selected: null,     // index of the step shown in the distribution panel
   handle: null,
   prompt: null,       // the last generation.started `prompt`
-  numCachedTokens: 0,
+  model: null,        // the last generation.started `model`
+  params: null,       // the last generation.started `params`
+  prefilled: null,    // the last generation.prefilled event
+  handoff: null,      // the last request's generation.handoff (PD), with `receivedAt`
+  stats: null,        // the last request's finished stats
   beamSteps: [],
   beamSequences: [],  // a finished beam search's returned sequences, best first
 };
@@ -60,7 +66,8 @@ function request(maxNewTokens) {
   if (!text.trim()) { showError({ message: "Enter some text first." }); return; }
   const numBeams = Number($("#ex-beams").value);
   const overrides = { ...samplingParams(), repetition_penalty: 1.0, max_new_tokens: maxNewTokens,
-    num_alternatives: Number(sliders.num_alternatives.value) };
+    num_alternatives: Number(sliders.num_alternatives.value),
+    use_kv_cache: $("#ex-kv-cache").checked, use_prefix_cache: $("#ex-prefix-cache").checked };
   const seed = $("#ex-seed").value.trim();
   if (seed !== "") {
     if (!/^\d+$/.test(seed)) { showError({ message: `Seed "${seed}" must be a whole number.` }); return; }
@@ -70,21 +77,39 @@ function request(maxNewTokens) {
   const base = state.steps.length;
   if (numBeams > 1) { state.beamSteps = []; state.beamSequences = []; renderBeams(); }
   hideError();
+  Object.assign(state, { prefilled: null, handoff: null, stats: null });
   // Events from a request that Reset abandoned must not touch the new state.
   const isCurrent = () => state.handle === handle;
-  const handle = socket.start({
+  let isHandoffUnmarked = false;  // the next step is the decode worker's first
+  const command = {
     command: "complete", text, chat: $("#ex-chat").checked, token_ids: state.steps.map((s) => s.token_id),
     model_id: Number($("#ex-model").value) || undefined, overrides,
-  }, {
-    onStarted: (event) => { if (isCurrent()) state.prompt = event.prompt; },
+  };
+  if ($("#ex-pd").checked) command.pd = true;  // absent: the server's mode applies
+  const handle = socket.start(command, {
+    onStarted: (event) => {
+      if (!isCurrent()) return;
+      Object.assign(state, { prompt: event.prompt, model: event.model, params: event.params });
+      renderPipeline();
+    },
     onPrefilled: (event) => {
       if (!isCurrent()) return;
-      state.numCachedTokens = event.num_cached_tokens;
+      state.prefilled = event;
       renderTokenization();
+      renderServing();
+    },
+    onHandoff: (event) => {
+      if (!isCurrent()) return;
+      state.handoff = { ...event, receivedAt: Date.now() };
+      isHandoffUnmarked = true;
+      renderServing();
     },
     onTokens: (event) => {
       if (!isCurrent()) return;
-      for (const step of event.steps) state.steps.push({ ...step, index: base + step.index });
+      for (const step of event.steps) {
+        state.steps.push({ ...step, index: base + step.index, isAfterHandoff: isHandoffUnmarked });
+        isHandoffUnmarked = false;
+      }
       state.selected = state.steps.length - 1;
       renderAll();
     },
@@ -94,16 +119,24 @@ function request(maxNewTokens) {
       renderBeams();
     },
     onFinished: (event) => {
-      if (isCurrent() && numBeams > 1) { state.beamSequences = event.stats?.sequences ?? []; renderBeams(); }
+      if (isCurrent()) {
+        state.stats = event.stats;
+        if (numBeams > 1) { state.beamSequences = event.stats?.sequences ?? []; renderBeams(); }
+        renderServing();
+      }
       renderControls();
+      renderPipeline();
     },
     onError: (error) => {
       if (isCurrent()) showError(error);
       renderControls();
+      renderPipeline();
     },
   });
   state.handle = handle;
   renderControls();
+  renderPipeline();
+  renderServing();
 }
 
 /** Take `alt` instead of the token chosen at step `index`, drop what followed, continue. */
@@ -116,7 +149,7 @@ function branch(index, alt) {
   state.steps.push({
     ...step, token_id: alt.token_id, piece: alt.piece, text_delta: alt.piece, token_bytes: "",
     raw_logprob: alt.logprob, logprob: processed ? processed.logprob : -Infinity,
-    rank: step.top_raw.findIndex((a) => a.token_id === alt.token_id) + 1, isBranched: true,
+    rank: step.top_raw.findIndex((a) => a.token_id === alt.token_id) + 1, isBranched: true, isAfterHandoff: false,
   });
   state.selected = index;
   renderAll();
@@ -127,15 +160,17 @@ function selectStep(index) {
   state.selected = index;
   renderContinuation();
   renderDistribution();
+  renderPipeline();
 }
 
 function reset() {
   state.handle?.stop();
-  Object.assign(state, { steps: [], selected: null, handle: null, prompt: null, numCachedTokens: 0,
-    beamSteps: [], beamSequences: [] });
+  Object.assign(state, { steps: [], selected: null, handle: null, prompt: null, prefilled: null, handoff: null,
+    stats: null, beamSteps: [], beamSequences: [] });
   renderAll();
   renderBeams();
   renderControls();
+  renderServing();
 }
 
 const isBusy = () => state.handle !== null && !state.handle.isDone;
@@ -146,7 +181,36 @@ function renderAll() {
   renderContinuation();
   renderDistribution();
   updateStepCharts(stepCharts, state.steps);
+  $("#ex-handoff-legend").hidden = !state.steps.some((s) => s.isAfterHandoff);
   renderTokenization();
+  renderPipeline();
+  if (state.handoff) renderServing();  // the decode segment grows with the tokens
+}
+
+/** The phase the strip highlights: a request still waiting for its first token is in prefill. */
+function currentPhase() {
+  if (isBusy() && !state.prefilled) return "prefill";
+  return state.selected === null ? null : state.steps[state.selected]?.phase ?? null;
+}
+
+function renderPipeline() {
+  const model = state.model;
+  $("#ex-model-label").textContent = model ? model.name ?? model.architecture : "model loads on the first request";
+  $("#ex-pipeline").replaceChildren(pipelineStrip({
+    model, params: state.params, phase: currentPhase(),
+    numPromptTokens: state.prefilled?.num_prompt_tokens ?? state.prompt?.tokens?.length ?? null,
+    numPrefilledTokens: state.prefilled?.num_prefilled_tokens ?? null,
+  }));
+}
+
+function renderServing() {
+  const p = state.prefilled;
+  $("#ex-cache-label").textContent = p ? `${p.num_prompt_tokens} prompt · ${p.num_cached_tokens} cached · `
+    + `${p.num_prefilled_tokens} prefilled · prefill ${fmtMs(p.prefill_ms)}` : "";
+  const views = servingView({ stats: state.stats, handoff: state.handoff,
+    liveDecodeMs: state.handoff ? Date.now() - state.handoff.receivedAt : 0 });
+  const empty = isBusy() ? "Running…" : "After a request: which worker ran it (or the prefill → decode hand-over) and its prefix cache.";
+  $("#ex-serving").replaceChildren(...(views.length ? views : [h("p", { class: "empty" }, empty)]));
 }
 
 function renderControls() {
@@ -211,7 +275,7 @@ function renderAlternatives(step, processed) {
 function renderTokenization() {
   const box = $("#ex-tokenization");
   if (!state.prompt) { box.replaceChildren(h("p", { class: "empty" }, "Generate a token to see how the model tokenizes the prompt.")); return; }
-  box.replaceChildren(promptView(state.prompt, state.numCachedTokens));
+  box.replaceChildren(promptView(state.prompt, state.prefilled?.num_cached_tokens ?? 0));
 }
 
 function renderBeams() {
@@ -250,6 +314,7 @@ async function init() {
   $("#ex-colorize").addEventListener("change", (e) => $("#ex-continuation").classList.toggle("colorize", e.target.checked));
   renderAll();
   renderControls();
+  renderServing();
   try {
     const models = await getJson("/api/models/");
     const select = $("#ex-model");

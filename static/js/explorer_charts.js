@@ -101,15 +101,20 @@ export function createStepCharts(canvases, onSelect) {
   };
 }
 
+function latencyColour(step) {
+  if (step.isAfterHandoff) return "--handoff";
+  return step.phase === "prefill" ? "--prefill" : "--decode";
+}
+
 export function updateStepCharts(charts, steps) {
   const labels = steps.map((s) => `${s.index}`);
   for (const chart of Object.values(charts)) chart.data.labels = labels;
   charts.prob.data.datasets[0].data = steps.map((s) => Math.exp(s.raw_logprob));
   charts.prob.data.datasets[1].data = steps.map((s) => Math.exp(s.logprob));
   charts.entropy.data.datasets[0].data = steps.map((s) => s.entropy);
-  charts.latency.$phases = steps.map((s) => s.phase);
+  charts.latency.$phases = steps.map((s) => (s.isAfterHandoff ? `${s.phase}, first after the PD hand-over` : s.phase));
   charts.latency.data.datasets[0].data = steps.map((s) => s.latency_ms);
-  charts.latency.data.datasets[0].backgroundColor = steps.map((s) => css(s.phase === "prefill" ? "--prefill" : "--decode"));
+  charts.latency.data.datasets[0].backgroundColor = steps.map((s) => css(latencyColour(s)));
   charts.kv.data.datasets[0].data = steps.map((s) => s.kv_cache_bytes);
   for (const chart of Object.values(charts)) chart.update();
 }

@@ -10,6 +10,7 @@ const HANDLER_BY_TYPE = {
   "generation.prefilled": "onPrefilled",
   "generation.tokens": "onTokens",
   "generation.beams": "onBeams",
+  "generation.handoff": "onHandoff",
   "generation.finished": "onFinished",
 };
 

@@ -4,7 +4,8 @@ daphne).
 
 Owns: launching Chromium once per session, a fresh browser context (own cookies, so its own
 session and conversations) per test, recording every WebSocket event the page receives
-(`window.__events`) so tests can compare the UI with the data it was sent, failing a test
+(`window.__events`) and every command it sends (`window.__sent`) so tests can compare the
+UI with the data it was sent and check what it asked for, failing a test
 on any uncaught page error, and the screenshot folder.
 """
 from __future__ import annotations
@@ -22,14 +23,20 @@ SCREENSHOT_DIR = Path(__file__).resolve().parents[2] / "test-artifacts" / "scree
 # its first task: waits are generous, and no test asserts on durations.
 WAIT_MS = 180_000
 
-# Runs before the page's own scripts: wraps WebSocket so every received event is kept.
+# Runs before the page's own scripts: wraps WebSocket so every received event and every
+# sent command is kept.
 RECORD_EVENTS = """
 window.__events = [];
+window.__sent = [];
 const NativeWebSocket = window.WebSocket;
 window.WebSocket = class extends NativeWebSocket {
   constructor(...args) {
     super(...args);
     this.addEventListener("message", (e) => { try { window.__events.push(JSON.parse(e.data)); } catch {} });
+  }
+  send(data) {
+    try { window.__sent.push(JSON.parse(data)); } catch {}
+    return super.send(data);
   }
 };
 """

@@ -7,7 +7,7 @@ import math
 import pytest
 from playwright.sync_api import expect
 
-from .ui import events, steps_of_last_generation, visible_piece, wait_for_events
+from .ui import events, sent_commands, steps_of_last_generation, visible_piece, wait_for_events
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -56,10 +56,23 @@ def test_answer_streams_and_tokens_explain_themselves(page, screenshot_dir):
     assert 0 < len(steps) == finished["stats"]["num_generated_tokens"] <= 32  # the override applied
     assert answer.locator(".msg-body").inner_text().strip() != ""
     expect(answer.locator(".finish")).to_have_text(finished["finish_reason"])
-    prompt_tokens = finished["stats"]["num_prompt_tokens"]
+    stats = finished["stats"]
+    prompt_tokens, cached_tokens = stats["num_prompt_tokens"], stats["num_cached_tokens"]
     expect(answer.locator(".msg-stats")).to_contain_text(f"{prompt_tokens} prompt tok")
+    expect(answer.locator(".msg-stats")).to_contain_text(f"{cached_tokens} cached")
+    expect(answer.locator(".msg-stats")).to_contain_text(f"{prompt_tokens - cached_tokens} prefilled")
     expect(answer.locator(".msg-stats")).to_contain_text("TTFT")
     expect(answer.locator(".msg-stats")).to_contain_text("tok/s")
+
+    # How it was served: PD off, so the server's (colocated) mode, and the worker's prefix cache.
+    assert "pd" not in sent_commands(page, "generate")[-1]
+    serving = answer.locator(".msg-serving")
+    expect(serving.locator(".colocated")).to_have_text(f"colocated on {stats['worker']}")
+    expect(serving.locator(".pd-timeline")).to_have_count(0)
+    counters = stats["prefix_cache"]
+    expect(serving.locator(".prefix-cache")).to_contain_text(
+        f"{counters['hits']:,} hits / {counters['misses']:,} misses")
+    expect(serving.locator(".prefix-cache")).to_contain_text(f"{counters['num_stored_tokens']:,} tokens held")
 
     # Hover a generated token: its own piece and the model's top alternatives.
     token = answer.locator(".tok").first

@@ -3,11 +3,12 @@ stepping, the charts' data, client-side processors vs the engine's, branching, b
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from playwright.sync_api import expect
 
-from .ui import chart_data, events, set_range, visible_piece, wait_for_events
+from .ui import chart_data, events, sent_commands, set_range, visible_piece, wait_for_events
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -57,8 +58,31 @@ def test_step_three_tokens_then_branch(page, screenshot_dir):
     kv = chart_data(page, "kv-chart")["datasets"][0]["data"]
     assert kv == sorted(kv) and kv[0] > 0
 
-    # The tokenization of the prompt, from generation.started.
+    # The pipeline strip, from generation.started's model; each step here was a prefill.
     started = events(page, "generation.started")[-1]
+    model = started["model"]
+    pipeline = page.locator("#ex-pipeline")
+    expect(pipeline.locator('[data-stage="layers"]')).to_contain_text(f"{model['num_layers']} transformer layers")
+    expect(pipeline.locator('[data-stage="embeddings"]')).to_contain_text(f"{model['hidden_size']}-d")
+    expect(pipeline.locator('[data-stage="logits"]')).to_contain_text(f"{model['vocab_size']:,} vocab")
+    expect(pipeline.locator(".pipe-phase-prefill")).to_have_class(re.compile(r"\bactive\b"))
+    expect(pipeline.locator(".pipe-phase-decode")).not_to_have_class(re.compile(r"\bactive\b"))
+
+    # The caches were on, and each step's prompt extends the previous one: the prefix cache
+    # served the later steps, and its counters (after the last request) are shown.
+    overrides = sent_commands(page, "complete")[-1]["overrides"]
+    assert overrides["use_kv_cache"] is True and overrides["use_prefix_cache"] is True
+    prefilled = events(page, "generation.prefilled")
+    assert prefilled[-1]["num_cached_tokens"] > 0
+    expect(page.locator("#ex-cache-label")).to_contain_text(
+        f"{prefilled[-1]['num_prompt_tokens']} prompt · {prefilled[-1]['num_cached_tokens']} cached · "
+        f"{prefilled[-1]['num_prefilled_tokens']} prefilled · prefill")
+    counters = events(page, "generation.finished")[-1]["stats"]["prefix_cache"]
+    assert counters["hits"] >= 2
+    expect(page.locator("#ex-serving .prefix-cache")).to_contain_text(f"{counters['hits']:,} hits")
+    expect(page.locator("#ex-serving .colocated")).to_contain_text(started["worker"])
+
+    # The tokenization of the prompt, from generation.started.
     expect(page.locator("#ex-tokenization .chip")).to_have_count(len(started["prompt"]["tokens"]))
     expect(page.locator("#ex-continuation")).to_contain_text(PROMPT + "".join(s["piece"] for s in steps))
     page.screenshot(path=str(screenshot_dir / "explorer.png"), full_page=True)
@@ -129,3 +153,28 @@ def test_run_and_beam_search_tree(page, screenshot_dir):
         assert tree.locator("g.node.best").count() >= 1
         expect(page.locator("#ex-beam-results")).to_contain_text(beam_finished["stats"]["sequences"][0]["text"])
     page.locator("#ex-beam-section").screenshot(path=str(screenshot_dir / "explorer-beams.png"))
+
+
+def test_cache_switches_change_the_request(page, screenshot_dir):
+    open_explorer(page, "Once upon a time")
+    page.uncheck("#ex-kv-cache")
+    page.uncheck("#ex-prefix-cache")
+    set_range(page, "#ex-run-length", 3)
+    page.click("#ex-run")
+    finished = wait_for_events(page, "generation.finished", 1)[-1]
+    expect(page.locator(".step-tok")).to_have_count(finished["stats"]["num_generated_tokens"])
+
+    command = sent_commands(page, "complete")[-1]
+    assert command["overrides"]["use_kv_cache"] is False
+    assert command["overrides"]["use_prefix_cache"] is False
+    assert "pd" not in command  # PD off: the server's mode decides
+
+    # No KV cache: nothing is kept between steps, and nothing was served from the prefix cache.
+    kv = chart_data(page, "kv-chart")["datasets"][0]["data"]
+    assert kv and all(value == 0 for value in kv)
+    expect(page.locator("#ex-cache-label")).to_contain_text(" 0 cached")
+    if finished["stats"]["num_generated_tokens"] > 1:  # the last step decoded: the strip says so
+        expect(page.locator("#ex-pipeline .pipe-phase-decode")).to_have_class(re.compile(r"\bactive\b"))
+        expect(page.locator('#ex-pipeline [data-stage="layers"]')).to_contain_text("1 token / pass")
+    page.locator(".toggle-list").scroll_into_view_if_needed()
+    page.locator(".explorer-controls").screenshot(path=str(screenshot_dir / "explorer-request.png"))

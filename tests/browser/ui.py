@@ -9,6 +9,11 @@ def events(page, event_type: str) -> list[dict[str, Any]]:
     return page.evaluate("(t) => window.__events.filter((e) => e.type === t)", event_type)
 
 
+def sent_commands(page, command: str) -> list[dict[str, Any]]:
+    """Every command of kind `command` the page sent, oldest first (see conftest.RECORD_EVENTS)."""
+    return page.evaluate("(c) => window.__sent.filter((m) => m.command === c)", command)
+
+
 def event_types(page) -> list[str]:
     return page.evaluate("() => window.__events.map((e) => e.type)")
 

@@ -3,16 +3,13 @@ decode worker (`-Q decode`) next to the colocated `gpu` worker of `live_stack`, 
 the real WebSocket: the same tokens as colocated, a killed decode worker, a lost KV blob."""
 from __future__ import annotations
 
-import socket
-import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 import redis
 
-from tests.conftest import ARTIFACTS_DIR, REPO_DIR, LiveStack, wait_until, worker_answers_ping
-from scripts.processes import Service
+from tests.conftest import LiveStack, PDWorkers
 
 from .wsclient import BrowserTab, ends_request, receive, receive_until, send, steps_of
 
@@ -23,43 +20,6 @@ GREEDY = {"max_new_tokens": 24, "greedy": True, "ignore_eos": True, "use_prefix_
 SEEDED = {**GREEDY, "greedy": False, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
 ENDLESS = {**GREEDY, "max_new_tokens": 2000}
 QUESTION = "Write two sentences about a lighthouse keeper."
-
-
-class PDWorkers:
-    """The prefill and decode workers of one test module, (re)started on demand."""
-
-    def __init__(self, stack: LiveStack) -> None:
-        self.stack = stack
-        self.services: dict[str, Service] = {}
-        self.num_started = 0
-
-    def start(self, role: str) -> Service:
-        self.num_started += 1
-        node = f"e2e-{role}{self.num_started}@{socket.gethostname()}"
-        argv = [sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", role, "-P", "solo",
-                "-n", node, "--loglevel=info"]
-        service = Service(f"worker-{role}-{self.num_started}", argv, env=self.stack.env, cwd=REPO_DIR,
-                          log_path=ARTIFACTS_DIR / f"pd-worker-{role}-{self.num_started}.log").start()
-        self.services[role] = service
-        wait_until(lambda: worker_answers_ping(self.stack.redis_url, node), service, "ping reply")
-        return service
-
-    def ensure(self, role: str) -> Service:
-        service = self.services.get(role)
-        return service if service and service.is_alive() else self.start(role)
-
-    def stop(self) -> None:
-        for service in self.services.values():
-            service.stop(grace_s=10.0)
-
-
-@pytest.fixture(scope="module")
-def pd_workers(live_stack: LiveStack) -> Iterator[PDWorkers]:
-    workers = PDWorkers(live_stack)
-    try:
-        yield workers
-    finally:
-        workers.stop()
 
 
 @pytest.fixture

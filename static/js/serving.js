@@ -1,0 +1,106 @@
+// How one generation was served, for both pages. Owns: the prefill/decode hand-over as a
+// timeline bar (docs/pd-disaggregation.md), the "colocated on <worker>" line, and the
+// worker's prefix-cache counters (docs/prefix-cache.md). Pure DOM builders: must not know
+// sockets or page state; callers pass the event/stats fields in.
+import { h } from "./dom.js";
+import { fmtBytes, fmtMs } from "./format.js";
+
+// The five phases of a disaggregated request, between `timeline` marks (epoch ms).
+const SEGMENTS = [
+  { key: "prefill", from: "prefill_start", to: "prefill_end", name: "prefill",
+    why: "the prompt in one forward pass, and the first token" },
+  { key: "store", from: "prefill_end", to: "handoff_stored", name: "serialize + store",
+    why: "the prefill worker serializes the KV cache and stores it for the decode worker" },
+  { key: "wait", from: "handoff_stored", to: "decode_start", name: "waiting",
+    why: "the stored KV cache waits in the queue for a free decode worker" },
+  { key: "load", from: "decode_start", to: "kv_loaded", name: "fetch + load",
+    why: "the decode worker fetches the KV cache, verifies it and loads it" },
+  { key: "decode", from: "kv_loaded", to: "decode_end", name: "decode",
+    why: "one token per forward pass on the decode worker" },
+];
+
+/** Whether stats / a handoff event describe a disaggregated run. */
+export const isDisaggregated = (info) => Boolean(info?.prefill_worker && info?.timeline);
+
+/**
+ * Each segment's duration in ms; a negative one (the two workers' clocks disagree) is 0.
+ * `liveDecodeMs` stands in for the decode segment until `timeline.decode_end` is known.
+ */
+export function timelineSegments(timeline, liveDecodeMs = 0) {
+  const at = { ...timeline };
+  if (at.decode_end == null && at.kv_loaded != null) at.decode_end = at.kv_loaded + liveDecodeMs;
+  return SEGMENTS.map((segment) => {
+    const start = at[segment.from];
+    const end = at[segment.to];
+    const ms = start == null || end == null ? 0 : Math.max(0, end - start);
+    return { ...segment, ms };
+  });
+}
+
+/**
+ * The hand-over timeline of one PD generation: a bar with a segment per phase, then a
+ * legend that names the workers. `info` is a `generation.handoff` event or finished stats.
+ */
+export function pdTimeline(info, liveDecodeMs = 0) {
+  const segments = timelineSegments(info.timeline, liveDecodeMs);
+  const totalMs = segments.reduce((sum, s) => sum + s.ms, 0) || 1;
+  const isLive = info.timeline.decode_end == null;
+  // The decode worker's claim-to-loaded time beyond fetch + load (e.g. loading its model first).
+  const otherMs = segments.find((s) => s.key === "load").ms - (info.fetch_ms ?? 0) - (info.load_ms ?? 0);
+  const detail = {
+    prefill: info.prefill_worker,
+    store: `${fmtBytes(info.kv_transfer_bytes)} KV`,
+    wait: null,
+    load: `fetch ${fmtMs(info.fetch_ms)} · load ${fmtMs(info.load_ms)}${otherMs >= 50 ? ` · other ${fmtMs(otherMs)}` : ""}`,
+    decode: isLive ? `${info.decode_worker} · streaming…` : info.decode_worker,
+  };
+  const title = (s) => `${s.name}: ${fmtMs(s.ms)} (${s.why})`;
+  const bar = h("div", { class: "pd-bar", role: "img",
+    "aria-label": segments.map((s) => `${s.name} ${fmtMs(s.ms)}`).join(", ") },
+  segments.map((s) => h("span", { class: `pd-seg pd-${s.key}`, title: title(s),
+    style: `flex-grow: ${s.ms / totalMs}` })));
+  const legend = h("div", { class: "pd-legend" }, segments.map((s) => h("span", { class: `pd-item pd-item-${s.key}`, title: title(s) },
+    h("span", { class: `swatch pd-${s.key}` }), h("b", {}, s.name), ` ${fmtMs(s.ms)}`,
+    detail[s.key] ? h("span", { class: "muted" }, ` · ${detail[s.key]}`) : null)));
+  return h("div", { class: `pd-timeline${isLive ? " live" : ""}` },
+    h("div", { class: "serving-head" }, h("span", { class: "badge pd-badge" }, "PD"),
+      h("span", {}, "prefill on ", h("b", { class: "mono" }, info.prefill_worker), " → decode on ",
+        h("b", { class: "mono" }, info.decode_worker)),
+      h("span", { class: "muted" }, ` · KV hand-over ${fmtBytes(info.kv_transfer_bytes)}`)),
+    bar, legend);
+}
+
+/** A generation that one worker ran whole. */
+export function colocatedLine(worker) {
+  return h("div", { class: "serving-head colocated", title: "one worker ran both the prefill and the decode" },
+    "colocated on ", h("b", { class: "mono" }, worker));
+}
+
+/** The worker's prefix-cache counters after the request (stats.prefix_cache). */
+export function prefixCacheLine(counters) {
+  const num = (value) => (value ?? 0).toLocaleString();
+  const rate = counters.hit_rate == null ? "–" : `${Math.round(counters.hit_rate * 100)}%`;
+  const parts = [
+    [`${num(counters.hits)} hits / ${num(counters.misses)} misses (${rate})`, "lookups that reused a cached prefix, over all lookups"],
+    [`${num(counters.num_stored_tokens)} tokens held`, "tokens whose KV the cache holds now"],
+    [`${fmtBytes(counters.num_bytes)} / ${fmtBytes(counters.max_bytes)}`, "memory used / the cache's budget"],
+    [`${num(counters.num_entries)} nodes`, "nodes of the radix tree"],
+    [`${num(counters.num_evictions)} evicted`, "leaves evicted to stay within the budget"],
+  ];
+  if (counters.num_cached_tokens != null) parts.push([`${num(counters.num_cached_tokens)} reused`, "prompt tokens served from the cache since the worker started"]);
+  return h("div", { class: "prefix-cache", title: "this worker's prefix cache after the request (docs/prefix-cache.md)" },
+    h("span", { class: "serving-label" }, "worker prefix cache"),
+    parts.map(([text, title]) => h("span", { class: "pc-item", title }, text)));
+}
+
+/**
+ * Everything above for one generation: the timeline (from finished stats, or a handoff
+ * event while it streams), else the colocated line; then the prefix-cache counters.
+ */
+export function servingView({ stats = null, handoff = null, liveDecodeMs = 0 }) {
+  const pd = isDisaggregated(stats) ? stats : handoff;
+  return [
+    pd ? pdTimeline(pd, liveDecodeMs) : stats?.worker ? colocatedLine(stats.worker) : null,
+    stats?.prefix_cache ? prefixCacheLine(stats.prefix_cache) : null,
+  ].filter(Boolean);
+}
