@@ -113,7 +113,7 @@ class LlamaRunner:
         start = cache.num_tokens
         cos, sin = self.cos[start:start + num_new], self.sin[start:start + num_new]  # (T, head_dim)
         mask = None
-        if num_new > 1:  # causal mask offset by the cached prefix: query i sees keys 0..start+i
+        if num_new > 1 and start > 0:  # causal mask offset by the cached prefix: query i sees keys 0..start+i
             key_pos = torch.arange(start + num_new, device=self.device)
             query_pos = torch.arange(start, start + num_new, device=self.device)
             mask = key_pos[None, :] <= query_pos[:, None]  # (T, start+T)
@@ -137,6 +137,8 @@ class LlamaRunner:
         k = self._rotate(k.view(num_new, self.num_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
         v = v.view(num_new, self.num_kv_heads, self.head_dim).transpose(0, 1)  # (KVH, T, D)
         keys, values = cache.write(i, k, v)  # (KVH, start+T, D)
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
+        # Without a cached prefix, queries and keys align: the fused causal kernel needs no mask tensor.
+        is_causal = mask is None and num_new > 1
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=is_causal,
                                              enable_gqa=self.num_heads != self.num_kv_heads)  # (1, H, T, D)
         return _linear(out[0].transpose(0, 1).reshape(num_new, self.q_size), layer.o_weight)
