@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -218,3 +219,19 @@ class ScriptedRunner:
         logits[self.script[min(self.calls, len(self.script) - 1)]] = 30.0
         self.calls += 1
         return logits
+
+
+@pytest.mark.parametrize("sliding_window,runner", [(None, "lean-llama"), (8, "transformers")])
+def test_mistral_uses_the_lean_runner_only_without_a_sliding_window(sliding_window, runner):
+    from transformers import AutoModelForCausalLM, MistralConfig
+    config = MistralConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                           sliding_window=sliding_window)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    engine = engine_for("llama")
+    engine = Engine(replace(engine.loaded, model=model), EngineConfig(prefix_cache_bytes=0))
+    assert engine.runner.name == runner
+    prompt = [5, 77, 130, 9, 200, 41, 17, 3, 99, 150, 12]  # longer than the window: it must matter
+    _, steps, _ = run(engine, prompt, greedy=True, max_new_tokens=12, ignore_eos=True)
+    assert [s.token_id for s in steps] == hf_greedy(model, prompt, 12, ())
