@@ -189,9 +189,10 @@ class Engine:
         run = self._new_run(prompt_ids, params)
         logits = self._prefill(run)
         first = self._sample_step(run, logits, "prefill", run.prefilled.prefill_ms)
+        layers = run.cache.export(len(prompt_ids))
         if params.use_prefix_cache:  # the conversation's next turn comes back to a prefill worker
-            self._remember(run)
-        return Handoff(prompt_ids=prompt_ids, params=params, layers=run.cache.export(len(prompt_ids)),
+            self._remember(run, layers)
+        return Handoff(prompt_ids=prompt_ids, params=params, layers=layers,
                        prefilled=run.prefilled, first_step=first, rng_state=run.sampler.generator.get_state(),
                        seed=run.sampler.seed, ttft_ms=run.ttft_ms)
 
@@ -319,7 +320,7 @@ class Engine:
         num_decoded = max(len(run.generated_ids) - 1, 0)
         prefilled = run.prefilled
         if run.cache is not None and run.params.use_prefix_cache:
-            self._remember(run)
+            self._remember(run, run.cache.export(run.cache.num_tokens))
         return Finished(
             finish_reason=reason, text=run.text, token_ids=tuple(run.generated_ids),
             num_prompt_tokens=len(run.prompt_ids), num_cached_tokens=prefilled.num_cached_tokens,
@@ -328,11 +329,10 @@ class Engine:
             kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
         )
 
-    def _remember(self, run: _Run) -> None:
-        """Prompt and answer are the next turn's prompt: keep their KV (all but the last token's,
-        which was never computed) so the next chat turn prefills only its new tokens."""
+    def _remember(self, run: _Run, layers: LayerKV) -> None:
+        """Prompt and answer are the next turn's prompt: keep the KV the cache holds (all but the
+        last token's, which was never computed) so the next chat turn prefills only its new tokens."""
         keep = run.cache.num_tokens
-        layers = run.cache.export(keep)
         if any(k.shape[1] != keep for k, _ in layers):
             return  # a sliding-window cache forgot early positions: not reusable as a prefix
         self.prefix_cache.insert(run.context_ids[:keep].tolist(), layers)

@@ -29,6 +29,7 @@ import torch
 
 from inference.engine import Handoff
 from inference.events import Alternative, Prefilled, Step
+from inference.kv_cache import layer_kv_nbytes
 from inference.sampling_params import SamplingParams
 
 MAGIC = b"PGKV"
@@ -211,7 +212,7 @@ def _check_compatible(model: Any, layers: list[tuple[torch.Tensor, torch.Tensor]
         raise KVTransferError(f"KV blob holds {dtype} tensors; this worker's model runs in {expected.dtype}")
     if expected.num_layers is not None and len(layers) != expected.num_layers:
         raise KVTransferError(f"KV blob has {len(layers)} layers; the model has {expected.num_layers}")
-    nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+    nbytes = layer_kv_nbytes(layers)
     if nbytes != expected.kv_bytes_per_token * num_tokens:
         raise KVTransferError(f"KV blob holds {nbytes // num_tokens} bytes per token; this model's cache needs "
                               f"{expected.kv_bytes_per_token} (different heads or head size)")

@@ -60,13 +60,14 @@ class Heartbeat(threading.Thread):
 
 
 @contextlib.contextmanager
-def generation_heartbeat(generation_id: int) -> Iterator[None]:
-    """Beats for one generation; the key exists before the body runs and is gone after it."""
-    beat = Heartbeat(generation_key(generation_id), settings.PLAYGROUND_HEARTBEAT_TTL_S,
-                     settings.PLAYGROUND_HEARTBEAT_INTERVAL_S)
+def generation_heartbeat(generation_id: int, beat_class: type[Heartbeat] = Heartbeat) -> Iterator[Heartbeat]:
+    """Beats for one generation; the key exists before the body runs and is gone after it
+    (unless `beat_class.stop` keeps it: the prefill worker's hand-over)."""
+    beat = beat_class(generation_key(generation_id), settings.PLAYGROUND_HEARTBEAT_TTL_S,
+                      settings.PLAYGROUND_HEARTBEAT_INTERVAL_S)
     beat.start()
     try:
-        yield
+        yield beat
     finally:
         beat.stop()
 

@@ -15,10 +15,9 @@ usual `worker_lost` rule, and a blob that is gone when the decode worker looks e
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 import redis
 from django.conf import settings
@@ -82,23 +81,12 @@ class _HandOverHeartbeat(liveness.Heartbeat):
             super().stop()
 
 
-@contextlib.contextmanager
-def _prefill_heartbeat(generation_id: int) -> Iterator[_HandOverHeartbeat]:
-    # The same key as `liveness.generation_heartbeat`, so its lost-worker rule covers both phases.
-    beat = _HandOverHeartbeat(liveness.generation_key(generation_id), settings.PLAYGROUND_HEARTBEAT_TTL_S,
-                              settings.PLAYGROUND_HEARTBEAT_INTERVAL_S)
-    beat.start()
-    try:
-        yield beat
-    finally:
-        beat.stop()
-
-
 def run_prefill(generation_id: int, worker: str, enqueue_decode: EnqueueDecode,
                 load_engine: LoadEngine = runner.get_engine, send: Send = send_to_group,
                 blobs: kv_store.BlobStore | None = None) -> None:
     """Prefills one queued generation and hands it to a decode worker (`enqueue_decode(id, blob key)`)."""
-    with _prefill_heartbeat(generation_id) as beat:
+    # The same key as the decode worker's beat, so the lost-worker rule covers both phases.
+    with liveness.generation_heartbeat(generation_id, _HandOverHeartbeat) as beat:
         generation = runner.claim(generation_id, worker)
         if generation is None:
             logger.info("generation %s is no longer queued; skipped", generation_id)

@@ -44,18 +44,19 @@ def enqueue(generation_id: int, pd_requested: bool | None = None, conversation_i
         transaction.on_commit(lambda: run_prefill.delay(generation_id))
         return
 
-    def send() -> None:
-        queue = worker_routing.route(store.client(), generation_id, conversation_id)
-        run_generation.apply_async((generation_id,), queue=queue)
-
-    transaction.on_commit(send)
+    transaction.on_commit(lambda: _send(generation_id, worker_routing.route(store.client(), generation_id,
+                                                                            conversation_id)))
 
 
 def reroute_if_stranded(generation_id: int) -> bool:
     """Re-sends a generation whose chosen worker died (or stalled) before claiming it to "gpu";
     the worker-side claim makes the late original a no-op. Called by the consumer's watchdog."""
-    return worker_routing.reroute_if_unclaimed(
-        store.client(), generation_id, lambda queue: run_generation.apply_async((generation_id,), queue=queue))
+    return worker_routing.reroute_if_unclaimed(store.client(), generation_id,
+                                               lambda queue: _send(generation_id, queue))
+
+
+def _send(generation_id: int, queue: str) -> None:
+    run_generation.apply_async((generation_id,), queue=queue)
 
 
 def enqueue_decode(generation_id: int, blob_key: str) -> None:
