@@ -56,7 +56,7 @@ prepare: $(RUN_STAMP)
 	$(MANAGE) migrate --noinput
 	@if [[ "$${DEBUG,,}" =~ ^(0|false|no|off)$$ ]]; then \
 		echo "$(MANAGE) collectstatic --noinput"; $(MANAGE) collectstatic --noinput -v 0; fi
-	$(PY) -m inference.bundled
+	$(PY) -m inference.models.bundled
 
 run: prepare
 	$(PY) scripts/run.py
@@ -64,7 +64,7 @@ run: prepare
 # The bundled model is converted up front (once, ~30 s, with progress) rather than inside
 # the first test that needs it.
 test: $(DEV_STAMP)
-	$(PY) -m inference.bundled
+	$(PY) -m inference.models.bundled
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(RUN_STAMP)

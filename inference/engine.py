@@ -1,7 +1,7 @@
 """The engine: prefill once, then decode one token per step, yielding what happened.
 
 Owns: the generation loop (prefill -> sample -> append -> repeat until a stop), its timings,
-the step records, stop conditions, prefix-cache reuse and the prefill/decode hand-over
+the step records, stop conditions, prefix-cache reuse and the prefill/decode handoff
 points. Delegates the forward pass to a runner (`runner_llama` or `runner_hf`), token
 choice to `sampler`, text to `tokenization`, chat rendering to `chat_template`, beam search
 to `beam`. Must not know: Django, Celery, Channels, sockets.
@@ -15,35 +15,22 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from inference import runner_llama
-from inference.beam import beam_search
-from inference.chat_template import RenderedPrompt, TemplateTokens, render_chat
+from inference.models import llama as runner_llama
+from inference.sampling.beam import beam_search
+from inference.text.chat_template import RenderedPrompt, TemplateTokens, render_chat
 from inference.config import EngineConfig
 from inference.events import Alternative, Event, Finished, Prefilled, Step
-from inference.kv_cache import KVCache, LayerKV
-from inference.model_loader import LoadedModel, load_model
-from inference.prefix_cache import PrefixCache
-from inference.runner_hf import HFRunner
-from inference.sampler import Sampler, entropy, token_rank, top_alternatives
+from inference.kv.cache import KVCache, LayerKV
+from inference.kv.transfer import Handoff, KVSpec, deserialize, serialize
+from inference.models.loader import LoadedModel, architecture_of, load_model
+from inference.kv.prefix_cache import PrefixCache
+from inference.models.hf import HFRunner
+from inference.sampling.sampler import Sampler, entropy, token_rank, top_alternatives
 from inference.sampling_params import SamplingParams
-from inference.stopping import StopStringMatcher
-from inference.tokenization import IncrementalDetokenizer, TokenInfo, token_infos, token_table, tokenize
+from inference.sampling.stopping import StopStringMatcher
+from inference.text.tokenization import IncrementalDetokenizer, TokenInfo, token_infos, token_table, tokenize
 
-ShouldStop = Callable[[], bool]
-
-
-@dataclass
-class Handoff:
-    """Everything a decode worker needs to continue a request another worker prefilled."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    layers: LayerKV                 # the prompt's KV cache, one (keys, values) pair per layer
-    prefilled: Prefilled
-    first_step: Step
-    rng_state: torch.Tensor         # sampler generator state after the first token (seeded runs continue identically)
-    seed: int
-    ttft_ms: float
+ShouldCancel = Callable[[], bool]
 
 
 @dataclass
@@ -93,10 +80,16 @@ class Engine:
     # ---- what the model is -------------------------------------------------------------
 
     def model_info(self) -> dict:
+        """What the model is (fixed for the engine's life: computed once, then a copy per call)."""
+        if not hasattr(self, "_model_info"):
+            self._model_info = self._describe_model()
+        return dict(self._model_info)
+
+    def _describe_model(self) -> dict:
         cfg = self.model.config
         return {
             "name": self.loaded.name,
-            "architecture": (getattr(cfg, "architectures", None) or [type(self.model).__name__])[0],
+            "architecture": architecture_of(self.model),
             "model_type": getattr(cfg, "model_type", ""),
             "num_params": sum(p.numel() for p in self.model.parameters()),
             "weight_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()),
@@ -148,17 +141,17 @@ class Engine:
     # ---- generation ------------------------------------------------------------------
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                 should_stop: ShouldStop | None = None, handoff: Handoff | None = None) -> Iterator[Event]:
+                 should_cancel: ShouldCancel | None = None, handoff: Handoff | None = None) -> Iterator[Event]:
         """Yield `Prefilled`, one `Step` per token (`BeamStep`s under beam search), then one `Finished`.
 
-        `should_stop` is polled after every token (finish reason "cancelled"). With `handoff`
+        `should_cancel` is polled after every token (finish reason "cancelled"). With `handoff`
         the prefill already happened on another worker: its KV cache and first token are used.
         """
         prompt_ids = self._check_prompt(prompt_ids)
         if params.is_beam_search:
             yield from beam_search(self.model, prompt_ids, params, eos_token_ids=self.eos_token_ids,
                                    decode=self._decode_text, max_length=self.max_context,
-                                   should_stop=should_stop)
+                                   should_cancel=should_cancel)
             return
         if handoff is not None:
             run = self._resume(handoff)
@@ -170,7 +163,7 @@ class Engine:
             yield run.prefilled
             step = self._sample_step(run, logits, "prefill", run.prefilled.prefill_ms)
         while True:
-            finish_reason = self._finish_reason(run, step, should_stop)
+            finish_reason = self._finish_reason(run, step, should_cancel)
             if finish_reason:
                 step = self._with_tail(run, step)
                 yield step
@@ -184,7 +177,7 @@ class Engine:
     def prefill_for_handoff(self, prompt_ids: Sequence[int], params: SamplingParams) -> Handoff:
         """Run only the prefill (and the first token) and package the KV cache for another worker."""
         if params.is_beam_search or not params.use_kv_cache:
-            raise ValueError("prefill/decode hand-over needs use_kv_cache=True and num_beams=1")
+            raise ValueError("prefill/decode handoff needs use_kv_cache=True and num_beams=1")
         prompt_ids = self._check_prompt(prompt_ids)
         run = self._new_run(prompt_ids, params)
         logits = self._prefill(run)
@@ -195,6 +188,15 @@ class Engine:
         return Handoff(prompt_ids=prompt_ids, params=params, layers=layers,
                        prefilled=run.prefilled, first_step=first, rng_state=run.sampler.generator.get_state(),
                        seed=run.sampler.seed, ttft_ms=run.ttft_ms)
+
+    def export_handoff(self, handoff: Handoff) -> bytes:
+        """The handoff as a blob for another worker (`inference.kv.transfer`'s format)."""
+        return serialize(handoff, self.loaded.name)
+
+    def import_handoff(self, blob: bytes | bytearray | memoryview) -> Handoff:
+        """A blob from a prefill worker, verified against this engine's model and KV geometry
+        (`KVTransferError` naming the defect), on this engine's device."""
+        return deserialize(blob, KVSpec.from_model_info(self.model_info()), device=self.device)
 
     # ---- the loop's parts ------------------------------------------------------------
 
@@ -213,7 +215,8 @@ class Engine:
 
     def _new_run(self, prompt_ids: list[int], params: SamplingParams, seed: int | None = None) -> _Run:
         max_total = min(len(prompt_ids) + params.max_new_tokens, self.max_context)
-        context_ids = torch.zeros(max_total, dtype=torch.long)
+        # On the model's device: the repetition penalty gathers logits (there) at these ids.
+        context_ids = torch.zeros(max_total, dtype=torch.long, device=self.device)
         context_ids[: len(prompt_ids)] = torch.tensor(prompt_ids)
         sampler_params = params if seed is None else replace(params, seed=seed)
         return _Run(
@@ -295,7 +298,7 @@ class Engine:
         return tuple(Alternative(token_id=i, piece=self.piece(i), prob=math.exp(lp), logprob=lp)
                      for i, lp in zip(ids, lps))
 
-    def _finish_reason(self, run: _Run, step: Step, should_stop: ShouldStop | None) -> str | None:
+    def _finish_reason(self, run: _Run, step: Step, should_cancel: ShouldCancel | None) -> str | None:
         if step.token_id in self.eos_token_ids and not run.params.ignore_eos:
             return "eos"
         if run.stopper.is_stopped:
@@ -304,7 +307,7 @@ class Engine:
             return "length"
         if run.num_tokens >= self.max_context:
             return "context"
-        if should_stop is not None and should_stop():
+        if should_cancel is not None and should_cancel():
             return "cancelled"
         return None
 

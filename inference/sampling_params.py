@@ -20,7 +20,7 @@ class SamplingParams:
     """How to pick each next token.
 
     Greedy (argmax) when `greedy` is true or `temperature == 0`; otherwise random sampling
-    from the processed distribution. Processor order (see `inference.logits`):
+    from the processed distribution. Processor order (see `inference.sampling.logits`):
     repetition penalty -> temperature -> top-k -> top-p -> min-p.
     `top_k=0`, `top_p=1.0`, `min_p=0.0` and `repetition_penalty=1.0` mean "off".
     `num_beams > 1` selects beam search (deterministic; sampling knobs then do not apply).

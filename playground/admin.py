@@ -11,7 +11,7 @@ from typing import Any
 from django.contrib import admin
 from django.utils.html import format_html
 
-from inference.chat_template import ChatTemplateError, validate_template
+from inference.text.chat_template import ChatTemplateError, validate_template
 from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
 
 

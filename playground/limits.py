@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from inference.sampling_params import SamplingParams
-from playground import liveness
+from playground.coord import liveness
 from playground.models import Generation
 from playground.protocol import CommandError
 

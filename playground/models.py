@@ -67,7 +67,7 @@ class ChatTemplate(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from inference.chat_template import ChatTemplateError, validate_template
+        from inference.text.chat_template import ChatTemplateError, validate_template
 
         try:
             validate_template(self.source)

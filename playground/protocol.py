@@ -95,7 +95,7 @@ def generation_started(generation_id: int, worker: str, model: dict[str, Any],
 
 
 def prompt_record(text: str, spans: list[dict[str, Any]], tokens: list[dict[str, Any]]) -> dict[str, Any]:
-    """`tokens` are `inference.tokenization.TokenInfo.to_dict()`s: {id, piece, bytes (hex), ...}."""
+    """`tokens` are `inference.text.tokenization.TokenInfo.to_dict()`s: {id, piece, bytes (hex), ...}."""
     return {"text": text, "spans": spans, "tokens": tokens}
 
 
@@ -107,17 +107,21 @@ def generation_prefilled(generation_id: int, prefilled: dict[str, Any]) -> dict[
             **{name: prefilled[name] for name in fields}}
 
 
-def generation_steps(generation_id: int, steps: list[dict[str, Any]], *, is_beam: bool) -> dict[str, Any]:
-    """Coalesced token steps (`generation.tokens`) or beam steps (`generation.beams`)."""
+def generation_steps(generation_id: int, steps: list[dict[str, Any]], *, is_beam: bool,
+                     segments: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Coalesced token steps (`generation.tokens`) or beam steps (`generation.beams`).
+    `segments`: the reasoning split of the whole answer so far (`inference.text.reasoning`)."""
     kind = "generation.beams" if is_beam else "generation.tokens"
-    return {"type": kind, "generation_id": generation_id, "steps": steps}
+    event = {"type": kind, "generation_id": generation_id, "steps": steps}
+    return event if segments is None else {**event, "segments": segments}
 
 
 def generation_finished(generation_id: int, message_id: int | None, finish_reason: str,
-                        text: str, stats: dict[str, Any]) -> dict[str, Any]:
+                        text: str, stats: dict[str, Any],
+                        segments: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"type": "generation.finished", "generation_id": generation_id,
             "message_id": message_id, "finish_reason": finish_reason, "text": text,
-            "stats": stats}
+            "stats": stats, "segments": segments if segments is not None else []}
 
 
 def generation_error(generation_id: int, code: str, message: str) -> dict[str, Any]:
@@ -126,16 +130,16 @@ def generation_error(generation_id: int, code: str, message: str) -> dict[str, A
             "message": message}
 
 
-# Prefill/decode disaggregation (docs/pd-disaggregation.md): the hand-over's workers, size,
+# Prefill/decode disaggregation (docs/pd-disaggregation.md): the handoff's workers, size,
 # timings (ms) and `timeline` (Unix epoch ms of each phase boundary).
 HANDOFF_FIELDS = ("prefill_worker", "decode_worker", "kv_transfer_bytes", "serialize_ms", "store_ms", "fetch_ms",
                   "transfer_ms", "load_ms", "timeline")
 
 
-def generation_handoff(generation_id: int, handover: dict[str, Any]) -> dict[str, Any]:
+def generation_handoff(generation_id: int, handoff: dict[str, Any]) -> dict[str, Any]:
     """The decode worker loaded the KV cache the prefill worker stored; decoding goes on."""
     return {"type": "generation.handoff", "generation_id": generation_id,
-            **{name: handover.get(name) for name in HANDOFF_FIELDS}}
+            **{name: handoff.get(name) for name in HANDOFF_FIELDS}}
 
 
 _STATS_FIELDS = ("num_prompt_tokens", "num_cached_tokens", "num_generated_tokens", "prefill_ms", "ttft_ms",

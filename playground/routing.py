@@ -1,6 +1,6 @@
 from django.urls import path
 
-from playground.consumers import GenerationConsumer
+from playground.web.consumers import GenerationConsumer
 
 websocket_urlpatterns = [
     path("ws/generate/", GenerationConsumer.as_asgi()),

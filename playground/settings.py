@@ -100,7 +100,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "playground.middleware.EnsureSessionMiddleware",
+    "playground.web.middleware.EnsureSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -185,7 +185,7 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = DEBUG
 WHITENOISE_AUTOREFRESH = DEBUG
 
-CSRF_FAILURE_VIEW = "playground.api.csrf_failure"
+CSRF_FAILURE_VIEW = "playground.web.api.csrf_failure"
 SESSION_COOKIE_AGE = 60 * 60 * 24 * 365  # conversations belong to the session: keep it a year
 
 LOGGING = {

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path
 
-from playground import api, pages
+from playground.web import api, pages
 
 urlpatterns = [
     path("", pages.chat, name="chat"),

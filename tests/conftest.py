@@ -150,7 +150,7 @@ def live_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     db_path = tmp_path_factory.mktemp("db") / "db.sqlite3"
     env = stack_env(redis_url, db_path)
     run_prepare_step("migrate", [sys.executable, "-m", "django", "migrate", "--noinput"], env)
-    run_prepare_step("bundled-model", [sys.executable, "-m", "inference.bundled"], env)
+    run_prepare_step("bundled-model", [sys.executable, "-m", "inference.models.bundled"], env)
 
     port = free_port()
     web = Service("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),

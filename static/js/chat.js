@@ -141,11 +141,12 @@ function startGeneration(command, answer, { onQueued = () => {}, onRefused }) {
     onTokens(event) {
       const isAtBottom = nearBottom();
       answer.steps.push(...event.steps);
+      if (event.segments) answer.segments = event.segments;
       scheduleUpdate(answer);
       if (isAtBottom) requestAnimationFrame(scrollToBottom);
     },
     onFinished(event) {
-      Object.assign(answer, { isStreaming: false, content: event.text, stats: event.stats });
+      Object.assign(answer, { isStreaming: false, content: event.text, stats: event.stats, segments: event.segments });
       answer.id = event.message_id ?? answer.id;
       updateAssistant(answer);
       setBusy(false);

@@ -11,7 +11,7 @@ import { servingView } from "./serving.js";
 /** An assistant message as the page tracks it (server fields plus streaming state). */
 export function newAssistantMessage(fields = {}) {
   return { role: "assistant", id: null, content: "", generation_id: null, stats: null, steps: [],
-    prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), ...fields };
+    prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), segments: [], ...fields };
 }
 
 /** The step with `index` (steps arrive in order, so this is normally `steps[index]`). */
@@ -82,7 +82,7 @@ export function updateAssistant(message) {
   const body = el.querySelector(".msg-body");
   const text = message.isStreaming ? streamedText(message) : message.content;
   const charTokens = message.steps.length ? charTokensFromSteps(message.steps) : null;
-  renderAnswer(body, text, charTokens, message.openReasoning);
+  renderAnswer(body, text, charTokens, message.openReasoning, message.segments);
   colourTokens(body, message.steps);
   body.classList.toggle("streaming", message.isStreaming);
   const error = el.querySelector(".msg-error");

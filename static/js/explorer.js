@@ -209,7 +209,7 @@ function renderServing() {
     + `${p.num_prefilled_tokens} prefilled · prefill ${fmtMs(p.prefill_ms)}` : "";
   const views = servingView({ stats: state.stats, handoff: state.handoff,
     liveDecodeMs: state.handoff ? Date.now() - state.handoff.receivedAt : 0 });
-  const empty = isBusy() ? "Running…" : "After a request: which worker ran it (or the prefill → decode hand-over) and its prefix cache.";
+  const empty = isBusy() ? "Running…" : "After a request: which worker ran it (or the prefill → decode handoff) and its prefix cache.";
   $("#ex-serving").replaceChildren(...(views.length ? views : [h("p", { class: "empty" }, empty)]));
 }
 

@@ -112,7 +112,7 @@ export function updateStepCharts(charts, steps) {
   charts.prob.data.datasets[0].data = steps.map((s) => Math.exp(s.raw_logprob));
   charts.prob.data.datasets[1].data = steps.map((s) => Math.exp(s.logprob));
   charts.entropy.data.datasets[0].data = steps.map((s) => s.entropy);
-  charts.latency.$phases = steps.map((s) => (s.isAfterHandoff ? `${s.phase}, first after the PD hand-over` : s.phase));
+  charts.latency.$phases = steps.map((s) => (s.isAfterHandoff ? `${s.phase}, first after the PD handoff` : s.phase));
   charts.latency.data.datasets[0].data = steps.map((s) => s.latency_ms);
   charts.latency.data.datasets[0].backgroundColor = steps.map((s) => css(latencyColour(s)));
   charts.kv.data.datasets[0].data = steps.map((s) => s.kv_cache_bytes);

@@ -1,5 +1,5 @@
-// Model output -> safe DOM. Owns: Markdown rendering, sanitizing, <think> reasoning blocks,
-// and wrapping each generated token's characters in a hoverable <span class="tok">.
+// Model output -> safe DOM. Owns: Markdown rendering, sanitizing, drawing <think> reasoning blocks
+// (where they are comes from the server: `segments`, see inference/text/reasoning.py), and wrapping each generated token's characters in a hoverable <span class="tok">.
 //
 // Model text is untrusted: raw HTML in it is shown as text (the `html` renderer escapes it)
 // and the Markdown output still goes through DOMPurify before it touches the page.
@@ -25,30 +25,6 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
   }
 });
 
-const THINK_OPEN = "<think>";
-const THINK_CLOSE = "</think>";
-
-/**
- * Split an answer into reasoning and answer segments by <think>…</think>.
- * Each segment is {kind: "reasoning"|"answer", start, end, isOpen} over `text` offsets
- * (tags excluded); an unclosed <think> (still streaming) runs to the end.
- */
-export function splitReasoning(text) {
-  const segments = [];
-  let pos = 0;
-  while (pos < text.length) {
-    const open = text.indexOf(THINK_OPEN, pos);
-    if (open === -1) { segments.push({ kind: "answer", start: pos, end: text.length }); break; }
-    if (text.slice(pos, open).trim()) segments.push({ kind: "answer", start: pos, end: open });
-    const bodyStart = open + THINK_OPEN.length;
-    const close = text.indexOf(THINK_CLOSE, bodyStart);
-    const isOpen = close === -1;
-    segments.push({ kind: "reasoning", start: bodyStart, end: isOpen ? text.length : close, isOpen });
-    pos = isOpen ? text.length : close + THINK_CLOSE.length;
-  }
-  return segments;
-}
-
 /** Sanitized Markdown as a DocumentFragment. */
 export function renderMarkdown(text) {
   return DOMPurify.sanitize(markdown.parse(text), { RETURN_DOM_FRAGMENT: true });
@@ -59,10 +35,13 @@ export function renderMarkdown(text) {
  * `charTokens[i]` is the step index that produced character i (or -1); when given, each
  * token's characters are wrapped in <span class="tok" data-step="i">.
  * `openReasoning`: which reasoning blocks start expanded (by order), kept across re-renders.
+ * `segments`: [{kind: "reasoning"|"answer", start, end, is_open}] over `text` (tags excluded),
+ * as the server computed them; none means the whole text is answer.
  */
-export function renderAnswer(container, text, charTokens = null, openReasoning = new Set()) {
+export function renderAnswer(container, text, charTokens = null, openReasoning = new Set(), segments = null) {
   const parts = [];
-  splitReasoning(text).forEach((seg, n) => {
+  const segs = segments?.length ? segments : [{ kind: "answer", start: 0, end: text.length }];
+  segs.forEach((seg, n) => {
     const source = text.slice(seg.start, seg.end);
     const body = document.createElement("div");
     body.className = "md";
@@ -71,10 +50,10 @@ export function renderAnswer(container, text, charTokens = null, openReasoning =
     if (seg.kind === "answer") { parts.push(...body.childNodes); return; }
     const details = document.createElement("details");
     details.className = "reasoning";
-    details.open = seg.isOpen || openReasoning.has(n);
+    details.open = seg.is_open || openReasoning.has(n);
     details.addEventListener("toggle", () => (details.open ? openReasoning.add(n) : openReasoning.delete(n)));
     const summary = document.createElement("summary");
-    summary.textContent = seg.isOpen ? "Reasoning…" : "Reasoning";
+    summary.textContent = seg.is_open ? "Reasoning…" : "Reasoning";
     details.append(summary, body);
     parts.push(details);
   });

@@ -10,7 +10,7 @@
  */
 export function processedProbs(alternatives, { temperature, top_k, top_p, min_p }) {
   let logits = alternatives.map((a) => a.logprob);
-  // Greedy decoding (temperature 0) skips every processor (inference.logits.build_processors).
+  // Greedy decoding (temperature 0) skips every processor (inference.sampling.logits.build_processors).
   if (temperature > 0) {
     if (temperature !== 1) logits = logits.map((x) => x / temperature);
     if (top_k > 0) logits = topK(logits, top_k);

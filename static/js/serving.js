@@ -1,4 +1,4 @@
-// How one generation was served, for both pages. Owns: the prefill/decode hand-over as a
+// How one generation was served, for both pages. Owns: the prefill/decode handoff as a
 // timeline bar (docs/pd-disaggregation.md), the "colocated on <worker>" line, and the
 // worker's prefix-cache counters (docs/prefix-cache.md). Pure DOM builders: must not know
 // sockets or page state; callers pass the event/stats fields in.
@@ -38,7 +38,7 @@ export function timelineSegments(timeline, liveDecodeMs = 0) {
 }
 
 /**
- * The hand-over timeline of one PD generation: a bar with a segment per phase, then a
+ * The handoff timeline of one PD generation: a bar with a segment per phase, then a
  * legend that names the workers. `info` is a `generation.handoff` event or finished stats.
  */
 export function pdTimeline(info, liveDecodeMs = 0) {
@@ -66,7 +66,7 @@ export function pdTimeline(info, liveDecodeMs = 0) {
     h("div", { class: "serving-head" }, h("span", { class: "badge pd-badge" }, "PD"),
       h("span", {}, "prefill on ", h("b", { class: "mono" }, info.prefill_worker), " → decode on ",
         h("b", { class: "mono" }, info.decode_worker)),
-      h("span", { class: "muted" }, ` · KV hand-over ${fmtBytes(info.kv_transfer_bytes)}`)),
+      h("span", { class: "muted" }, ` · KV handoff ${fmtBytes(info.kv_transfer_bytes)}`)),
     bar, legend);
 }
 

@@ -185,7 +185,10 @@ def test_model_markdown_is_rendered_safely_with_token_spans(page):
         const charTokens = deltas.flatMap((d, i) => Array.from(d, () => i));
         const box = document.createElement("div");
         document.body.append(box);
-        renderAnswer(box, text, charTokens);
+        // Where the blocks are comes from the server (inference.text.reasoning.segments_for_browser).
+        const segments = [{kind: "reasoning", start: 7, end: 11, is_open: false},
+                          {kind: "answer", start: 19, end: text.length, is_open: false}];
+        renderAnswer(box, text, charTokens, new Set(), segments);
         await new Promise((r) => setTimeout(r, 50));
         return {
             pwned: window.__pwned ?? null,

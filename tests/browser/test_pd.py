@@ -1,6 +1,6 @@
 """Prefill/decode disaggregation in a real browser: a prefill worker (`-Q prefill`) and a
 decode worker (`-Q decode`) next to live_stack's colocated worker. The PD toggles send
-`"pd": true`, and the chat answer and the explorer show the hand-over's timeline with both
+`"pd": true`, and the chat answer and the explorer show the handoff's timeline with both
 workers' names, from the `generation.handoff` event and the finished stats."""
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def assert_timeline(timeline, stats: dict) -> None:
     expect(timeline).not_to_have_class(re.compile(r"\blive\b"))  # finalised from the stats
 
 
-def test_pd_chat_answer_shows_the_hand_over_timeline(page, started_pd_workers, screenshot_dir):
+def test_pd_chat_answer_shows_the_handoff_timeline(page, started_pd_workers, screenshot_dir):
     open_chat(page, max_tokens=8)
     page.check("#pd-toggle")
     send(page, "Name a colour.")
@@ -57,7 +57,7 @@ def test_pd_chat_answer_shows_the_hand_over_timeline(page, started_pd_workers, s
     answer.screenshot(path=str(screenshot_dir / "chat-pd.png"))
 
 
-def test_pd_explorer_run_shows_the_timeline_and_marks_the_hand_over(page, started_pd_workers, screenshot_dir):
+def test_pd_explorer_run_shows_the_timeline_and_marks_the_handoff(page, started_pd_workers, screenshot_dir):
     open_explorer(page, "Once upon a time")
     page.check("#ex-pd")
     set_range(page, "#ex-run-length", 4)
@@ -71,7 +71,7 @@ def test_pd_explorer_run_shows_the_timeline_and_marks_the_hand_over(page, starte
         expect(page.locator("#ex-handoff-legend")).to_be_visible()
         colours = page.evaluate("""() => Chart.getChart(document.getElementById("latency-chart"))
             .data.datasets[0].backgroundColor""")
-        assert len(set(colours[:3])) == 3  # prefill, first after the hand-over, decode
+        assert len(set(colours[:3])) == 3  # prefill, first after the handoff, decode
     page.locator("#ex-serving").screenshot(path=str(screenshot_dir / "explorer-pd.png"))
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from inference.bundled import ensure_bundled_model
+from inference.models.bundled import ensure_bundled_model
 from inference.config import EngineConfig
-from inference.model_loader import LoadedModel, load_model
+from inference.models.loader import LoadedModel, load_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import torch
 
 from inference import EngineConfig, Finished, SamplingParams, Step
 from inference.engine import Engine
-from inference.model_loader import LoadedModel
+from inference.models.loader import LoadedModel
 from tests.engine.tiny_models import make_tiny_model, make_tiny_tokenizer
 
 

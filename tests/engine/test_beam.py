@@ -1,4 +1,4 @@
-"""inference.beam: token-for-token and score equality with transformers' beam search on tiny
+"""inference.sampling.beam: token-for-token and score equality with transformers' beam search on tiny
 random models, the event stream a beam-tree view relies on, and the ways a search ends."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from inference import SamplingParams
-from inference.beam import ROOT_PARENT, beam_search
+from inference.sampling.beam import ROOT_PARENT, beam_search
 from inference.events import BeamStep, Finished, Prefilled
 from tests.engine.tiny_models import tiny_config
 
@@ -43,10 +43,10 @@ def decode(ids: list[int]) -> str:
 
 
 def run(model, params: SamplingParams, eos: int | None = None, max_length: int = CONTEXT,
-        should_stop=None) -> list:
+        should_cancel=None) -> list:
     eos_token_ids = () if eos is None else (eos,)
     return list(beam_search(model, PROMPT, params, eos_token_ids=eos_token_ids, decode=decode,
-                            max_length=max_length, should_stop=should_stop))
+                            max_length=max_length, should_cancel=should_cancel))
 
 
 def greedy_tokens(model, num_tokens: int) -> list[int]:
@@ -143,10 +143,10 @@ def test_finished_text_leaves_out_eos(llama):
     assert finished.text == decode(list(finished.token_ids[:-1]))
 
 
-def test_should_stop_cancels_after_that_step(llama):
+def test_should_cancel_cancels_after_that_step(llama):
     calls = []
     events = run(llama, SamplingParams(num_beams=2, max_new_tokens=20, ignore_eos=True),
-                 should_stop=lambda: calls.append(1) or len(calls) >= 3)
+                 should_cancel=lambda: calls.append(1) or len(calls) >= 3)
     assert sum(isinstance(e, BeamStep) for e in events) == 3
     finished = events[-1]
     assert finished.finish_reason == "cancelled"

@@ -1,4 +1,4 @@
-"""inference.bundled: locating the GGUF, convert-once semantics, and conversion fidelity."""
+"""inference.models.bundled: locating the GGUF, convert-once semantics, and conversion fidelity."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import inference.bundled as bundled_module
-from inference.bundled import (MARKER_NAME, ConversionError, bundled_gguf_path, convert_gguf, ensure_converted,
+import inference.models.bundled as bundled_module
+from inference.models.bundled import (MARKER_NAME, ConversionError, bundled_gguf_path, convert_gguf, ensure_converted,
                                gguf_fingerprint, load_gguf, main, verify_conversion)
 
 

@@ -1,4 +1,4 @@
-"""inference.chat_template: identical text to transformers, spans, validation, reasoning."""
+"""inference.text.chat_template: identical text to transformers, spans, validation, reasoning."""
 from __future__ import annotations
 
 import re
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from inference.chat_template import (ChatTemplateError, RenderedPrompt, TemplateTokens, prompt_opens_reasoning,
-                                     render_chat, split_reasoning, validate_messages, validate_template)
+from inference.text.chat_template import (ChatTemplateError, RenderedPrompt, TemplateTokens, render_chat,
+                                          validate_messages, validate_template)
+from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser, split_reasoning, split_segments
 from tests.engine.tiny_models import make_tiny_tokenizer
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
@@ -253,3 +254,16 @@ def test_prompt_opens_reasoning() -> None:
     assert prompt_opens_reasoning(r1.text)
     closed = render_like(real_template_tokenizers()["qwen3"], CONVERSATIONS[0], enable_thinking=False)
     assert not prompt_opens_reasoning(closed.text)
+
+
+def test_split_segments_gives_blocks_and_answer_runs_with_offsets() -> None:
+    text = "Hi <think>a</think> mid <think>b"
+    assert [(s.kind, text[s.start:s.end], s.is_open) for s in split_segments(text)] == [
+        ("answer", "Hi ", False), ("reasoning", "a", False), ("answer", " mid ", False), ("reasoning", "b", True)]
+
+
+def test_segments_for_browser_count_utf16_units() -> None:
+    text = "<think>\U0001F600x</think>y"  # the emoji is two UTF-16 units
+    assert segments_for_browser(text) == [
+        {"kind": "reasoning", "start": 7, "end": 10, "is_open": False},
+        {"kind": "answer", "start": 18, "end": 19, "is_open": False}]

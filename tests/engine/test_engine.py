@@ -9,7 +9,7 @@ import torch
 
 from inference import EngineConfig, Finished, Prefilled, SamplingParams, Step
 from inference.engine import Engine
-from inference.kv_cache import ContiguousKVCache
+from inference.kv.cache import ContiguousKVCache
 from tests.engine.engines import engine_for, hf_greedy, run
 
 TINY_ARCHS = ["gpt2", "llama", "qwen2", "deepseek_v3"]
@@ -132,11 +132,11 @@ def test_stop_string_ends_text_before_it(engine, prompt_ids):
 def test_cancellation_is_checked_every_step(engine, prompt_ids):
     calls = []
 
-    def should_stop() -> bool:
+    def should_cancel() -> bool:
         calls.append(1)
         return len(calls) >= 3
 
-    events = list(engine.generate(prompt_ids, SamplingParams(greedy=True, max_new_tokens=50), should_stop))
+    events = list(engine.generate(prompt_ids, SamplingParams(greedy=True, max_new_tokens=50), should_cancel))
     steps = [e for e in events if isinstance(e, Step)]
     assert len(steps) == 3 and events[-1].finish_reason == "cancelled"
 
@@ -192,12 +192,26 @@ def test_bad_prompts_are_clear_errors(engine):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_greedy_on_cuda_matches_transformers(bundled_model_dir):
-    from inference.model_loader import load_model
+    from inference.models.loader import load_model
     loaded = load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="bfloat16"))
     engine = Engine(loaded, EngineConfig(device="cuda"))
     ids = engine.encode(PROMPT)
     _, steps, _ = run(engine, ids, greedy=True, max_new_tokens=16)
     assert [s.token_id for s in steps] == hf_greedy(loaded.model, ids, 16, loaded.eos_token_ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_repetition_penalty_and_seeded_sampling_run_on_cuda(bundled_model_dir):
+    """The penalty gathers logits (on CUDA) at the context ids: those must live there too."""
+    from inference.models.loader import load_model
+    loaded = load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="bfloat16"))
+    engine = Engine(loaded, EngineConfig(device="cuda"))
+    ids = engine.encode(PROMPT)
+    _, steps, finished = run(engine, ids, repetition_penalty=1.3, temperature=0.8, seed=7, max_new_tokens=12)
+    assert len(steps) == finished.num_generated_tokens > 0
+    _, again, _ = run(engine, ids, repetition_penalty=1.3, temperature=0.8, seed=7, max_new_tokens=12)
+    assert [s.token_id for s in again] == [s.token_id for s in steps]
 
 
 class ScriptedRunner:

@@ -35,7 +35,7 @@ def is_forbidden(module: str) -> bool:
 
 def test_engine_modules_are_found() -> None:
     modules = engine_modules()
-    assert "inference" in modules and "inference.tokenization" in modules
+    assert "inference" in modules and "inference.text.tokenization" in modules
 
 
 @pytest.mark.parametrize("module", engine_modules())

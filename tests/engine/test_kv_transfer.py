@@ -1,4 +1,4 @@
-"""The KV hand-over blob: a round trip continues a request token for token, and every broken,
+"""The KV handoff blob: a round trip continues a request token for token, and every broken,
 forged or mismatched blob is refused with a `KVTransferError` that says what is wrong."""
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from inference import SamplingParams, Step
-from inference.engine import Engine, Handoff
-from inference.kv_transfer import FORMAT_VERSION, MAGIC, KVSpec, KVTransferError, deserialize, serialize
+from inference.engine import Engine
+from inference.kv.transfer import Handoff
+from inference.kv.transfer import FORMAT_VERSION, MAGIC, KVSpec, KVTransferError, deserialize, serialize
 from tests.engine.engines import engine_for
 
 PROMPT_IDS = list(range(40, 70))

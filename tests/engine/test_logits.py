@@ -1,4 +1,4 @@
-"""inference.logits: each processor equals its transformers counterpart, is pure, keeps exactly
+"""inference.sampling.logits: each processor equals its transformers counterpart, is pure, keeps exactly
 the tokens it should, and runs in the documented order."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from transformers import (
 )
 
 from inference import SamplingParams
-from inference.logits import (
+from inference.sampling.logits import (
     MinP,
     RepetitionPenalty,
     Temperature,

@@ -1,4 +1,4 @@
-"""inference.model_loader: sources, device/dtype, limits, and readable load errors."""
+"""inference.models.loader: sources, device/dtype, limits, and readable load errors."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-import inference.bundled
+import inference.models.bundled
 from inference.config import EngineConfig
-from inference.model_loader import ModelLoadError, load_model, resolve_device, resolve_dtype
+from inference.models.loader import ModelLoadError, load_model, resolve_device, resolve_dtype
 from tests.engine.tiny_models import TINY_ARCHITECTURES, make_tiny_model, make_tiny_tokenizer
 
 
@@ -160,7 +160,7 @@ def test_gguf_source_is_converted_once_into_the_data_dir(tiny_folder: Path, tmp_
         conversions.append(Path(gguf_path))
         shutil.copytree(tiny_folder, out_dir, dirs_exist_ok=True)
 
-    monkeypatch.setattr(inference.bundled, "convert_gguf", fake_convert)
+    monkeypatch.setattr(inference.models.bundled, "convert_gguf", fake_convert)
     config = cpu(gguf, data_dir=str(tmp_path / "data"))
     first, second = load_model(config), load_model(config)
     assert conversions == [gguf]

@@ -6,8 +6,8 @@ import torch
 
 from inference import EngineConfig, Prefilled, Step
 from inference.engine import Engine
-from inference.kv_cache import layer_kv_nbytes
-from inference.prefix_cache import PrefixCache
+from inference.kv.cache import layer_kv_nbytes
+from inference.kv.prefix_cache import PrefixCache
 from tests.engine.engines import engine_for, run
 
 NUM_LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 4

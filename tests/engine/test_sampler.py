@@ -1,4 +1,4 @@
-"""inference.sampler: draws follow the processed distribution, filtered tokens never come out,
+"""inference.sampling.sampler: draws follow the processed distribution, filtered tokens never come out,
 seeds reproduce, greedy is argmax; and the distribution read-outs."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from scipy.stats import chisquare
 
 from inference import SamplingParams
-from inference.logits import apply_processors, build_processors
-from inference.sampler import Sampler, entropy, token_rank, top_alternatives
+from inference.sampling.logits import apply_processors, build_processors
+from inference.sampling.sampler import Sampler, entropy, token_rank, top_alternatives
 
 PROBS_6 = [0.3, 0.25, 0.2, 0.12, 0.08, 0.05]
 NUM_DRAWS = 20_000

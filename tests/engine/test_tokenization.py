@@ -1,4 +1,4 @@
-"""inference.tokenization: exact token bytes, pieces, and UTF-8-safe incremental decoding."""
+"""inference.text.tokenization: exact token bytes, pieces, and UTF-8-safe incremental decoding."""
 from __future__ import annotations
 
 import random
@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from inference.tokenization import (IncrementalDetokenizer, TokenInfo, encode, token_bytes, token_infos,
+from inference.text.tokenization import (IncrementalDetokenizer, TokenInfo, encode, token_bytes, token_infos,
                                     token_table, tokenize)
 from tests.engine.tiny_models import make_tiny_tokenizer
 

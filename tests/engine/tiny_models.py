@@ -11,7 +11,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (AutoModelForCausalLM, DeepseekV3Config, GPT2Config, LlamaConfig,
                           PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config)
 
-from inference.tokenization import bytes_to_unicode
+from inference.text.tokenization import bytes_to_unicode
 
 TINY_VOCAB_SIZE = 320  # 256 byte tokens + room for special tokens
 TINY_ARCHITECTURES = ("gpt2", "llama", "qwen2", "deepseek_v3")

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 import pytest
 from django.contrib.sessions.backends.db import SessionStore
 
-from playground import store
+from playground.coord import store
 from playground.models import Generation, LanguageModel
 
 

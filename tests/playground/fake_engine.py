@@ -2,16 +2,16 @@
 
 One token per character (id = code point); a chat is rendered with a real ChatML template;
 `generate` yields Prefilled, one Step per character of `answer`, then Finished, polling
-`should_stop` after every step like the real engine. No torch.
+`should_cancel` after every step like the real engine. No torch.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence
 
-from inference.chat_template import RenderedPrompt, render_chat
+from inference.text.chat_template import RenderedPrompt, render_chat
 from inference.events import Alternative, Beam, BeamStep, Event, Finished, Prefilled, Step
 from inference.sampling_params import SamplingParams
-from inference.tokenization import TokenInfo
+from inference.text.tokenization import TokenInfo
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -50,7 +50,7 @@ class FakeEngine:
         return [ord(c) for c in text]
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
+                 should_cancel: Callable[[], bool] | None = None) -> Iterator[Event]:
         self.prompt_ids = list(prompt_ids)
         yield Prefilled(num_prompt_tokens=len(prompt_ids), num_cached_tokens=0,
                         num_prefilled_tokens=len(prompt_ids), prefill_ms=5.0, kv_cache_bytes=100)
@@ -71,7 +71,7 @@ class FakeEngine:
                            piece=char, token_bytes=char.encode(), text_delta=char, logprob=0.0,
                            raw_logprob=-0.1, rank=1, entropy=0.2, latency_ms=1.0,
                            top_raw=(alternative,), top_processed=(alternative, filtered), kv_cache_bytes=100)
-            if should_stop is not None and should_stop():
+            if should_cancel is not None and should_cancel():
                 reason = "cancelled"
                 break
         num_generated = len(text)

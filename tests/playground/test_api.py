@@ -9,7 +9,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from playground import cancel, submit
+from playground.coord import cancel
+from playground.web import submit
 from playground.models import Conversation, Generation, SamplingPreset
 
 pytestmark = pytest.mark.django_db
@@ -129,5 +130,5 @@ def test_deleting_a_conversation_stops_its_running_generation(browser: Client) -
     queued = submit.generate(browser.session.session_key, {"content": "Hi!"})
     response = send(browser, "delete", f"/api/conversations/{queued.conversation_id}/", **csrf(browser))
     assert response.status_code == 204
-    assert cancel.is_stop_requested(queued.generation_id)
+    assert cancel.is_cancel_requested(queued.generation_id)
     assert not Generation.objects.filter(pk=queued.generation_id).exists()

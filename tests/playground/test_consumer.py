@@ -11,7 +11,10 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
-from playground import cancel, consumers, protocol, runner, tasks
+from playground.coord import cancel
+from playground.web import consumers
+from playground import protocol, tasks
+from playground.worker import generation
 from playground.asgi import application
 from playground.models import Conversation, Generation, Message
 
@@ -149,7 +152,7 @@ async def test_stop_sets_the_flag_the_worker_reads(ws: WebsocketCommunicator) ->
                                                                                       started_at=timezone.now())
     await ws.send_json_to({"command": "stop", "generation_id": queued["generation_id"]})
     assert await ws.receive_nothing(timeout=0.2)  # the worker will report the end, not the consumer
-    assert await sync_to_async(cancel.is_stop_requested)(queued["generation_id"])
+    assert await sync_to_async(cancel.is_cancel_requested)(queued["generation_id"])
 
 
 async def test_stopping_a_queued_generation_ends_it_at_once(ws: WebsocketCommunicator) -> None:
@@ -170,7 +173,7 @@ async def test_a_foreign_origin_cannot_connect(session_key: str) -> None:
 async def test_events_of_a_generation_flow_from_the_worker_to_the_socket(session_key: str,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # "Eager" worker: the enqueued task runs the real runner (with a fake engine) at once.
-    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: runner.run_generation(
+    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: generation.run_generation(
         args[0], "eager", load_engine=lambda model: FakeEngine("Hi you")))
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]

@@ -1,4 +1,11 @@
-"""The web process never imports torch: the worker loads the engine lazily."""
+"""Which process runs what, enforced: `playground/web/` (the ASGI process) never imports torch,
+the engine's device code or the worker; `playground/worker/` never imports the web side;
+`playground/coord/` (used by both) imports neither.
+
+Two checks, as for the engine: the web process's modules imported in a fresh interpreter leave
+no heavy module in `sys.modules` (catches indirect imports), and a static scan of every import
+statement in each package (catches imports inside functions that the first check never runs).
+"""
 from __future__ import annotations
 
 import os
@@ -6,20 +13,53 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.engine.test_import_boundary import imported_names
+
 REPO_DIR = Path(__file__).resolve().parents[2]
+APP_DIR = REPO_DIR / "playground"
+
+# What each package must never import (a name or any submodule of it).
+FORBIDDEN = {
+    "web": ("torch", "transformers", "inference.engine", "inference.models", "inference.kv", "playground.worker"),
+    "worker": ("playground.web",),
+    "coord": ("torch", "transformers", "inference.engine", "inference.models", "playground.web", "playground.worker"),
+}
 
 PROBE = """
 import sys
 import django
 django.setup()
-import playground.admin, playground.api, playground.asgi, playground.consumers, playground.runner, playground.tasks
-heavy = sorted(name for name in ("torch", "transformers", "inference.engine") if name in sys.modules)
+import playground.admin, playground.asgi, playground.dispatch, playground.tasks, playground.urls
+import playground.web.api, playground.web.consumers, playground.web.pages, playground.web.submit
+heavy = sorted(name for name in sys.modules
+               if name.split(".")[0] in ("torch", "transformers")
+               or name.startswith(("inference.engine", "inference.models", "playground.worker")))
 print(",".join(heavy))
 """
 
 
-def test_the_web_process_modules_do_not_import_torch() -> None:
+def is_under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_web_process_modules_do_not_import_torch_or_the_worker() -> None:
     result = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO_DIR, capture_output=True, text=True,
                             timeout=120, env={**os.environ, "DJANGO_SETTINGS_MODULE": "playground.settings"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_static_scan_finds_no_import_across_the_boundary(package: str) -> None:
+    files = sorted((APP_DIR / package).rglob("*.py"))
+    assert files, f"playground/{package}/ is empty"
+    offenders = {str(path.relative_to(REPO_DIR)): bad for path in files
+                 if (bad := [n for n in imported_names(path.read_text()) if is_under(n, FORBIDDEN[package])])}
+    assert offenders == {}
+
+
+def test_static_scan_sees_a_lazy_import_across_the_boundary() -> None:
+    source = "def f():\n    from playground.worker import generation\n    import torch.nn"
+    assert [n for n in imported_names(source) if is_under(n, FORBIDDEN["web"])] == ["playground.worker", "torch.nn"]

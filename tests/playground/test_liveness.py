@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from playground import liveness
+from playground.coord import liveness
 from playground.models import Generation
 
 from .conftest import make_generation

@@ -1,5 +1,5 @@
 """Prefill/decode disaggregation with real (tiny) engines and a real Redis, workers as calls:
-the same tokens as colocated, the hand-over record, liveness between the workers, and a
+the same tokens as colocated, the handoff record, liveness between the workers, and a
 clear `kv_handoff_failed` for a blob that is missing, expired or corrupt."""
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from django.utils import timezone
 
 from inference.engine import Engine
 from inference.sampling_params import SamplingParams
-from playground import cancel, kv_store, liveness, pd, runner, store, tasks
+from playground.coord import cancel, kv_store, liveness, store
+from playground import dispatch
+from playground.worker import generation, prefill_decode as pd
+from playground import tasks
 from playground.asgi import application
 from playground.models import Generation
 from playground.protocol import CommandError, is_terminal
@@ -45,7 +48,7 @@ def queue_completion(session_key: str, **params: Any) -> Generation:
 
 def run_colocated(generation_id: int, engines: dict[str, Engine]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
-    runner.run_generation(generation_id, "gpu-1", load_engine=lambda model: engines["colocated"], send=events.append)
+    generation.run_generation(generation_id, "gpu-1", load_engine=lambda model: engines["colocated"], send=events.append)
     return events
 
 
@@ -112,7 +115,7 @@ def test_the_stream_has_one_handoff_event_between_the_first_token_and_the_rest(s
     assert events[0]["worker"] == "prefill-1"
 
 
-def test_the_hand_over_is_reported_in_the_event_the_stats_and_the_row(session_key: str,
+def test_the_handoff_is_reported_in_the_event_the_stats_and_the_row(session_key: str,
                                                                        engines: dict[str, Engine]) -> None:
     generation = queue_completion(session_key, **GREEDY)
     events = run_disaggregated(generation.pk, engines)
@@ -202,11 +205,11 @@ def test_a_decode_task_runs_once(session_key: str, engines: dict[str, Engine]) -
 def test_a_stop_while_waiting_for_the_decode_worker_ends_it_cancelled(session_key: str,
                                                                       engines: dict[str, Engine]) -> None:
     generation = queue_completion(session_key, **GREEDY)
-    events = run_disaggregated(generation.pk, engines, before_decode=lambda key: cancel.request_stop(generation.pk))
+    events = run_disaggregated(generation.pk, engines, before_decode=lambda key: cancel.request_cancel(generation.pk))
     finished = events[-1]
     assert (finished["type"], finished["finish_reason"]) == ("generation.finished", "cancelled")
     assert finished["stats"]["num_generated_tokens"] == 1
-    assert not cancel.is_stop_requested(generation.pk)
+    assert not cancel.is_cancel_requested(generation.pk)
 
 
 # ---- a blob that cannot be loaded --------------------------------------------------------------
@@ -285,9 +288,9 @@ def test_a_store_that_fails_ends_the_generation_on_the_prefill_worker(session_ke
 # ---- which mode, and the tasks --------------------------------------------------------------------
 
 def test_the_pd_field_must_be_a_boolean() -> None:
-    assert pd.requested({}) is None and pd.requested({"pd": True}) is True
+    assert dispatch.pd_requested({}) is None and dispatch.pd_requested({"pd": True}) is True
     with pytest.raises(CommandError) as refused:
-        pd.requested({"pd": "yes"})
+        dispatch.pd_requested({"pd": "yes"})
     assert refused.value.code == "invalid_field"
 
 
@@ -305,7 +308,7 @@ def test_enqueue_picks_the_queue_from_the_setting_and_the_request(settings: Any,
     monkeypatch.setattr(tasks.run_generation, "apply_async",
                         lambda args, **options: sent.append(("run_generation", args[0])))
     with django_capture_on_commit_callbacks(execute=True):
-        tasks.enqueue(42, pd_requested)
+        dispatch.enqueue(42, pd_requested)
     assert sent == [(task, 42)]
 
 

@@ -1,7 +1,7 @@
 """Step coalescing: a message every few steps or a few ms, whichever comes first."""
 from __future__ import annotations
 
-from playground.publisher import StepCoalescer
+from playground.worker.publisher import StepCoalescer
 
 
 class FakeClock:

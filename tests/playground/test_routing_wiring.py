@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 
-from playground import store, tasks, worker_routing
+from playground.coord import store, worker_routing
+from playground import dispatch, tasks
 from playground.models import Generation
 
 from .fake_engine import FakeEngine
-from .test_runner import queue_chat, run
+from .test_generation import queue_chat, run
 
 pytestmark = pytest.mark.django_db
 
@@ -32,16 +33,16 @@ def test_a_chat_turn_records_its_worker_and_the_next_turn_goes_there(session_key
     sent = sent_queues(monkeypatch)
     r.set(worker_routing.alive_key("worker-1"), 1)
     with django_capture_on_commit_callbacks(execute=True):
-        tasks.enqueue(99, conversation_id=first.conversation_id)
+        dispatch.enqueue(99, conversation_id=first.conversation_id)
     worker_routing.set_busy(r, "worker-1", True)
     with django_capture_on_commit_callbacks(execute=True):
-        tasks.enqueue(100, conversation_id=first.conversation_id)
+        dispatch.enqueue(100, conversation_id=first.conversation_id)
     assert sent == [(99, worker_routing.worker_queue("worker-1")), (100, worker_routing.SHARED_QUEUE)]
 
 
 def test_a_generation_claimed_elsewhere_is_not_run_twice(session_key: str) -> None:
     queued = queue_chat(session_key, "Hi!")
-    assert worker_routing.claim(store.client(), queued.generation_id, "worker-0")
+    assert worker_routing.claim_delivery(store.client(), queued.generation_id, "worker-0")
     assert run(queued.generation_id) == []  # the copy that lost the claim does nothing
     assert Generation.objects.get(pk=queued.generation_id).status == Generation.Status.QUEUED
 
@@ -55,8 +56,8 @@ def test_a_turn_stranded_on_a_dead_workers_queue_is_resent_once(session_key: str
     assert worker_routing.route(r, queued.generation_id, queued.conversation_id) == "gpu.gone"
     r.delete(worker_routing.alive_key("gone"))  # the owner dies before claiming the task
     sent = sent_queues(monkeypatch)
-    assert tasks.reroute_if_stranded(queued.generation_id)
-    assert not tasks.reroute_if_stranded(queued.generation_id)
+    assert dispatch.reroute_if_stranded(queued.generation_id)
+    assert not dispatch.reroute_if_stranded(queued.generation_id)
     assert sent == [(queued.generation_id, worker_routing.SHARED_QUEUE)]
     events = run(queued.generation_id)
     assert events[-1]["type"] == "generation.finished"

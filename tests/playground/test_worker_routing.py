@@ -7,7 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
-from playground import worker_routing as wr
+from playground.coord import worker_routing as wr
 
 ROUTING_DB = 11  # not the broker/channel-layer DB other tests of the session may use
 
@@ -75,12 +75,12 @@ def test_routing_falls_back_to_the_shared_queue_when_redis_is_down():
     assert wr.route(unreachable, 1, conversation_id=7) == "gpu"
 
 
-def test_claim_is_exclusive(r):
-    assert wr.claim(r, 42, "w1@host") is True
-    assert wr.claim(r, 42, "w2@host") is False
-    assert wr.claim(r, 42, "w1@host") is False  # not even the same worker twice
+def test_claim_delivery_is_exclusive(r):
+    assert wr.claim_delivery(r, 42, "w1@host") is True
+    assert wr.claim_delivery(r, 42, "w2@host") is False
+    assert wr.claim_delivery(r, 42, "w1@host") is False  # not even the same worker twice
     assert wr.claimed_by(r, 42) == "w1@host"
-    assert wr.claim(r, 43, "w2@host") is True
+    assert wr.claim_delivery(r, 43, "w2@host") is True
 
 
 class FakeBroker:
@@ -95,7 +95,7 @@ class FakeBroker:
 
     def run_next(self, r: redis.Redis, queue: str, worker_name: str) -> None:
         generation_id = self.queues[queue].pop(0)
-        if wr.claim(r, generation_id, worker_name):
+        if wr.claim_delivery(r, generation_id, worker_name):
             self.runs.append((generation_id, worker_name))
 
 

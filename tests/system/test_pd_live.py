@@ -84,7 +84,7 @@ def test_disaggregated_generates_the_tokens_of_colocated(tab: BrowserTab, worker
     assert status == 200 and record["stats"]["decode_worker"] == handoff["decode_worker"]
 
 
-def test_a_decode_worker_killed_after_the_hand_over_ends_with_one_worker_lost_error(tab: BrowserTab,
+def test_a_decode_worker_killed_after_the_handoff_ends_with_one_worker_lost_error(tab: BrowserTab,
                                                                                      workers: PDWorkers) -> None:
     with tab.connect() as ws:
         send(ws, "generate", content=QUESTION, overrides=ENDLESS, pd=True)
@@ -104,7 +104,7 @@ def test_a_decode_worker_killed_after_the_hand_over_ends_with_one_worker_lost_er
 def test_a_kv_blob_lost_before_the_decode_worker_came_ends_with_kv_handoff_failed(tab: BrowserTab,
                                                                                    workers: PDWorkers,
                                                                                    live_stack: LiveStack) -> None:
-    workers.services["decode"].kill()  # the hand-over waits in the decode queue
+    workers.services["decode"].kill()  # the handoff waits in the decode queue
     with tab.connect() as ws:
         send(ws, "generate", content=QUESTION, overrides=GREEDY, pd=True)
         events = receive_until(ws, after_steps(1))

@@ -1,0 +1,27 @@
+"""Benchmarks, printed side by side in one run: `python -m inference.bench [mode] [--quick]`.
+
+Modes: `decode` (default: our prefill/decode vs `model.generate`, and decode speed as a
+fraction of the memory-bandwidth bound), `prefix` (prefix-cache time to first token), `pd`
+(colocated vs disaggregated prefill/decode). The last line printed is `key=value` pairs.
+Ratios, not absolute numbers, are the point: both sides run in the same process,
+interleaved, best of N, so machine noise hits both.
+"""
+from __future__ import annotations
+
+import statistics
+
+MODES = ("decode", "prefix", "pd")
+
+
+def format_keys(results: dict) -> str:
+    """The last line of every benchmark: `key=value` pairs, floats to 4 significant digits."""
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items())
+
+
+def percentile(values: list[float], q: int) -> float:
+    """The q-th percentile (inclusive method); 0.0 for no values."""
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]

@@ -1,0 +1,199 @@
+"""EngineConfig -> a loaded model and tokenizer (`LoadedModel`).
+
+Owns: resolving `EngineConfig.source` (the bundled model, a Hugging Face folder, a `.gguf`
+file converted once into the data dir, or a hub id already in the local HF cache; nothing
+is ever downloaded), choosing device and dtype, and turning every way a load can fail into
+one `ModelLoadError` that names the model and what is wrong.
+Must not know: generation, sampling, chat rendering, Django.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inference.models.bundled import (BUNDLED_GGUF_NAME, ConversionError, Progress, ensure_bundled_model,
+                               ensure_converted, say)
+from inference.config import BUNDLED_MODEL, EngineConfig
+
+BUNDLED_NAME = BUNDLED_GGUF_NAME.split(".")[0]  # "SmolLM2-135M-Instruct"
+
+
+class ModelLoadError(ValueError):
+    """The model could not be loaded; the message names the model and the reason."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for inference (eval mode, on `device`) and everything read with it."""
+
+    model: Any                  # transformers PreTrainedModel
+    tokenizer: Any              # transformers tokenizer
+    name: str
+    source_path: Path
+    dtype: torch.dtype
+    device: torch.device
+    chat_template: str | None   # the model's own; None when it ships without one
+    max_context: int            # min(EngineConfig.max_context, the model's position limit)
+    eos_token_ids: tuple[int, ...]
+
+
+def architecture_of(model: Any) -> str:
+    """The checkpoint's architecture name (config.architectures[0]), else the model class's."""
+    return (getattr(model.config, "architectures", None) or [type(model).__name__])[0]
+
+
+def load_model(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
+    """Load `config.source` (slow: do it once per process)."""
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    folder, name = resolve_source(config, progress)
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
+    tokenizer = _load_tokenizer(folder, config.trust_remote_code, progress)
+    model = _load_weights(folder, dtype, device, config.trust_remote_code, progress)
+    loaded = LoadedModel(
+        model=model, tokenizer=tokenizer, name=name, source_path=folder, dtype=dtype, device=device,
+        chat_template=_chat_template(tokenizer), max_context=_max_context(model, config, folder),
+        eos_token_ids=_eos_token_ids(model, tokenizer))
+    say(progress, f"{name} ready on {device} in {str(dtype).removeprefix('torch.')}")
+    return loaded
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto" is CUDA when available, else CPU; asking for CUDA without it is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise ModelLoadError(
+                f"device={device!r} was asked for but CUDA is not available (torch {torch.__version__} is {build})")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return resolved
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """"auto" is bfloat16 on CUDA (float16 on GPUs without bfloat16) and float32 on CPU,
+    where bfloat16 matmuls are slower than float32."""
+    if dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def resolve_source(config: EngineConfig, progress: Progress | None = None) -> tuple[Path, str]:
+    """(a local Hugging Face model folder, a display name) for `config.source`."""
+    source = config.source
+    try:
+        if source == BUNDLED_MODEL:
+            return ensure_bundled_model(config.resolved_data_dir, progress), BUNDLED_NAME
+        path = Path(source).expanduser()
+        if source.lower().endswith(".gguf"):
+            return _converted_gguf(path, config.resolved_data_dir, progress), path.stem
+    except ConversionError as error:
+        raise ModelLoadError(str(error)) from error
+    if path.is_dir():
+        return path.resolve(), path.resolve().name
+    if path.exists():
+        raise ModelLoadError(f"model source {source} is a file, not a model folder or a .gguf file")
+    if _looks_like_path(source):
+        raise ModelLoadError(f"model folder {source} does not exist")
+    return _cached_hub_snapshot(source), source
+
+
+def _converted_gguf(gguf_path: Path, data_dir: Path, progress: Progress | None) -> Path:
+    if not gguf_path.is_file():
+        raise ModelLoadError(f"GGUF file {gguf_path} does not exist")
+    stat = gguf_path.stat()
+    # a changed file (path, size or mtime) gets a fresh folder; the old one stays valid for its file
+    key = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return ensure_converted(gguf_path, data_dir / "models" / f"{gguf_path.stem}-{digest}", progress)
+
+
+def _looks_like_path(source: str) -> bool:
+    # hub ids are "name" or "org/name"; anything else is meant as a path
+    return os.path.isabs(source) or source.startswith((".", "~")) or source.count("/") > 1
+
+
+def _cached_hub_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id=repo_id, local_files_only=True))
+    except Exception as error:  # not cached, or not even a valid id
+        detail = "" if isinstance(error, LocalEntryNotFoundError) else f" ({_summary(error)})"
+        raise ModelLoadError(
+            f"model {repo_id!r} is neither a local folder nor in the Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}); downloads are disabled, so fetch it first "
+            f"(e.g. `hf download {repo_id}`) or give a folder path{detail}") from error
+
+
+def _load_tokenizer(folder: Path, trust_remote_code: bool, progress: Progress | None) -> Any:
+    from transformers import AutoTokenizer
+
+    say(progress, f"loading the tokenizer from {folder}")
+    try:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, local_files_only=True)
+    except Exception as error:
+        raise ModelLoadError(f"cannot load the tokenizer from {folder}: {_summary(error)}") from error
+
+
+def _load_weights(folder: Path, dtype: torch.dtype, device: torch.device, trust_remote_code: bool,
+                  progress: Progress | None) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    say(progress, f"loading the weights from {folder} ({str(dtype).removeprefix('torch.')}, {device})")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, device_map=str(device), trust_remote_code=trust_remote_code, local_files_only=True)
+    except Exception as error:
+        raise ModelLoadError(f"cannot load the model from {folder}: {_summary(error)}") from error
+    return model.eval()
+
+
+def _chat_template(tokenizer: Any) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the default one is the chat one
+        template = template.get("default")
+    return template or None
+
+
+def _max_context(model: Any, config: EngineConfig, folder: Path) -> int:
+    text_config = model.config.get_text_config()
+    model_limit = next((getattr(text_config, name) for name in ("max_position_embeddings", "n_positions")
+                        if getattr(text_config, name, None)), None)
+    limits = [limit for limit in (config.max_context, model_limit) if limit]
+    if not limits:
+        raise ModelLoadError(f"{folder} does not state its context length; set max_context")
+    return int(min(limits))
+
+
+def _eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    generation_config = getattr(model, "generation_config", None)
+    from_generation = getattr(generation_config, "eos_token_id", None)
+    if from_generation is None:
+        from_generation = []
+    elif isinstance(from_generation, int):
+        from_generation = [from_generation]
+    ids = [*from_generation, tokenizer.eos_token_id]
+    return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def _summary(error: BaseException) -> str:
+    """The error's type and message on one line: enough to act on, without the traceback."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    if len(text) > 800:
+        text = text[:797] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -1,0 +1,57 @@
+"""Every Redis key name the playground uses, in one place (the channel layer and the Celery
+broker name their own).
+
+All keys start with `playground:`. Each is written by one side and read by the other; the
+comment says who. Keys with a TTL expire on their own, so a killed process leaks nothing.
+"""
+from __future__ import annotations
+
+PREFIX = "playground:"
+WORKER_ALIVE_PREFIX = PREFIX + "worker:"  # liveness counts every key under it as a live worker
+KV_BLOB_PREFIX = PREFIX + "kv:"
+
+
+def worker_alive(worker_name: str) -> str:
+    """Refreshed by a worker process while it lives (liveness, routing read it)."""
+    return WORKER_ALIVE_PREFIX + worker_name
+
+
+def worker_busy(worker_name: str) -> str:
+    """Set by a worker while it runs a generation (routing reads it). Not under
+    `WORKER_ALIVE_PREFIX`: liveness counts keys there as live workers."""
+    return f"{PREFIX}worker-busy:{worker_name}"
+
+
+def generation_alive(generation_id: int | str) -> str:
+    """Refreshed by the worker running a generation (the consumer's watchdog reads it)."""
+    return f"{PREFIX}generation:{generation_id}"
+
+
+def generation_claimed(generation_id: int | str) -> str:
+    """The worker that won the exactly-once delivery of a generation's task (SET NX)."""
+    return f"{PREFIX}generation:{generation_id}:claimed"
+
+
+def generation_route(generation_id: int | str) -> str:
+    """Which private queue a generation was sent to, and when (for the re-send of a stranded one)."""
+    return f"{PREFIX}generation:{generation_id}:route"
+
+
+def generation_rerouted(generation_id: int | str) -> str:
+    """Set once a stranded generation was re-sent to the shared queue (at most one re-send)."""
+    return f"{PREFIX}generation:{generation_id}:rerouted"
+
+
+def cancel_requested(generation_id: int | str) -> str:
+    """Set by the web side when a user stops a generation; the worker reads it every step."""
+    return f"{PREFIX}cancel:{generation_id}"
+
+
+def prefix_owner(conversation_id: int | str) -> str:
+    """The worker whose prefix cache holds a conversation's last turn (routing)."""
+    return f"{PREFIX}prefix-owner:{conversation_id}"
+
+
+def kv_blob(name: str) -> str:
+    """A KV blob's manifest; its chunks are `kv_blob(name) + ":<n>"` (prefill -> decode handoff)."""
+    return KV_BLOB_PREFIX + name

@@ -1,0 +1,56 @@
+"""Where a generation goes: colocated or prefill/decode disaggregated, which queue, and the
+re-send of one stranded on a dead worker's queue.
+
+Owns: the PD mode (`PLAYGROUND_PD_MODE`, overridable per request by the command field
+`"pd"`), cache-aware routing wired to the Celery tasks, the decode task's enqueue after a
+handoff. Runs in both processes (the consumer enqueues, the prefill worker enqueues the
+decode), so it imports neither torch nor the worker package: tasks are sent by their
+Celery objects, whose bodies import the worker lazily.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from playground import tasks
+from playground.coord import store, worker_routing
+from playground.protocol import get_field
+
+
+def pd_requested(content: dict[str, Any]) -> bool | None:
+    """The command's optional `"pd"`: true/false overrides PLAYGROUND_PD_MODE for this request."""
+    return get_field(content, "pd", bool)
+
+
+def is_disaggregated(pd_requested: bool | None) -> bool:
+    return pd_requested if pd_requested is not None else settings.PLAYGROUND_PD_MODE == "disaggregated"
+
+
+def enqueue(generation_id: int, pd_requested: bool | None = None, conversation_id: int | None = None) -> None:
+    """Queues the generation once the transaction that created its row has committed: on
+    "prefill" when prefill and decode run disaggregated (`is_disaggregated`); otherwise on
+    the private queue of the worker that holds the conversation's prefix in its KV cache when
+    that worker is alive and idle (`worker_routing`), else on the shared "gpu" queue."""
+    if is_disaggregated(pd_requested):
+        transaction.on_commit(lambda: tasks.run_prefill.delay(generation_id))
+        return
+    transaction.on_commit(lambda: _send(generation_id, worker_routing.route(store.client(), generation_id,
+                                                                            conversation_id)))
+
+
+def reroute_if_stranded(generation_id: int) -> bool:
+    """Re-sends a generation whose chosen worker died (or stalled) before claiming it to "gpu";
+    the worker-side claim makes the late original a no-op. Called by the consumer's watchdog."""
+    return worker_routing.reroute_if_unclaimed(store.client(), generation_id,
+                                               lambda queue: _send(generation_id, queue))
+
+
+def enqueue_decode(generation_id: int, blob_key: str) -> None:
+    """Called by the prefill worker once the KV blob is stored: no task waits on another."""
+    tasks.run_decode.delay(generation_id, blob_key)
+
+
+def _send(generation_id: int, queue: str) -> None:
+    tasks.run_generation.apply_async((generation_id,), queue=queue)

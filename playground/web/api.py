@@ -1,0 +1,160 @@
+"""The HTTP JSON endpoints of docs/protocol.md: models, presets, conversations, generations.
+
+Owns: request parsing, session ownership and the JSON shapes of the records. Errors answer
+`{"error": {"code", "message"}}` with a 4xx status. Mutations go through Django's CSRF
+middleware (header `X-CSRFToken`).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Callable
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.csrf import csrf_failure as html_csrf_failure
+
+from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
+from playground.coord import cancel, liveness
+from playground.models import Conversation, Generation, LanguageModel, Message, SamplingPreset
+from playground.protocol import CommandError, get_field, prompt_record
+from playground.web.submit import owned_conversation, owned_generation, resolve_model, resolve_preset
+
+_STATUS_BY_CODE = {"not_found": 404, "too_many_generations": 429}
+
+View = Callable[..., HttpResponse]
+
+
+def error_response(code: str, message: str, status: int) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """`CSRF_FAILURE_VIEW`: JSON for the API, Django's page elsewhere."""
+    if request.path.startswith("/api/"):
+        return error_response("csrf_failed", f"CSRF check failed ({reason}): send the csrftoken cookie's "
+                                             "value in the X-CSRFToken header", 403)
+    return html_csrf_failure(request, reason)
+
+
+def endpoint(*methods: str) -> Callable[[View], View]:
+    """Allows `methods` only and turns a `CommandError` into the JSON error answer."""
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                return error_response("method_not_allowed", f"{request.method} is not allowed here; "
+                                                            f"use {', '.join(methods)}", 405)
+            try:
+                return view(request, *args, **kwargs)
+            except CommandError as exc:
+                return error_response(exc.code, exc.message, _STATUS_BY_CODE.get(exc.code, 400))
+        return wrapper
+    return decorate
+
+
+def _body(request: HttpRequest) -> dict[str, Any]:
+    try:
+        body = json.loads(request.body or b"{}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CommandError("bad_json", f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise CommandError("bad_json", "the body must be a JSON object")
+    return body
+
+
+# Shapes ----------------------------------------------------------------------------------
+
+def message_json(message: Message) -> dict[str, Any]:
+    generation = message.generation
+    segments = (segments_for_browser(message.content, starts_in_reasoning=generation is not None
+                                     and prompt_opens_reasoning(generation.prompt_text))
+                if message.role == Message.Role.ASSISTANT else [])
+    return {"id": message.pk, "role": message.role, "content": message.content, "segments": segments,
+            "created_at": message.created_at.isoformat(), "generation_id": message.generation_id,
+            "stats": generation.stats if generation else None,
+            "status": generation.status if generation else None}
+
+
+def conversation_json(conversation: Conversation, messages: list[Message]) -> dict[str, Any]:
+    return {"id": conversation.pk, "title": conversation.title, "system_prompt": conversation.system_prompt,
+            "model_id": conversation.model_id, "preset_id": conversation.preset_id,
+            "created_at": conversation.created_at.isoformat(), "updated_at": conversation.updated_at.isoformat(),
+            "messages": [message_json(m) for m in messages]}
+
+
+def generation_json(generation: Generation) -> dict[str, Any]:
+    prompt = prompt_record(generation.prompt_text, generation.prompt.get("spans", []),
+                           generation.prompt.get("tokens", []))
+    error = ({"code": generation.error_code, "message": generation.error_message}
+             if generation.status == Generation.Status.ERROR else None)
+    return {"id": generation.pk, "kind": generation.kind, "status": generation.status,
+            "params": generation.params, "prompt": prompt, "text": generation.text,
+            "finish_reason": generation.finish_reason, "error": error, "stats": generation.stats,
+            "steps": generation.steps}
+
+
+# Views -----------------------------------------------------------------------------------
+
+@endpoint("GET")
+def model_list(request: HttpRequest) -> HttpResponse:
+    rows = LanguageModel.objects.filter(is_enabled=True)
+    return JsonResponse([{"id": m.pk, "name": m.name, "is_default": m.is_default, "max_context": m.max_context}
+                         for m in rows], safe=False)
+
+
+@endpoint("GET")
+def preset_list(request: HttpRequest) -> HttpResponse:
+    return JsonResponse([{"id": p.pk, "name": p.name, "is_default": p.is_default,
+                          "params": p.to_sampling_params().to_dict()} for p in SamplingPreset.objects.all()],
+                        safe=False)
+
+
+def _apply_fields(conversation: Conversation, body: dict[str, Any]) -> None:
+    """Sets the editable fields present in `body` (null model/preset: back to the default)."""
+    for name in ("title", "system_prompt"):
+        if name in body:
+            setattr(conversation, name, get_field(body, name, str, default=""))
+    if "model_id" in body:
+        model_id = get_field(body, "model_id", int)
+        conversation.model = None if model_id is None else resolve_model(model_id)
+    if "preset_id" in body:
+        preset_id = get_field(body, "preset_id", int)
+        conversation.preset = None if preset_id is None else resolve_preset(preset_id)
+
+
+@endpoint("GET", "POST")
+def conversation_list(request: HttpRequest) -> HttpResponse:
+    session_key = request.session.session_key
+    if request.method == "POST":
+        conversation = Conversation(session_key=session_key)
+        _apply_fields(conversation, _body(request))
+        conversation.save()
+        return JsonResponse(conversation_json(conversation, []), status=201)
+    rows = Conversation.objects.filter(session_key=session_key).order_by("-updated_at")
+    return JsonResponse([{"id": c.pk, "title": c.title, "updated_at": c.updated_at.isoformat()} for c in rows],
+                        safe=False)
+
+
+@endpoint("GET", "PATCH", "DELETE")
+def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    row = owned_conversation(request.session.session_key, conversation_id)
+    if request.method == "DELETE":
+        active = row.generations.filter(status__in=Generation.ACTIVE_STATUSES)
+        for generation_id in active.values_list("pk", flat=True):
+            cancel.request_cancel(generation_id)  # no worker time for an answer nobody will read
+        row.delete()
+        return HttpResponse(status=204)
+    if request.method == "PATCH":
+        _apply_fields(row, _body(request))
+        row.save()
+    liveness.reconcile(row.generations.filter(status__in=Generation.ACTIVE_STATUSES))
+    messages = row.active_messages().select_related("generation")
+    return JsonResponse(conversation_json(row, list(messages)))
+
+
+@endpoint("GET")
+def generation_detail(request: HttpRequest, generation_id: int) -> HttpResponse:
+    row = owned_generation(request.session.session_key, generation_id)
+    if row.is_active and liveness.mark_lost_if_stale(row):
+        row.refresh_from_db()
+    return JsonResponse(generation_json(row))

@@ -1,0 +1,151 @@
+"""The generation WebSocket (`/ws/generate/`): a thin adapter between the browser and the
+channel-layer groups the workers publish to.
+
+Owns: command parsing and refusal, following the generations this socket started (group
+membership, the worker watchdog) and delivering exactly one terminal event for each.
+The record keeping lives in `submit`, the wire shapes in `protocol`. Must not import torch
+or the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from playground import dispatch, protocol
+from playground.coord import liveness
+from playground.models import Generation
+from playground.protocol import CommandError, get_field
+from playground.web import submit
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 1.0
+# The watchdog reports an ended generation from the DB only after seeing it ended this many
+# times in a row: the worker's own terminal event may still be on its way.
+NUM_ENDED_CHECKS = 2
+
+
+class GenerationConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        session = self.scope["session"]
+        if not session.session_key:  # a client that never loaded a page: give it a session
+            await database_sync_to_async(session.save)()
+        self.session_key: str = session.session_key
+        self.watchdogs: dict[int, asyncio.Task[None]] = {}  # the generations this socket follows
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        # The generations go on (their answers are saved); this socket just stops following.
+        for generation_id in list(self.watchdogs):
+            await self._unfollow(generation_id)
+
+    # ---- commands ------------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        try:
+            content = json.loads(text_data if text_data is not None else bytes_data)
+        except (TypeError, ValueError) as exc:
+            await self.send_json(protocol.error("bad_json", f"not valid JSON: {exc}"))
+            return
+        if not isinstance(content, dict):
+            await self.send_json(protocol.error("bad_json", "each message must be a JSON object"))
+            return
+        await self.receive_json(content)
+
+    async def receive_json(self, content: dict[str, Any], **kwargs: Any) -> None:
+        request_id = content.get("request_id") if isinstance(content.get("request_id"), str) else None
+        try:
+            get_field(content, "request_id", str)
+            command = content.get("command")
+            if command == "stop":
+                await self._stop(content)
+            elif isinstance(command, str) and command in submit.COMMANDS:
+                await self._start(command, content, request_id)
+            else:
+                raise CommandError("unknown_command", f"unknown command {command!r}; expected one of "
+                                                      f"{', '.join([*submit.COMMANDS, 'stop'])}")
+        except CommandError as exc:
+            await self.send_json(protocol.error(exc.code, exc.message, request_id))
+        except Exception:
+            logger.exception("command %r failed", content.get("command"))
+            await self.send_json(protocol.error("internal_error", "the server failed to run this command",
+                                                request_id))
+
+    async def _start(self, command: str, content: dict[str, Any], request_id: str | None) -> None:
+        pd_requested = dispatch.pd_requested(content)  # checked before anything is written
+        queued = await database_sync_to_async(submit.submit)(command, self.session_key, content)
+        generation_id = queued.generation_id
+        # Join the group before the task exists, so no event of the worker can be missed; they
+        # wait in this consumer's queue until `generation.queued` has gone out.
+        await self.channel_layer.group_add(protocol.group_name(generation_id), self.channel_name)
+        self.watchdogs[generation_id] = asyncio.create_task(self._watch(generation_id))
+        try:
+            await database_sync_to_async(dispatch.enqueue)(generation_id, pd_requested, queued.conversation_id)
+            ended = None
+        except Exception as exc:
+            logger.exception("generation %s could not be queued", generation_id)
+            ended = await database_sync_to_async(submit.fail)(
+                generation_id, "internal_error", f"the task queue is unreachable: {exc}")
+        await self.send_json(protocol.generation_queued(
+            request_id, generation_id, queued.conversation_id, queued.user_message_id, queued.message_id))
+        if ended is not None:
+            await self._deliver(await database_sync_to_async(ended.terminal_event)())
+
+    async def _stop(self, content: dict[str, Any]) -> None:
+        ended = await database_sync_to_async(submit.stop)(self.session_key, content)
+        if ended is not None:  # it was still queued: no worker will report it
+            await self._deliver(await database_sync_to_async(ended.terminal_event)())
+
+    # ---- events from the workers ---------------------------------------------------------
+
+    async def _deliver(self, event: dict[str, Any]) -> None:
+        """Forwards an event of a followed generation; after its terminal event, nothing more."""
+        generation_id = event["generation_id"]
+        if generation_id not in self.watchdogs:
+            return  # already ended here (e.g. the watchdog reported it): drop the duplicate
+        if protocol.is_terminal(event):
+            await self._unfollow(generation_id)
+        await self.send_json(event)
+
+    # Channel-layer handlers: `generation.tokens` -> `generation_tokens`, and so on.
+    generation_started = generation_prefilled = generation_tokens = generation_beams = _deliver
+    generation_handoff = generation_finished = generation_error = _deliver
+
+    async def _unfollow(self, generation_id: int) -> None:
+        watchdog = self.watchdogs.pop(generation_id)
+        if watchdog is not asyncio.current_task():
+            watchdog.cancel()
+        await self.channel_layer.group_discard(protocol.group_name(generation_id), self.channel_name)
+
+    async def _watch(self, generation_id: int) -> None:
+        """Reports a generation whose worker died (or whose terminal event got lost)."""
+        num_ended_checks = 0
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            try:
+                await database_sync_to_async(dispatch.reroute_if_stranded)(generation_id)
+                event = await database_sync_to_async(_ended_event)(generation_id)
+            except Exception:
+                logger.exception("watchdog of generation %s failed; retrying", generation_id)
+                continue
+            num_ended_checks = num_ended_checks + 1 if event else 0
+            if num_ended_checks >= NUM_ENDED_CHECKS:
+                await self._deliver(event)
+                return
+
+
+def _ended_event(generation_id: int) -> dict[str, Any] | None:
+    """The terminal event of a generation that has ended (or was just declared lost), else None."""
+    generation = Generation.objects.filter(pk=generation_id).first()
+    if generation is None:  # its conversation was deleted meanwhile
+        return protocol.generation_error(generation_id, "not_found", f"generation {generation_id} was deleted")
+    if generation.is_active:
+        if not liveness.mark_lost_if_stale(generation):
+            return None
+        generation.refresh_from_db()
+    return generation.terminal_event()

@@ -1,0 +1,243 @@
+"""What the generation commands do to the records (sync, ORM): validate, then create the
+messages and the queued `Generation` in one transaction.
+
+Owns: the conversation bookkeeping behind generate / regenerate / edit / complete / stop,
+and which model, preset and template apply. Every refusal is a `CommandError` raised
+before anything is written. Must not know: sockets, channel layers, Celery.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from inference.sampling_params import SamplingParams
+from playground.coord import cancel
+from playground import limits
+from playground.models import (ChatTemplate, Conversation, Generation, LanguageModel, Message,
+                               SamplingPreset)
+from playground.protocol import CommandError, get_field, get_id_list
+
+_TITLE_CHARS = 60
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A generation that was created and must now be enqueued."""
+
+    generation_id: int
+    conversation_id: int | None = None
+    user_message_id: int | None = None
+    message_id: int | None = None
+
+
+def submit(command: str, session_key: str, content: dict[str, Any]) -> Queued:
+    """Runs one of the generating commands (see COMMANDS)."""
+    return COMMANDS[command](session_key, content)
+
+
+# Lookups ---------------------------------------------------------------------------------
+
+def owned_conversation(session_key: str, conversation_id: int) -> Conversation:
+    conversation = Conversation.objects.filter(pk=conversation_id, session_key=session_key).first()
+    if conversation is None:
+        raise CommandError("not_found", f"conversation {conversation_id} does not exist")
+    return conversation
+
+
+def owned_generation(session_key: str, generation_id: int) -> Generation:
+    generation = Generation.objects.filter(pk=generation_id, session_key=session_key).first()
+    if generation is None:
+        raise CommandError("not_found", f"generation {generation_id} does not exist")
+    return generation
+
+
+def _active_message(session_key: str, content: dict[str, Any], role: str) -> Message:
+    message_id = get_field(content, "message_id", int, required=True)
+    message = (Message.objects.select_related("conversation")
+               .filter(pk=message_id, conversation__session_key=session_key, is_active=True).first())
+    if message is None:
+        raise CommandError("not_found", f"message {message_id} does not exist (or was replaced)")
+    if message.role != role:
+        raise CommandError("invalid_field", f"message {message_id} is a {message.role} message, not a {role} message")
+    return message
+
+
+def resolve_model(model_id: int | None, fallback: LanguageModel | None = None) -> LanguageModel:
+    """The named model, else `fallback`, else the default; it must be enabled."""
+    if model_id is not None:
+        model = LanguageModel.objects.filter(pk=model_id).first()
+        if model is None:
+            raise CommandError("not_found", f"model {model_id} does not exist")
+    else:
+        model = fallback or LanguageModel.default()
+    if model is None:
+        raise CommandError("model_unavailable", "no model is configured: add one in the admin")
+    if not model.is_enabled:
+        raise CommandError("model_unavailable", f"model {model.name!r} is disabled")
+    return model
+
+
+def resolve_preset(preset_id: int | None, fallback: SamplingPreset | None = None) -> SamplingPreset | None:
+    if preset_id is None:
+        return fallback or SamplingPreset.default()
+    preset = SamplingPreset.objects.filter(pk=preset_id).first()
+    if preset is None:
+        raise CommandError("not_found", f"preset {preset_id} does not exist")
+    return preset
+
+
+def _choices(content: dict[str, Any], conversation: Conversation | None = None,
+             ) -> tuple[LanguageModel, SamplingPreset | None, SamplingParams]:
+    """The model, preset and resolved params for one command (the conversation's as fallback)."""
+    model = resolve_model(get_field(content, "model_id", int), conversation and conversation.model)
+    preset = resolve_preset(get_field(content, "preset_id", int), conversation and conversation.preset)
+    overrides = get_field(content, "overrides", dict, default={})
+    try:
+        params = preset.to_sampling_params(**overrides) if preset else SamplingParams.from_dict(overrides)
+    except (TypeError, ValueError) as exc:
+        raise CommandError("invalid_params", str(exc)) from exc
+    limits.check_params(params)
+    return model, preset, params
+
+
+def _text(content: dict[str, Any], name: str) -> str:
+    text = get_field(content, name, str, required=True)
+    if not text.strip():
+        raise CommandError("invalid_field", f"{name} must not be empty")
+    return text
+
+
+def _template(model: LanguageModel, conversation: Conversation | None = None) -> ChatTemplate | None:
+    return (conversation and conversation.chat_template) or model.default_chat_template
+
+
+# Conversation bookkeeping ----------------------------------------------------------------
+
+def _check_chars(conversation: Conversation, before_position: int | None, *texts: str) -> None:
+    """The cheap character check on everything that will go into the prompt."""
+    num_chars = sum(len(text) for text in texts)
+    if conversation.pk is not None:  # a new conversation has no messages yet
+        messages = conversation.active_messages()
+        if before_position is not None:
+            messages = messages.filter(position__lt=before_position)
+        num_chars += sum(len(text) for text in messages.values_list("content", flat=True))
+    limits.check_prompt_chars(num_chars)
+
+
+def _supersede(conversation: Conversation, from_position: int) -> None:
+    """Deactivates the messages from `from_position` on; their records stay."""
+    conversation.messages.filter(is_active=True, position__gte=from_position).update(is_active=False)
+
+
+def _queue_answer(session_key: str, conversation: Conversation, position: int, model: LanguageModel,
+                  params: SamplingParams, user_message: Message | None) -> Queued:
+    """Creates the queued chat generation and its (empty) assistant message at `position`.
+
+    Runs inside the command's transaction, so a refusal here writes nothing.
+    """
+    limits.check_concurrency(session_key)
+    generation = Generation.objects.create(
+        kind=Generation.Kind.CHAT, session_key=session_key, conversation=conversation, model=model,
+        chat_template=_template(model, conversation), params=params.to_dict())
+    answer = Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT,
+                                    position=position, generation=generation)
+    conversation.save(update_fields=["updated_at"])
+    return Queued(generation.pk, conversation.pk, user_message and user_message.pk, answer.pk)
+
+
+# Commands --------------------------------------------------------------------------------
+
+def generate(session_key: str, content: dict[str, Any]) -> Queued:
+    """Appends a user message to a conversation (a new one without `conversation_id`) and answers it."""
+    text = _text(content, "content")
+    conversation_id = get_field(content, "conversation_id", int)
+    system_prompt = get_field(content, "system_prompt", str)
+    with transaction.atomic():
+        if conversation_id is None:
+            conversation = Conversation(session_key=session_key, title=text.strip()[:_TITLE_CHARS])
+        else:
+            conversation = owned_conversation(session_key, conversation_id)
+        if system_prompt is not None:
+            conversation.system_prompt = system_prompt
+        model, preset, params = _choices(content, conversation)
+        _check_chars(conversation, None, conversation.system_prompt, text)
+        if conversation.pk is None:  # a new conversation remembers what it started with
+            conversation.model, conversation.preset = model, preset
+        conversation.save()
+        last = conversation.active_messages().aggregate(last=Max("position"))["last"]
+        position = 0 if last is None else last + 1
+        user_message = Message.objects.create(conversation=conversation, role=Message.Role.USER,
+                                              content=text, position=position)
+        return _queue_answer(session_key, conversation, position + 1, model, params, user_message)
+
+
+def regenerate(session_key: str, content: dict[str, Any]) -> Queued:
+    """Answers the user message before an assistant message again; the old answer stays on record."""
+    with transaction.atomic():
+        old_answer = _active_message(session_key, content, Message.Role.ASSISTANT)
+        conversation = old_answer.conversation
+        model, _, params = _choices(content, conversation)
+        _check_chars(conversation, old_answer.position, conversation.system_prompt)
+        _supersede(conversation, old_answer.position)
+        return _queue_answer(session_key, conversation, old_answer.position, model, params, None)
+
+
+def edit(session_key: str, content: dict[str, Any]) -> Queued:
+    """Rewrites a user message, drops what came after it, and answers it."""
+    text = _text(content, "content")
+    with transaction.atomic():
+        old_question = _active_message(session_key, content, Message.Role.USER)
+        conversation = old_question.conversation
+        model, _, params = _choices(content, conversation)
+        _check_chars(conversation, old_question.position, conversation.system_prompt, text)
+        _supersede(conversation, old_question.position)
+        user_message = Message.objects.create(conversation=conversation, role=Message.Role.USER,
+                                              content=text, position=old_question.position)
+        return _queue_answer(session_key, conversation, old_question.position + 1, model, params, user_message)
+
+
+def complete(session_key: str, content: dict[str, Any]) -> Queued:
+    """A raw completion for the explorer: no conversation, no messages."""
+    text = get_field(content, "text", str, required=True)
+    is_chat = get_field(content, "chat", bool, default=False)
+    token_ids = get_id_list(content, "token_ids")
+    if not text and not token_ids:
+        raise CommandError("invalid_field", "text must not be empty")
+    limits.check_prompt_chars(len(text))
+    model, _, params = _choices(content)
+    with transaction.atomic():
+        limits.check_concurrency(session_key)
+        generation = Generation.objects.create(
+            kind=Generation.Kind.COMPLETE, session_key=session_key, model=model,
+            chat_template=_template(model), params=params.to_dict(),
+            inputs={"text": text, "chat": is_chat, "token_ids": token_ids})
+    return Queued(generation.pk)
+
+
+def stop(session_key: str, content: dict[str, Any]) -> Generation | None:
+    """Asks the worker to stop; a generation still in the queue ends here (returned, ended)."""
+    generation = owned_generation(session_key, get_field(content, "generation_id", int, required=True))
+    if not generation.is_active:
+        return None
+    cancel.request_cancel(generation.pk)
+    num_updated = Generation.objects.filter(pk=generation.pk, status=Generation.Status.QUEUED).update(
+        status=Generation.Status.CANCELLED, finish_reason="cancelled", finished_at=timezone.now())
+    if not num_updated:
+        return None  # the worker has it: it stops within one step and reports
+    generation.refresh_from_db()
+    return generation
+
+
+def fail(generation_id: int, code: str, message: str) -> Generation | None:
+    """Ends a generation that never reached a worker (e.g. the queue was unreachable)."""
+    num_updated = Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
+        status=Generation.Status.ERROR, finish_reason="error", error_code=code, error_message=message,
+        finished_at=timezone.now())
+    return Generation.objects.get(pk=generation_id) if num_updated else None
+
+
+COMMANDS = {"generate": generate, "regenerate": regenerate, "edit": edit, "complete": complete}

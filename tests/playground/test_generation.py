@@ -1,0 +1,192 @@
+"""The worker side with a fake engine: the event stream, what is saved, and exactly one
+terminal event on success, failure and stop."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from playground.coord import cancel, store
+from playground.worker import generation
+from playground.web import submit
+from playground.models import Generation, Message
+from playground.protocol import is_terminal
+
+from .fake_engine import FakeEngine
+
+pytestmark = pytest.mark.django_db
+
+ANSWER = "Hello there, friend!"  # 20 characters = 20 steps
+
+
+def queue_chat(session_key: str, content: str = "Hi!", **fields: Any) -> submit.Queued:
+    return submit.generate(session_key, {"content": content, **fields})
+
+
+def run(generation_id: int, engine: FakeEngine | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    generation.run_generation(generation_id, "worker-1", load_engine=lambda model: engine or FakeEngine(),
+                          send=events.append, **kwargs)
+    return events
+
+
+def steps_of(events: list[dict[str, Any]], kind: str = "generation.tokens") -> list[dict[str, Any]]:
+    return [step for event in events if event["type"] == kind for step in event["steps"]]
+
+
+def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(session_key: str) -> None:
+    queued = queue_chat(session_key, "Hi!", system_prompt="Be brief.", overrides={"max_new_tokens": 64})
+    engine = FakeEngine(ANSWER)
+    events = run(queued.generation_id, engine)
+
+    types = [event["type"] for event in events]
+    assert types[:2] == ["generation.started", "generation.prefilled"]
+    assert set(types[2:-1]) == {"generation.tokens"} and types[-1] == "generation.finished"
+    assert [is_terminal(event) for event in events].count(True) == 1
+    assert all(1 <= len(event["steps"]) <= 8 for event in events[2:-1])
+    steps = steps_of(events)
+    assert [step["index"] for step in steps] == list(range(len(ANSWER)))
+    assert "".join(step["text_delta"] for step in steps) == ANSWER
+    assert steps[0]["top_processed"][1]["logprob"] is None  # -inf is not JSON
+
+    started, finished = events[0], events[-1]
+    prompt = started["prompt"]
+    assert prompt["text"].index("Be brief.") < prompt["text"].index("Hi!")  # system prompt first
+    assert [token["id"] for token in prompt["tokens"]] == engine.prompt_ids
+    assert {"role", "content"} <= {span["kind"] for span in prompt["spans"]}
+    assert (started["worker"], started["model"]["name"]) == ("worker-1", "fake")
+    assert (finished["finish_reason"], finished["text"], finished["message_id"]) == ("length", ANSWER,
+                                                                                      queued.message_id)
+    assert finished["stats"]["num_generated_tokens"] == len(ANSWER)
+    assert finished["stats"]["worker"] == "worker-1"
+    assert finished["stats"]["prefix_cache"]["misses"] == 1  # the worker's cache counters travel along
+
+    generation = Generation.objects.get(pk=queued.generation_id)
+    assert (generation.status, generation.text, generation.finish_reason) == ("finished", ANSWER, "length")
+    assert generation.steps == steps
+    assert generation.num_prompt_tokens == len(engine.prompt_ids) and generation.ttft_ms == 6.0
+    assert generation.prompt_text == prompt["text"] and generation.prompt["tokens"] == prompt["tokens"]
+    assert Message.objects.get(pk=queued.message_id).content == ANSWER
+
+
+def test_the_worker_beats_while_it_runs(session_key: str) -> None:
+    queued = queue_chat(session_key)
+    key = f"playground:generation:{queued.generation_id}"
+    beating: list[bool] = []
+    run(queued.generation_id, FakeEngine(on_step=lambda index: beating.append(bool(store.client().exists(key)))))
+    assert beating and all(beating)
+    assert not store.client().exists(key)
+
+
+def test_an_engine_failure_ends_with_one_internal_error_and_keeps_the_partial_answer(session_key: str) -> None:
+    queued = queue_chat(session_key)
+    events = run(queued.generation_id, FakeEngine(ANSWER, fail_after=3))
+
+    assert [is_terminal(event) for event in events].count(True) == 1
+    error = events[-1]
+    assert (error["type"], error["code"]) == ("generation.error", "internal_error")
+    assert "the fake model broke" in error["message"]
+    assert "".join(step["text_delta"] for step in steps_of(events)) == "Hel"  # sent before the error
+    generation = Generation.objects.get(pk=queued.generation_id)
+    assert (generation.status, generation.error_code, generation.text) == ("error", "internal_error", "Hel")
+    assert Message.objects.get(pk=queued.message_id).content == "Hel"
+
+
+def test_a_stop_request_ends_the_generation_as_cancelled(session_key: str) -> None:
+    queued = queue_chat(session_key)
+
+    def stop_at_third_step(index: int) -> None:
+        if index == 2:
+            cancel.request_cancel(queued.generation_id)
+
+    events = run(queued.generation_id, FakeEngine(ANSWER, on_step=stop_at_third_step))
+    finished = events[-1]
+    assert (finished["type"], finished["finish_reason"], finished["text"]) == ("generation.finished", "cancelled",
+                                                                               "Hel")
+    assert [is_terminal(event) for event in events].count(True) == 1
+    assert Generation.objects.get(pk=queued.generation_id).status == "cancelled"
+    assert not cancel.is_cancel_requested(queued.generation_id)  # the flag does not outlive the run
+
+
+def test_a_model_that_fails_to_load_is_model_unavailable(session_key: str) -> None:
+    queued = queue_chat(session_key)
+
+    def broken_loader(model: Any) -> FakeEngine:
+        raise OSError("no such file")
+
+    events: list[dict[str, Any]] = []
+    generation.run_generation(queued.generation_id, "w", load_engine=broken_loader, send=events.append)
+    assert [(e["type"], e.get("code")) for e in events] == [("generation.error", "model_unavailable")]
+    assert "no such file" in events[0]["message"]
+
+
+def test_a_prompt_over_the_token_limit_is_refused_by_the_worker(session_key: str, settings: Any) -> None:
+    settings.PLAYGROUND_MAX_PROMPT_TOKENS = 10
+    queued = queue_chat(session_key, "a question longer than ten tokens")
+    events = run(queued.generation_id)
+    assert [(e["type"], e.get("code")) for e in events] == [("generation.error", "prompt_too_long")]
+
+
+def test_a_prompt_that_fills_the_context_is_refused(session_key: str) -> None:
+    queued = queue_chat(session_key)
+    events = run(queued.generation_id, FakeEngine(max_context=8))
+    assert events[-1]["code"] == "prompt_too_long" and "context of 8" in events[-1]["message"]
+
+
+def test_a_generation_that_is_no_longer_queued_is_skipped(session_key: str) -> None:
+    queued = queue_chat(session_key)
+    Generation.objects.filter(pk=queued.generation_id).update(status=Generation.Status.CANCELLED)
+    assert run(queued.generation_id) == []
+
+
+def test_a_raw_completion_appends_the_branch_tokens(session_key: str) -> None:
+    queued = submit.complete(session_key, {"text": "The sky", "token_ids": [32, 105],
+                                           "overrides": {"max_new_tokens": 3}})
+    engine = FakeEngine("abc")
+    events = run(queued.generation_id, engine)
+    assert engine.prompt_ids == [ord(c) for c in "The sky"] + [32, 105]
+    assert engine.rendered == []  # no chat template for a raw completion
+    assert events[0]["prompt"]["text"] == "The sky"
+    assert (events[-1]["type"], events[-1]["message_id"], events[-1]["text"]) == ("generation.finished", None, "abc")
+
+
+def test_beam_search_streams_beam_steps(session_key: str) -> None:
+    queued = queue_chat(session_key, overrides={"num_beams": 2, "max_new_tokens": 5})
+    events = run(queued.generation_id, FakeEngine(ANSWER))
+    assert {e["type"] for e in events[2:-1]} == {"generation.beams"}
+    assert [step["index"] for step in steps_of(events, "generation.beams")] == list(range(5))
+    assert events[-1]["text"] == ANSWER[:5]
+
+
+def test_a_regenerated_answer_sees_only_the_history_before_it(session_key: str) -> None:
+    first = queue_chat(session_key, "One?")
+    run(first.generation_id, FakeEngine("1"))
+    second = queue_chat(session_key, "Two?", conversation_id=first.conversation_id)
+    run(second.generation_id, FakeEngine("2"))
+
+    again = submit.regenerate(session_key, {"message_id": first.message_id})
+    engine = FakeEngine("uno")
+    run(again.generation_id, engine)
+    assert engine.rendered[-1][0] == [{"role": "user", "content": "One?"}]
+    conversation = Generation.objects.get(pk=again.generation_id).conversation
+    assert [(m.role, m.content) for m in conversation.active_messages()] == [("user", "One?"), ("assistant", "uno")]
+    assert Message.objects.filter(conversation=conversation).count() == 5  # the old ones stay on record
+
+
+def test_the_worker_sends_the_reasoning_split_when_the_prompt_opens_a_think_block(session_key: str) -> None:
+    """DeepSeek-R1's template ends the prompt with `<think>`: the answer starts inside the
+    reasoning. The worker, not the browser, says where the blocks are."""
+    answer = "plan\n</think>\n\nParis"
+    queued = submit.complete(session_key, {"text": "Capital of France?<think>\n", "max_new_tokens": 64})
+    events = run(queued.generation_id, FakeEngine(answer))
+    streamed = [event["segments"] for event in events if event["type"] == "generation.tokens"]
+    assert streamed[0][0]["kind"] == "reasoning" and streamed[0][0]["is_open"]
+    finished = events[-1]
+    assert [(s["kind"], answer[s["start"]:s["end"]].strip(), s["is_open"]) for s in finished["segments"]] == [
+        ("reasoning", "plan", False), ("answer", "Paris", False)]
+
+
+def test_without_a_think_block_the_whole_answer_is_one_answer_segment(session_key: str) -> None:
+    queued = queue_chat(session_key, "Hi!", overrides={"max_new_tokens": 64})
+    finished = run(queued.generation_id, FakeEngine(ANSWER))[-1]
+    assert finished["segments"] == [{"kind": "answer", "start": 0, "end": len(ANSWER), "is_open": False}]
