@@ -20,11 +20,12 @@ MANAGE := $(PY) -m django
 comma := ,
 export DJANGO_SETTINGS_MODULE ?= playground.settings
 
-.PHONY: help run test bench worker prepare venv deps dev-deps clean-venv
+.PHONY: help run test lint format bench worker prepare venv deps dev-deps clean-venv
 
 help:
 	@echo "make run     set up, then start Redis + Celery worker + web server (Ctrl-C stops all)"
 	@echo "make test    set up, then run every test (pytest; PYTEST_ARGS='-m e2e' to pick)"
+	@echo "make lint    ruff lint + format check (CI fails on a violation); make format fixes"
 	@echo "make bench   quick engine benchmark (python -m inference.bench --quick)"
 	@echo "make worker  only a Celery worker (QUEUES=gpu,celery by default), e.g. on another machine"
 	@echo "see docs/running.md"
@@ -66,6 +67,15 @@ run: prepare
 test: $(DEV_STAMP)
 	$(PY) -m inference.models.bundled
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The lint gate: ruff's rules and formatting as configured in pyproject.toml.
+lint: $(DEV_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(DEV_STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 bench: $(RUN_STAMP)
 	$(PY) -m inference.bench --quick

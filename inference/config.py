@@ -4,6 +4,7 @@ Owns: which model to load, where, in which dtype, and the limits that hold for e
 request on that model. Must not know: anything per request (see `SamplingParams`),
 Django, Celery or Channels.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,9 @@ class EngineConfig:
     data_dir: str | None = None
     prefix_cache_bytes: int = 256 * 1024 * 1024
     num_threads: int | None = None
-    runner: str = "auto"  # "auto": the lean Llama-family runner when it supports the model; "transformers": always generic
+    runner: str = (
+        "auto"  # "auto": the lean Llama-family runner when it supports the model; "transformers": always generic
+    )
 
     def __post_init__(self) -> None:
         if not self.source:

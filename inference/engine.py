@@ -6,6 +6,7 @@ points. Delegates the forward pass to a runner (`runner_llama` or `runner_hf`), 
 choice to `sampler`, text to `tokenization`, chat rendering to `chat_template`, beam search
 to `beam`. Must not know: Django, Celery, Channels, sockets.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,19 +16,19 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from inference.models import llama as runner_llama
-from inference.sampling.beam import beam_search
-from inference.text.chat_template import RenderedPrompt, TemplateTokens, render_chat
 from inference.config import EngineConfig
 from inference.events import Alternative, Event, Finished, Prefilled, Step
 from inference.kv.cache import KVCache, LayerKV
-from inference.kv.transfer import Handoff, KVSpec, deserialize, serialize
-from inference.models.loader import LoadedModel, architecture_of, load_model
 from inference.kv.prefix_cache import PrefixCache
+from inference.kv.transfer import Handoff, KVSpec, deserialize, serialize
+from inference.models import llama as runner_llama
 from inference.models.hf import HFRunner
+from inference.models.loader import LoadedModel, architecture_of, load_model
+from inference.sampling.beam import beam_search
 from inference.sampling.sampler import Sampler, entropy, token_rank, top_alternatives
-from inference.sampling_params import SamplingParams
 from inference.sampling.stopping import StopStringMatcher
+from inference.sampling_params import SamplingParams
+from inference.text.chat_template import RenderedPrompt, TemplateTokens, render_chat
 from inference.text.tokenization import IncrementalDetokenizer, TokenInfo, token_infos, token_table, tokenize
 
 ShouldCancel = Callable[[], bool]
@@ -41,8 +42,8 @@ class _Run:
     params: SamplingParams
     sampler: Sampler
     cache: KVCache | None
-    context_ids: torch.Tensor                  # (max_total,) prompt + generated, written in place
-    num_tokens: int                            # valid length of context_ids
+    context_ids: torch.Tensor  # (max_total,) prompt + generated, written in place
+    num_tokens: int  # valid length of context_ids
     detokenizer: IncrementalDetokenizer
     stopper: StopStringMatcher
     started_at: float
@@ -115,13 +116,15 @@ class Engine:
 
     # ---- text ------------------------------------------------------------------------
 
-    def render_chat(self, messages: list[dict], template: str | None = None,
-                    add_generation_prompt: bool = True) -> RenderedPrompt:
+    def render_chat(
+        self, messages: list[dict], template: str | None = None, add_generation_prompt: bool = True
+    ) -> RenderedPrompt:
         source = template or self.loaded.chat_template
         if not source:
             raise ValueError(f"model {self.loaded.name!r} has no chat template; choose one")
-        return render_chat(messages, source, special_tokens=self.template_tokens,
-                           add_generation_prompt=add_generation_prompt)
+        return render_chat(
+            messages, source, special_tokens=self.template_tokens, add_generation_prompt=add_generation_prompt
+        )
 
     def tokenize(self, text: str) -> list[TokenInfo]:
         return tokenize(self.tokenizer, text)
@@ -140,8 +143,13 @@ class Engine:
 
     # ---- generation ------------------------------------------------------------------
 
-    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                 should_cancel: ShouldCancel | None = None, handoff: Handoff | None = None) -> Iterator[Event]:
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        should_cancel: ShouldCancel | None = None,
+        handoff: Handoff | None = None,
+    ) -> Iterator[Event]:
         """Yield `Prefilled`, one `Step` per token (`BeamStep`s under beam search), then one `Finished`.
 
         `should_cancel` is polled after every token (finish reason "cancelled"). With `handoff`
@@ -149,9 +157,15 @@ class Engine:
         """
         prompt_ids = self._check_prompt(prompt_ids)
         if params.is_beam_search:
-            yield from beam_search(self.model, prompt_ids, params, eos_token_ids=self.eos_token_ids,
-                                   decode=self._decode_text, max_length=self.max_context,
-                                   should_cancel=should_cancel)
+            yield from beam_search(
+                self.model,
+                prompt_ids,
+                params,
+                eos_token_ids=self.eos_token_ids,
+                decode=self._decode_text,
+                max_length=self.max_context,
+                should_cancel=should_cancel,
+            )
             return
         if handoff is not None:
             run = self._resume(handoff)
@@ -185,9 +199,16 @@ class Engine:
         layers = run.cache.export(len(prompt_ids))
         if params.use_prefix_cache:  # the conversation's next turn comes back to a prefill worker
             self._remember(run, layers)
-        return Handoff(prompt_ids=prompt_ids, params=params, layers=layers,
-                       prefilled=run.prefilled, first_step=first, rng_state=run.sampler.generator.get_state(),
-                       seed=run.sampler.seed, ttft_ms=run.ttft_ms)
+        return Handoff(
+            prompt_ids=prompt_ids,
+            params=params,
+            layers=layers,
+            prefilled=run.prefilled,
+            first_step=first,
+            rng_state=run.sampler.generator.get_state(),
+            seed=run.sampler.seed,
+            ttft_ms=run.ttft_ms,
+        )
 
     def export_handoff(self, handoff: Handoff) -> bytes:
         """The handoff as a blob for another worker (`inference.kv.transfer`'s format)."""
@@ -209,8 +230,10 @@ class Engine:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         if len(ids) >= self.max_context:
-            raise ValueError(f"prompt has {len(ids)} tokens; the model's context is {self.max_context} "
-                             "(at least one token must be left to generate)")
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; the model's context is {self.max_context} "
+                "(at least one token must be left to generate)"
+            )
         return ids
 
     def _new_run(self, prompt_ids: list[int], params: SamplingParams, seed: int | None = None) -> _Run:
@@ -220,11 +243,15 @@ class Engine:
         context_ids[: len(prompt_ids)] = torch.tensor(prompt_ids)
         sampler_params = params if seed is None else replace(params, seed=seed)
         return _Run(
-            prompt_ids=prompt_ids, params=params, sampler=Sampler(sampler_params, self.device),
+            prompt_ids=prompt_ids,
+            params=params,
+            sampler=Sampler(sampler_params, self.device),
             cache=self.runner.new_cache(max_total) if params.use_kv_cache else None,
-            context_ids=context_ids, num_tokens=len(prompt_ids),
+            context_ids=context_ids,
+            num_tokens=len(prompt_ids),
             detokenizer=IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True),
-            stopper=StopStringMatcher(params.stop), started_at=time.perf_counter(),
+            stopper=StopStringMatcher(params.stop),
+            started_at=time.perf_counter(),
         )
 
     def _prefill(self, run: _Run) -> torch.Tensor:
@@ -236,12 +263,14 @@ class Engine:
             if num_cached:
                 run.cache.load(layers)
         t0 = time.perf_counter()
-        ids = run.context_ids[num_cached: run.num_tokens]
+        ids = run.context_ids[num_cached : run.num_tokens]
         logits = self.runner.forward(ids, run.cache)  # (vocab,)
         prefill_ms = (time.perf_counter() - t0) * 1000
         run.prefilled = Prefilled(
-            num_prompt_tokens=len(run.prompt_ids), num_cached_tokens=num_cached,
-            num_prefilled_tokens=len(run.prompt_ids) - num_cached, prefill_ms=prefill_ms,
+            num_prompt_tokens=len(run.prompt_ids),
+            num_cached_tokens=num_cached,
+            num_prefilled_tokens=len(run.prompt_ids) - num_cached,
+            prefill_ms=prefill_ms,
             kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
         )
         return logits
@@ -259,7 +288,7 @@ class Engine:
     def _forward_next(self, run: _Run) -> torch.Tensor:
         if run.cache is None:  # no-KV-cache mode: recompute every position, every step
             return self.runner.forward(run.context_ids[: run.num_tokens], None)
-        return self.runner.forward(run.context_ids[run.num_tokens - 1: run.num_tokens], run.cache)
+        return self.runner.forward(run.context_ids[run.num_tokens - 1 : run.num_tokens], run.cache)
 
     def _sample_step(self, run: _Run, logits: torch.Tensor, phase: str, forward_ms: float) -> Step:
         t0 = time.perf_counter()
@@ -271,12 +300,19 @@ class Engine:
         run.text += delta
         k = run.params.num_alternatives
         step = Step(
-            index=len(run.generated_ids) - 1, phase=phase, token_id=token_id, piece=self.piece(token_id),
-            token_bytes=self.token_table.bytes_of(token_id), text_delta=delta,
-            logprob=float(logprobs[token_id]), raw_logprob=float(raw_logprobs[token_id]),
-            rank=token_rank(raw_logprobs, token_id), entropy=float(entropy(raw_logprobs[None])[0]),
+            index=len(run.generated_ids) - 1,
+            phase=phase,
+            token_id=token_id,
+            piece=self.piece(token_id),
+            token_bytes=self.token_table.bytes_of(token_id),
+            text_delta=delta,
+            logprob=float(logprobs[token_id]),
+            raw_logprob=float(raw_logprobs[token_id]),
+            rank=token_rank(raw_logprobs, token_id),
+            entropy=float(entropy(raw_logprobs[None])[0]),
             latency_ms=forward_ms + (time.perf_counter() - t0) * 1000,
-            top_raw=self._alternatives(raw_logprobs, k), top_processed=self._alternatives(logprobs, k),
+            top_raw=self._alternatives(raw_logprobs, k),
+            top_processed=self._alternatives(logprobs, k),
             kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
         )
         if phase == "prefill":
@@ -295,8 +331,9 @@ class Engine:
         if k == 0:
             return ()
         ids, lps = top_alternatives(logprobs, k)
-        return tuple(Alternative(token_id=i, piece=self.piece(i), prob=math.exp(lp), logprob=lp)
-                     for i, lp in zip(ids, lps))
+        return tuple(
+            Alternative(token_id=i, piece=self.piece(i), prob=math.exp(lp), logprob=lp) for i, lp in zip(ids, lps)
+        )
 
     def _finish_reason(self, run: _Run, step: Step, should_cancel: ShouldCancel | None) -> str | None:
         if step.token_id in self.eos_token_ids and not run.params.ignore_eos:
@@ -325,10 +362,16 @@ class Engine:
         if run.cache is not None and run.params.use_prefix_cache:
             self._remember(run, run.cache.export(run.cache.num_tokens))
         return Finished(
-            finish_reason=reason, text=run.text, token_ids=tuple(run.generated_ids),
-            num_prompt_tokens=len(run.prompt_ids), num_cached_tokens=prefilled.num_cached_tokens,
-            num_generated_tokens=len(run.generated_ids), prefill_ms=prefilled.prefill_ms, ttft_ms=run.ttft_ms,
-            decode_ms=run.decode_ms, decode_tok_s=num_decoded / (run.decode_ms / 1000) if run.decode_ms else 0.0,
+            finish_reason=reason,
+            text=run.text,
+            token_ids=tuple(run.generated_ids),
+            num_prompt_tokens=len(run.prompt_ids),
+            num_cached_tokens=prefilled.num_cached_tokens,
+            num_generated_tokens=len(run.generated_ids),
+            prefill_ms=prefilled.prefill_ms,
+            ttft_ms=run.ttft_ms,
+            decode_ms=run.decode_ms,
+            decode_tok_s=num_decoded / (run.decode_ms / 1000) if run.decode_ms else 0.0,
             kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
         )
 

@@ -4,6 +4,7 @@ then exactly one `Finished`. Beam search yields `BeamStep`s and then `Finished`.
 Owns: the shape of what the engine reports. Plain data (JSON-ready via `to_dict`), no
 tensors, so records cross process boundaries (Celery, Channels) unchanged.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -18,7 +19,7 @@ class Alternative:
     """One candidate next token: its id, its text alone, and its probability."""
 
     token_id: int
-    piece: str          # the token decoded alone (may hold U+FFFD for a partial UTF-8 byte)
+    piece: str  # the token decoded alone (may hold U+FFFD for a partial UTF-8 byte)
     prob: float
     logprob: float
 
@@ -28,8 +29,8 @@ class Prefilled:
     """The prompt went through the model once; the KV cache now holds it."""
 
     num_prompt_tokens: int
-    num_cached_tokens: int      # reused from the prefix cache, not recomputed
-    num_prefilled_tokens: int   # actually run through the model in this request
+    num_cached_tokens: int  # reused from the prefix cache, not recomputed
+    num_prefilled_tokens: int  # actually run through the model in this request
     prefill_ms: float
     kv_cache_bytes: int
     type: str = "prefilled"
@@ -54,11 +55,11 @@ class Step:
     token_id: int
     piece: str
     token_bytes: bytes
-    text_delta: str             # UTF-8-safe increment of the decoded answer
+    text_delta: str  # UTF-8-safe increment of the decoded answer
     logprob: float
     raw_logprob: float
     rank: int
-    entropy: float              # of the raw distribution, in nats
+    entropy: float  # of the raw distribution, in nats
     latency_ms: float
     top_raw: tuple[Alternative, ...] = ()
     top_processed: tuple[Alternative, ...] = ()
@@ -75,8 +76,8 @@ class Step:
 class Beam:
     token_ids: tuple[int, ...]  # generated tokens only (prompt excluded)
     text: str
-    score: float                # sum of logprobs / len ** length_penalty
-    parent: int                 # index of this beam's parent in the previous BeamStep
+    score: float  # sum of logprobs / len ** length_penalty
+    parent: int  # index of this beam's parent in the previous BeamStep
     is_finished: bool = False
 
 
@@ -105,11 +106,11 @@ class Finished:
     num_cached_tokens: int
     num_generated_tokens: int
     prefill_ms: float
-    ttft_ms: float              # request start -> first token available
+    ttft_ms: float  # request start -> first token available
     decode_ms: float
     decode_tok_s: float
     kv_cache_bytes: int
-    sequences: tuple[Beam, ...] = ()   # beam search: the returned sequences, best first
+    sequences: tuple[Beam, ...] = ()  # beam search: the returned sequences, best first
     error: str | None = None
     type: str = "finished"
 

@@ -4,6 +4,7 @@ Owns: every knob a user can turn for one request, its defaults and its validatio
 (`ValueError` naming the offending value). The Django `SamplingPreset` validates by
 building this dataclass. Must not know: models, tensors, Django.
 """
+
 from __future__ import annotations
 
 import math
@@ -101,8 +102,9 @@ def _check_int(name: str, value: Any, low: int, high: int) -> None:
         raise ValueError(f"{name}={value} must be between {low} and {high}")
 
 
-def _check_float(name: str, value: Any, low: float, high: float,
-                 low_open: bool = False, high_open: bool = False) -> None:
+def _check_float(
+    name: str, value: Any, low: float, high: float, low_open: bool = False, high_open: bool = False
+) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name}={value!r} must be a finite number")
     too_low = value <= low if low_open else value < low

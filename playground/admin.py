@@ -3,6 +3,7 @@
 Validation lives on the models (`clean()` builds the engine's dataclasses), so the add and
 change forms refuse bad values with the dataclass's own message on the right field.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,17 @@ def _pre(value: Any) -> str:
 
 @admin.register(LanguageModel)
 class LanguageModelAdmin(admin.ModelAdmin):
-    list_display = ("name", "source", "dtype", "device", "max_context", "default_chat_template",
-                    "is_enabled", "is_default", "updated_at")
+    list_display = (
+        "name",
+        "source",
+        "dtype",
+        "device",
+        "max_context",
+        "default_chat_template",
+        "is_enabled",
+        "is_default",
+        "updated_at",
+    )
     list_filter = ("is_enabled", "is_default", "dtype", "device", "trust_remote_code")
     list_editable = ("is_enabled",)
     search_fields = ("name", "source")
@@ -31,14 +41,24 @@ class LanguageModelAdmin(admin.ModelAdmin):
 
 @admin.register(SamplingPreset)
 class SamplingPresetAdmin(admin.ModelAdmin):
-    list_display = ("name", "is_default", "greedy", "temperature", "top_k", "top_p", "min_p",
-                    "repetition_penalty", "max_new_tokens", "num_beams", "seed")
+    list_display = (
+        "name",
+        "is_default",
+        "greedy",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "max_new_tokens",
+        "num_beams",
+        "seed",
+    )
     list_filter = ("is_default", "greedy", "num_beams")
     search_fields = ("name", "description")
     fieldsets = (
         (None, {"fields": ("name", "description", "is_default")}),
-        ("Sampling", {"fields": ("greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                                 "seed")}),
+        ("Sampling", {"fields": ("greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")}),
         ("Length and stopping", {"fields": ("max_new_tokens", "stop", "ignore_eos")}),
         ("Beam search", {"fields": ("num_beams", "length_penalty", "early_stopping", "num_return_sequences")}),
         ("Reporting and caching", {"fields": ("num_alternatives", "use_kv_cache", "use_prefix_cache")}),
@@ -90,19 +110,45 @@ class MessageAdmin(admin.ModelAdmin):
 class GenerationAdmin(admin.ModelAdmin):
     """Inspect-only: generations are written by the worker."""
 
-    list_display = ("id", "status", "kind", "model", "finish_reason", "error_code", "num_prompt_tokens",
-                    "num_cached_tokens", "num_generated_tokens", "ttft_ms", "decode_tok_s", "worker", "created_at")
+    list_display = (
+        "id",
+        "status",
+        "kind",
+        "model",
+        "finish_reason",
+        "error_code",
+        "num_prompt_tokens",
+        "num_cached_tokens",
+        "num_generated_tokens",
+        "ttft_ms",
+        "decode_tok_s",
+        "worker",
+        "created_at",
+    )
     list_filter = ("status", "kind", "finish_reason", "error_code", "model")
     search_fields = ("=id", "prompt_text", "text", "error_message", "worker", "session_key")
     date_hierarchy = "created_at"
     fieldsets = (
         (None, {"fields": ("status", "kind", "model", "chat_template", "conversation", "session_key")}),
         ("Outcome", {"fields": ("finish_reason", "error_code", "error_message", "text")}),
-        ("Timings", {"fields": ("num_prompt_tokens", "num_cached_tokens", "num_generated_tokens", "prefill_ms",
-                                "ttft_ms", "decode_tok_s", "created_at", "started_at", "finished_at")}),
+        (
+            "Timings",
+            {
+                "fields": (
+                    "num_prompt_tokens",
+                    "num_cached_tokens",
+                    "num_generated_tokens",
+                    "prefill_ms",
+                    "ttft_ms",
+                    "decode_tok_s",
+                    "created_at",
+                    "started_at",
+                    "finished_at",
+                )
+            },
+        ),
         ("Workers", {"fields": ("worker", "prefill_worker", "decode_worker")}),
-        ("Details", {"fields": ("params_display", "inputs_display", "prompt_text", "stats_display",
-                                "num_steps")}),
+        ("Details", {"fields": ("params_display", "inputs_display", "prompt_text", "stats_display", "num_steps")}),
     )
 
     def get_readonly_fields(self, request: Any, obj: Generation | None = None) -> list[str]:

@@ -2,6 +2,7 @@
 
 Run with `daphne playground.asgi:application` (or `manage.py runserver`, which is daphne's).
 """
+
 import os
 
 from django.core.asgi import get_asgi_application
@@ -15,7 +16,9 @@ from channels.sessions import SessionMiddlewareStack  # noqa: E402
 
 from playground.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter({
-    "http": django_asgi_app,
-    "websocket": AllowedHostsOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
-})
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

@@ -5,6 +5,7 @@ lives in Redis, so the pool needs no control channel):
 
     celery -A playground worker -Q gpu -P solo -n gpu@%h
 """
+
 import os
 
 from celery import Celery

@@ -7,6 +7,7 @@ handoff. Runs in both processes (the consumer enqueues, the prefill worker enque
 decode), so it imports neither torch nor the worker package: tasks are sent by their
 Celery objects, whose bodies import the worker lazily.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,15 +37,15 @@ def enqueue(generation_id: int, pd_requested: bool | None = None, conversation_i
     if is_disaggregated(pd_requested):
         transaction.on_commit(lambda: tasks.run_prefill.delay(generation_id))
         return
-    transaction.on_commit(lambda: _send(generation_id, worker_routing.route(store.client(), generation_id,
-                                                                            conversation_id)))
+    transaction.on_commit(
+        lambda: _send(generation_id, worker_routing.route(store.client(), generation_id, conversation_id))
+    )
 
 
 def reroute_if_stranded(generation_id: int) -> bool:
     """Re-sends a generation whose chosen worker died (or stalled) before claiming it to "gpu";
     the worker-side claim makes the late original a no-op. Called by the consumer's watchdog."""
-    return worker_routing.reroute_if_unclaimed(store.client(), generation_id,
-                                               lambda queue: _send(generation_id, queue))
+    return worker_routing.reroute_if_unclaimed(store.client(), generation_id, lambda queue: _send(generation_id, queue))
 
 
 def enqueue_decode(generation_id: int, blob_key: str) -> None:

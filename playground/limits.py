@@ -2,6 +2,7 @@
 
 Each check raises `CommandError` with the stable code the protocol names.
 """
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -24,15 +25,18 @@ def check_prompt_tokens(num_tokens: int, max_context: int) -> None:
     if num_tokens > limit:
         raise CommandError("prompt_too_long", f"the prompt has {num_tokens} tokens; the limit is {limit}")
     if num_tokens >= max_context:
-        raise CommandError("prompt_too_long", f"the prompt has {num_tokens} tokens and leaves no room "
-                                              f"in the model's context of {max_context}")
+        raise CommandError(
+            "prompt_too_long",
+            f"the prompt has {num_tokens} tokens and leaves no room in the model's context of {max_context}",
+        )
 
 
 def check_params(params: SamplingParams) -> None:
     limit = settings.PLAYGROUND_MAX_NEW_TOKENS
     if params.max_new_tokens > limit:
-        raise CommandError("invalid_params",
-                           f"max_new_tokens={params.max_new_tokens} exceeds this server's limit of {limit}")
+        raise CommandError(
+            "invalid_params", f"max_new_tokens={params.max_new_tokens} exceeds this server's limit of {limit}"
+        )
 
 
 def check_concurrency(session_key: str) -> None:
@@ -42,5 +46,7 @@ def check_concurrency(session_key: str) -> None:
     limit = settings.PLAYGROUND_MAX_CONCURRENT_PER_CLIENT
     num_active = active.count()  # a fresh query: reconcile may have ended some
     if num_active >= limit:
-        raise CommandError("too_many_generations",
-                           f"{num_active} generations are already running for this client; the limit is {limit}")
+        raise CommandError(
+            "too_many_generations",
+            f"{num_active} generations are already running for this client; the limit is {limit}",
+        )

@@ -4,6 +4,7 @@ Owns: what is stored and the conversions from rows to the engine's settings
 (`LanguageModel.to_engine_config`, `SamplingPreset.to_sampling_params`). Must not import
 torch, transformers or `inference.engine`: this module loads in the web process.
 """
+
 from __future__ import annotations
 
 import re
@@ -79,29 +80,39 @@ class LanguageModel(DefaultFlagModel):
     name = models.CharField(max_length=100, unique=True)
     source = models.CharField(
         max_length=500,
-        help_text='A Hugging Face model folder, a hub id already in the local cache, a .gguf file, '
-                  'or "bundled" (SmolLM2-135M-Instruct).')
-    dtype = models.CharField(max_length=16, default="auto",
-                             choices=[(d, d) for d in VALID_DTYPES],
-                             help_text="auto: the worker's PLAYGROUND_DTYPE.")
-    device = models.CharField(max_length=16, default="auto",
-                              help_text="auto, cpu, cuda or cuda:N; auto: the worker's PLAYGROUND_DEVICE.")
+        help_text="A Hugging Face model folder, a hub id already in the local cache, a .gguf file, "
+        'or "bundled" (SmolLM2-135M-Instruct).',
+    )
+    dtype = models.CharField(
+        max_length=16,
+        default="auto",
+        choices=[(d, d) for d in VALID_DTYPES],
+        help_text="auto: the worker's PLAYGROUND_DTYPE.",
+    )
+    device = models.CharField(
+        max_length=16, default="auto", help_text="auto, cpu, cuda or cuda:N; auto: the worker's PLAYGROUND_DEVICE."
+    )
     max_context = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Caps the context length; empty: the model's own.")
+        null=True, blank=True, help_text="Caps the context length; empty: the model's own."
+    )
     default_chat_template = models.ForeignKey(
-        ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL,
-        help_text="Empty: the model's own template.")
+        ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL, help_text="Empty: the model's own template."
+    )
     is_enabled = models.BooleanField(default=True)
     trust_remote_code = models.BooleanField(
-        default=False, help_text="Runs Python code shipped with the model. Only for sources you trust.")
+        default=False, help_text="Runs Python code shipped with the model. Only for sources you trust."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         verbose_name = "model"
         ordering = ["name"]
-        constraints = [models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True),
-                                               name="one_default_model")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"], condition=models.Q(is_default=True), name="one_default_model"
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -138,12 +149,14 @@ class SamplingPreset(DefaultFlagModel):
     repetition_penalty = models.FloatField(default=_SAMPLING_DEFAULTS.repetition_penalty, help_text="1.0 = off.")
     seed = models.BigIntegerField(null=True, blank=True, help_text="Empty: a fresh random seed per request.")
     num_alternatives = models.PositiveIntegerField(
-        default=_SAMPLING_DEFAULTS.num_alternatives, help_text="Top tokens reported per step.")
+        default=_SAMPLING_DEFAULTS.num_alternatives, help_text="Top tokens reported per step."
+    )
     stop = models.JSONField(default=list, blank=True, help_text='Stop strings, e.g. ["\\n\\n"].')
     ignore_eos = models.BooleanField(default=_SAMPLING_DEFAULTS.ignore_eos)
     use_kv_cache = models.BooleanField(default=_SAMPLING_DEFAULTS.use_kv_cache)
-    use_prefix_cache = models.BooleanField(default=_SAMPLING_DEFAULTS.use_prefix_cache,
-                                           help_text="Reuse the KV cache of earlier requests' common prefix.")
+    use_prefix_cache = models.BooleanField(
+        default=_SAMPLING_DEFAULTS.use_prefix_cache, help_text="Reuse the KV cache of earlier requests' common prefix."
+    )
     num_beams = models.PositiveIntegerField(default=_SAMPLING_DEFAULTS.num_beams, help_text="> 1: beam search.")
     length_penalty = models.FloatField(default=_SAMPLING_DEFAULTS.length_penalty)
     early_stopping = models.BooleanField(default=_SAMPLING_DEFAULTS.early_stopping)
@@ -153,8 +166,11 @@ class SamplingPreset(DefaultFlagModel):
 
     class Meta:
         ordering = ["name"]
-        constraints = [models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True),
-                                               name="one_default_preset")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"], condition=models.Q(is_default=True), name="one_default_preset"
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -180,8 +196,9 @@ class Conversation(models.Model):
     system_prompt = models.TextField(blank=True)
     model = models.ForeignKey(LanguageModel, null=True, blank=True, on_delete=models.SET_NULL)
     preset = models.ForeignKey(SamplingPreset, null=True, blank=True, on_delete=models.SET_NULL)
-    chat_template = models.ForeignKey(ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL,
-                                      help_text="Empty: the model's default template.")
+    chat_template = models.ForeignKey(
+        ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL, help_text="Empty: the model's default template."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -212,13 +229,15 @@ class Generation(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
     session_key = models.CharField(max_length=40, db_index=True)
-    conversation = models.ForeignKey(Conversation, null=True, blank=True, on_delete=models.CASCADE,
-                                     related_name="generations")
+    conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.CASCADE, related_name="generations"
+    )
     model = models.ForeignKey(LanguageModel, null=True, on_delete=models.SET_NULL)
     chat_template = models.ForeignKey(ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL)
     params = models.JSONField(default=dict, help_text="The resolved SamplingParams.")
-    inputs = models.JSONField(default=dict, blank=True,
-                              help_text="complete only: {text, chat, token_ids} as the client sent them.")
+    inputs = models.JSONField(
+        default=dict, blank=True, help_text="complete only: {text, chat, token_ids} as the client sent them."
+    )
     prompt_text = models.TextField(blank=True, help_text="The prompt as the model saw it.")
     prompt = models.JSONField(default=dict, blank=True, help_text="{spans, tokens}")
     text = models.TextField(blank=True, help_text="The answer (partial until finished).")
@@ -258,8 +277,9 @@ class Generation(models.Model):
         assert not self.is_active, f"generation {self.pk} is still {self.status}"
         if self.status == self.Status.ERROR:
             return protocol.generation_error(self.pk, self.error_code or "internal_error", self.error_message)
-        return protocol.generation_finished(self.pk, self.answer_message_id(), self.finish_reason,
-                                            self.text, self.stats)
+        return protocol.generation_finished(
+            self.pk, self.answer_message_id(), self.finish_reason, self.text, self.stats
+        )
 
 
 class Message(models.Model):
@@ -273,8 +293,9 @@ class Message(models.Model):
     content = models.TextField(blank=True)
     position = models.PositiveIntegerField(help_text="Place in the conversation; superseded messages keep theirs.")
     is_active = models.BooleanField(default=True, help_text="False once an edit or regenerate replaced it.")
-    generation = models.ForeignKey(Generation, null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="messages")
+    generation = models.ForeignKey(
+        Generation, null=True, blank=True, on_delete=models.SET_NULL, related_name="messages"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

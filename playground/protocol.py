@@ -6,14 +6,23 @@ ORM, Celery or the engine; events are plain JSON-ready dicts whose `type` is the
 (and, over the channel layer, the consumer handler's name: `generation.tokens` ->
 `generation_tokens`).
 """
+
 from __future__ import annotations
 
 import math
 from typing import Any
 
 ERROR_CODES = (
-    "bad_json", "unknown_command", "invalid_field", "invalid_params", "prompt_too_long",
-    "too_many_generations", "not_found", "model_unavailable", "worker_lost", "internal_error",
+    "bad_json",
+    "unknown_command",
+    "invalid_field",
+    "invalid_params",
+    "prompt_too_long",
+    "too_many_generations",
+    "not_found",
+    "model_unavailable",
+    "worker_lost",
+    "internal_error",
     "kv_handoff_failed",
 )
 TERMINAL_TYPES = ("generation.finished", "generation.error")
@@ -32,12 +41,10 @@ class CommandError(Exception):
 
 # Command fields --------------------------------------------------------------------------
 
-_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object",
-               list: "a list"}
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object", list: "a list"}
 
 
-def get_field(content: dict[str, Any], name: str, kind: type, *, required: bool = False,
-              default: Any = None) -> Any:
+def get_field(content: dict[str, Any], name: str, kind: type, *, required: bool = False, default: Any = None) -> Any:
     """`content[name]` checked to be of `kind` (bool is not an int here), else invalid_field."""
     if name not in content or content[name] is None:
         if required:
@@ -75,23 +82,41 @@ def json_safe(value: Any) -> Any:
 
 # Events ----------------------------------------------------------------------------------
 
+
 def error(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
     """A refused command: nothing was started."""
     return {"type": "error", "request_id": request_id, "code": code, "message": message}
 
 
-def generation_queued(request_id: str | None, generation_id: int, conversation_id: int | None,
-                      user_message_id: int | None, message_id: int | None) -> dict[str, Any]:
-    return {"type": "generation.queued", "request_id": request_id, "generation_id": generation_id,
-            "conversation_id": conversation_id, "user_message_id": user_message_id,
-            "message_id": message_id}
+def generation_queued(
+    request_id: str | None,
+    generation_id: int,
+    conversation_id: int | None,
+    user_message_id: int | None,
+    message_id: int | None,
+) -> dict[str, Any]:
+    return {
+        "type": "generation.queued",
+        "request_id": request_id,
+        "generation_id": generation_id,
+        "conversation_id": conversation_id,
+        "user_message_id": user_message_id,
+        "message_id": message_id,
+    }
 
 
-def generation_started(generation_id: int, worker: str, model: dict[str, Any],
-                       params: dict[str, Any], prompt: dict[str, Any]) -> dict[str, Any]:
+def generation_started(
+    generation_id: int, worker: str, model: dict[str, Any], params: dict[str, Any], prompt: dict[str, Any]
+) -> dict[str, Any]:
     """`prompt` is {text, spans, tokens} (see `prompt_record`)."""
-    return {"type": "generation.started", "generation_id": generation_id, "worker": worker,
-            "model": model, "params": params, "prompt": prompt}
+    return {
+        "type": "generation.started",
+        "generation_id": generation_id,
+        "worker": worker,
+        "model": model,
+        "params": params,
+        "prompt": prompt,
+    }
 
 
 def prompt_record(text: str, spans: list[dict[str, Any]], tokens: list[dict[str, Any]]) -> dict[str, Any]:
@@ -101,14 +126,17 @@ def prompt_record(text: str, spans: list[dict[str, Any]], tokens: list[dict[str,
 
 def generation_prefilled(generation_id: int, prefilled: dict[str, Any]) -> dict[str, Any]:
     """`prefilled` is `inference.Prefilled.to_dict()`."""
-    fields = ("num_prompt_tokens", "num_cached_tokens", "num_prefilled_tokens", "prefill_ms",
-              "kv_cache_bytes")
-    return {"type": "generation.prefilled", "generation_id": generation_id,
-            **{name: prefilled[name] for name in fields}}
+    fields = ("num_prompt_tokens", "num_cached_tokens", "num_prefilled_tokens", "prefill_ms", "kv_cache_bytes")
+    return {
+        "type": "generation.prefilled",
+        "generation_id": generation_id,
+        **{name: prefilled[name] for name in fields},
+    }
 
 
-def generation_steps(generation_id: int, steps: list[dict[str, Any]], *, is_beam: bool,
-                     segments: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def generation_steps(
+    generation_id: int, steps: list[dict[str, Any]], *, is_beam: bool, segments: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Coalesced token steps (`generation.tokens`) or beam steps (`generation.beams`).
     `segments`: the reasoning split of the whole answer so far (`inference.text.reasoning`)."""
     kind = "generation.beams" if is_beam else "generation.tokens"
@@ -116,34 +144,65 @@ def generation_steps(generation_id: int, steps: list[dict[str, Any]], *, is_beam
     return event if segments is None else {**event, "segments": segments}
 
 
-def generation_finished(generation_id: int, message_id: int | None, finish_reason: str,
-                        text: str, stats: dict[str, Any],
-                        segments: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"type": "generation.finished", "generation_id": generation_id,
-            "message_id": message_id, "finish_reason": finish_reason, "text": text,
-            "stats": stats, "segments": segments if segments is not None else []}
+def generation_finished(
+    generation_id: int,
+    message_id: int | None,
+    finish_reason: str,
+    text: str,
+    stats: dict[str, Any],
+    segments: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "type": "generation.finished",
+        "generation_id": generation_id,
+        "message_id": message_id,
+        "finish_reason": finish_reason,
+        "text": text,
+        "stats": stats,
+        "segments": segments if segments is not None else [],
+    }
 
 
 def generation_error(generation_id: int, code: str, message: str) -> dict[str, Any]:
     assert code in ERROR_CODES, code
-    return {"type": "generation.error", "generation_id": generation_id, "code": code,
-            "message": message}
+    return {"type": "generation.error", "generation_id": generation_id, "code": code, "message": message}
 
 
 # Prefill/decode disaggregation (docs/pd-disaggregation.md): the handoff's workers, size,
 # timings (ms) and `timeline` (Unix epoch ms of each phase boundary).
-HANDOFF_FIELDS = ("prefill_worker", "decode_worker", "kv_transfer_bytes", "serialize_ms", "store_ms", "fetch_ms",
-                  "transfer_ms", "load_ms", "timeline")
+HANDOFF_FIELDS = (
+    "prefill_worker",
+    "decode_worker",
+    "kv_transfer_bytes",
+    "serialize_ms",
+    "store_ms",
+    "fetch_ms",
+    "transfer_ms",
+    "load_ms",
+    "timeline",
+)
 
 
 def generation_handoff(generation_id: int, handoff: dict[str, Any]) -> dict[str, Any]:
     """The decode worker loaded the KV cache the prefill worker stored; decoding goes on."""
-    return {"type": "generation.handoff", "generation_id": generation_id,
-            **{name: handoff.get(name) for name in HANDOFF_FIELDS}}
+    return {
+        "type": "generation.handoff",
+        "generation_id": generation_id,
+        **{name: handoff.get(name) for name in HANDOFF_FIELDS},
+    }
 
 
-_STATS_FIELDS = ("num_prompt_tokens", "num_cached_tokens", "num_generated_tokens", "prefill_ms", "ttft_ms",
-                 "decode_ms", "decode_tok_s", "kv_cache_bytes", "finish_reason")
+_STATS_FIELDS = (
+    "num_prompt_tokens",
+    "num_cached_tokens",
+    "num_generated_tokens",
+    "prefill_ms",
+    "ttft_ms",
+    "decode_ms",
+    "decode_tok_s",
+    "kv_cache_bytes",
+    "finish_reason",
+)
 
 
 def stats_record(finished: dict[str, Any], worker: str) -> dict[str, Any]:

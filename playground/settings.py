@@ -3,6 +3,7 @@
 Owns: configuration only. Every knob is an environment variable (see the README); nothing
 here imports the inference engine's heavy parts.
 """
+
 from __future__ import annotations
 
 import os
@@ -151,9 +152,11 @@ CHANNEL_LAYERS = {
 CELERY_BROKER_URL = REDIS_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True  # results travel over the channel layer and the DB
-CELERY_TASK_ROUTES = {"playground.tasks.run_generation": {"queue": "gpu"},
-                      "playground.tasks.run_prefill": {"queue": "prefill"},
-                      "playground.tasks.run_decode": {"queue": "decode"}}
+CELERY_TASK_ROUTES = {
+    "playground.tasks.run_generation": {"queue": "gpu"},
+    "playground.tasks.run_prefill": {"queue": "prefill"},
+    "playground.tasks.run_decode": {"queue": "decode"},
+}
 # One generation per worker at a time, acknowledged when done: a second task never waits
 # behind a long generation while another worker is idle.
 CELERY_TASK_ACKS_LATE = True
@@ -177,7 +180,8 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
-        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage" if DEBUG
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
         else "whitenoise.storage.CompressedStaticFilesStorage",
     },
 }

@@ -4,6 +4,7 @@
 The web process imports this module to send tasks (see `dispatch`), so the worker package
 (and with it the engine) is imported inside the task bodies only, in the worker process.
 """
+
 from __future__ import annotations
 
 import socket

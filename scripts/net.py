@@ -1,5 +1,6 @@
 """Small network probes shared by the supervisor and the test fixtures: free ports and
 "does this URL answer HTTP yet?". Must not know what listens there."""
+
 from __future__ import annotations
 
 import socket

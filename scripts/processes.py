@@ -6,6 +6,7 @@ grace period). On Linux the child also gets SIGKILL if the process that started 
 so a crashed supervisor or test run leaves nothing behind.
 Must not know: what the command is (Redis, Celery, daphne are the callers' business).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,8 +16,9 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 PR_SET_PDEATHSIG = 1
 
@@ -43,9 +45,15 @@ class Service:
     """A named command run as the leader of a new session (its own process group), so a
     terminal's Ctrl-C reaches only the supervisor, which then stops children in order."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None,
-                 cwd: str | Path | None = None, log_path: Path | None = None,
-                 prefix_output: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        cwd: str | Path | None = None,
+        log_path: Path | None = None,
+        prefix_output: bool = False,
+    ) -> None:
         self.name = name
         self.argv = argv
         self.env = env
@@ -66,9 +74,14 @@ class Service:
             stdout = subprocess.PIPE
         preexec = _die_with_parent if _prctl is not None else None
         self.process = subprocess.Popen(
-            self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
-            stdout=stdout, stderr=subprocess.STDOUT if stdout is not None else None,
-            start_new_session=True, preexec_fn=preexec,
+            self.argv,
+            env=self.env,
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout is not None else None,
+            start_new_session=True,
+            preexec_fn=preexec,
         )
         if stdout is subprocess.PIPE:
             threading.Thread(target=self._copy_prefixed, daemon=True, name=f"{self.name}-output").start()

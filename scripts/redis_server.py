@@ -4,6 +4,7 @@ Owns: locating the `redis-server` binary, probing a `redis://` URL, and running 
 throw-away server (no persistence: the broker queue and channel layer are transient).
 Must not know: Django, Celery or what the data in Redis means.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -45,15 +46,33 @@ def ping(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def start_redis(data_dir: Path, port: int, log_path: Path | None = None, host: str = "127.0.0.1",
-                db: int = 0, ready_timeout_s: float = 20.0) -> tuple[Service, str]:
+def start_redis(
+    data_dir: Path,
+    port: int,
+    log_path: Path | None = None,
+    host: str = "127.0.0.1",
+    db: int = 0,
+    ready_timeout_s: float = 20.0,
+) -> tuple[Service, str]:
     """Start a private redis-server on host:port with its working dir in `data_dir`;
     returns the running service and its URL once it answers PING."""
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = [
-        str(redis_server_binary()), "--bind", host, "--port", str(port),
-        "--dir", str(data_dir), "--save", "", "--appendonly", "no",
-        "--protected-mode", "no", "--daemonize", "no",
+        str(redis_server_binary()),
+        "--bind",
+        host,
+        "--port",
+        str(port),
+        "--dir",
+        str(data_dir),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "no",
+        "--daemonize",
+        "no",
     ]
     service = Service("redis", argv, log_path=log_path)
     service.start()
@@ -69,8 +88,7 @@ def start_redis(data_dir: Path, port: int, log_path: Path | None = None, host: s
     return service, url
 
 
-def find_or_start_redis(url: str, data_dir: Path, log_path: Path | None = None
-                        ) -> tuple[Service | None, str]:
+def find_or_start_redis(url: str, data_dir: Path, log_path: Path | None = None) -> tuple[Service | None, str]:
     """Use the Redis answering at `url`; otherwise start one on that port (or a free one if
     something else holds it). Returns (the started service or None, the URL to use)."""
     if ping(url):

@@ -8,6 +8,7 @@ the model (the Makefile prepares those before this runs).
 Settings (environment): HOST (127.0.0.1), PORT (8000), REDIS_URL (redis://127.0.0.1:6379/0),
 PLAYGROUND_DATA_DIR (<repo>/data), WORKER_QUEUES (gpu,celery).
 """
+
 from __future__ import annotations
 
 import os
@@ -75,8 +76,21 @@ def child_env(redis_url: str, data_dir: Path) -> dict[str, str]:
 
 
 def worker_argv(queues: str, name: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", queues,
-            "-P", "solo", "-n", name, "--loglevel=info"]
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "playground",
+        "worker",
+        "-Q",
+        queues,
+        "-P",
+        "solo",
+        "-n",
+        name,
+        "--loglevel=info",
+    ]
 
 
 def web_argv(host: str, port: int) -> list[str]:
@@ -86,8 +100,9 @@ def web_argv(host: str, port: int) -> list[str]:
 def supervise(supervisor: Supervisor, host: str, port: int) -> int:
     """Start everything, announce the URL once daphne answers, then watch for deaths."""
     data_dir = Path(os.environ.get("PLAYGROUND_DATA_DIR", REPO_DIR / "data")).resolve()
-    redis, redis_url = find_or_start_redis(os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
-                                           data_dir / "redis", log_path=data_dir / "redis" / "redis.log")
+    redis, redis_url = find_or_start_redis(
+        os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), data_dir / "redis", log_path=data_dir / "redis" / "redis.log"
+    )
     if redis is None:
         say(f"using the Redis that answers at {redis_url}")
     else:
@@ -95,8 +110,7 @@ def supervise(supervisor: Supervisor, host: str, port: int) -> int:
         say(f"started redis (pid {redis.pid}) at {redis_url}, log in {redis.log_path}")
     env = child_env(redis_url, data_dir)
     queues = os.environ.get("WORKER_QUEUES", "gpu,celery")
-    supervisor.start(Service("worker", worker_argv(queues, "gpu@%h"), env=env, cwd=REPO_DIR,
-                             prefix_output=True))
+    supervisor.start(Service("worker", worker_argv(queues, "gpu@%h"), env=env, cwd=REPO_DIR, prefix_output=True))
     supervisor.start(Service("web", web_argv(host, port), env=env, cwd=REPO_DIR, prefix_output=True))
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
     is_announced = False

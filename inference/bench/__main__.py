@@ -1,4 +1,5 @@
 """`python -m inference.bench [decode|prefix|pd] [--quick] [...]`: runs one benchmark mode."""
+
 from __future__ import annotations
 
 import importlib

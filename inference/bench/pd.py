@@ -23,6 +23,7 @@ Both workers run on one machine, so "separate hardware" is two disjoint sets of 
 and caches, and any other load on the machine; and one core decodes more slowly than two.
 See docs/pd-disaggregation.md for what this shows and what two GPUs would show.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,10 +45,18 @@ from inference.engine import Engine
 from inference.events import Event, Finished, Step
 from inference.sampling_params import SamplingParams
 
-QUESTIONS = ("Tell me about lighthouses.", "Why is the sea salty?", "Describe a storm at night.",
-             "How do ships navigate?", "What do keepers eat?", "Write a poem about fog.")
-FILLER = ("The keeper climbed the tower every night to light the lamp while storms rolled in from the "
-          "grey sea and ships passed far away carrying letters, salt, timber and news. ")
+QUESTIONS = (
+    "Tell me about lighthouses.",
+    "Why is the sea salty?",
+    "Describe a storm at night.",
+    "How do ships navigate?",
+    "What do keepers eat?",
+    "Write a poem about fog.",
+)
+FILLER = (
+    "The keeper climbed the tower every night to light the lamp while storms rolled in from the "
+    "grey sea and ships passed far away carrying letters, salt, timber and news. "
+)
 
 
 @dataclass(frozen=True)
@@ -96,8 +105,10 @@ class Result:
 
 # ---- the workload ---------------------------------------------------------------------------
 
-def make_workload(engine: Engine, num_chats: int, chat_tokens: int, num_long: int, long_len: int,
-                  long_tokens: int) -> Workload:
+
+def make_workload(
+    engine: Engine, num_chats: int, chat_tokens: int, num_long: int, long_len: int, long_tokens: int
+) -> Workload:
     def chat(text: str) -> list[int]:
         return engine.encode(engine.render_chat([{"role": "user", "content": text}]).text)
 
@@ -108,10 +119,13 @@ def make_workload(engine: Engine, num_chats: int, chat_tokens: int, num_long: in
     # Spread the arrivals over the middle of the chats' run, so every prefill meets running decodes.
     arrivals = [int(total * (i + 1) / (num_long + 2)) for i in range(num_long)]
     params = SamplingParams(greedy=True, ignore_eos=True, num_alternatives=10, use_prefix_cache=False)
-    return Workload(chat_ids=[chat(QUESTIONS[i % len(QUESTIONS)]) for i in range(num_chats)], long_ids=long_ids,
-                    chat_params=replace(params, max_new_tokens=chat_tokens),
-                    long_params=replace(params, max_new_tokens=long_tokens),
-                    arrivals=arrivals)
+    return Workload(
+        chat_ids=[chat(QUESTIONS[i % len(QUESTIONS)]) for i in range(num_chats)],
+        long_ids=long_ids,
+        chat_params=replace(params, max_new_tokens=chat_tokens),
+        long_params=replace(params, max_new_tokens=long_tokens),
+        arrivals=arrivals,
+    )
 
 
 def start_chats(engine: Engine, workload: Workload) -> list[Stream]:
@@ -126,6 +140,7 @@ def start_chats(engine: Engine, workload: Workload) -> list[Stream]:
 
 # ---- colocated -------------------------------------------------------------------------------
 
+
 def run_colocated(engine: Engine, workload: Workload) -> Result:
     chats = start_chats(engine, workload)
     active, done, pending = list(chats), [], list(enumerate(workload.long_ids))
@@ -133,8 +148,9 @@ def run_colocated(engine: Engine, workload: Workload) -> Result:
         num_chat_tokens = sum(len(s.token_times) for s in chats)
         while pending and num_chat_tokens >= workload.arrivals[pending[0][0]]:
             _, ids = pending.pop(0)
-            active.append(Stream(is_chat=False, events=engine.generate(ids, workload.long_params),
-                                 arrived_at=time.monotonic()))  # prefilled in this round: everyone waits
+            active.append(
+                Stream(is_chat=False, events=engine.generate(ids, workload.long_params), arrived_at=time.monotonic())
+            )  # prefilled in this round: everyone waits
         for stream in list(active):
             if not stream.advance():
                 active.remove(stream)
@@ -143,6 +159,7 @@ def run_colocated(engine: Engine, workload: Workload) -> Result:
 
 
 # ---- disaggregated -----------------------------------------------------------------------------
+
 
 def _prefill_worker(config: EngineConfig, cores: set[int], store_dir: str, jobs: mp.Queue, results: mp.Queue) -> None:
     """The prefill worker process: prefill + first token, serialize, store, report."""
@@ -161,18 +178,32 @@ def _prefill_worker(config: EngineConfig, cores: set[int], store_dir: str, jobs:
         t0 = time.perf_counter()
         path = Path(store_dir) / f"{job_id}.kv"
         path.write_bytes(blob)
-        results.put(("done", job_id, str(path), {
-            "first_token_at": first_token_at, "prefill_ms": prefill_ms, "serialize_ms": serialize_ms,
-            "store_ms": (time.perf_counter() - t0) * 1000, "kv_bytes": len(blob)}))
+        results.put(
+            (
+                "done",
+                job_id,
+                str(path),
+                {
+                    "first_token_at": first_token_at,
+                    "prefill_ms": prefill_ms,
+                    "serialize_ms": serialize_ms,
+                    "store_ms": (time.perf_counter() - t0) * 1000,
+                    "kv_bytes": len(blob),
+                },
+            )
+        )
 
 
 class PrefillWorker:
     def __init__(self, config: EngineConfig, cores: set[int]) -> None:
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch (or CUDA) state
-        self.store = tempfile.TemporaryDirectory(prefix="bench-pd-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+        self.store = tempfile.TemporaryDirectory(
+            prefix="bench-pd-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
+        )
         self.jobs, self.results = ctx.Queue(), ctx.Queue()
-        self.process = ctx.Process(target=_prefill_worker, args=(config, cores, self.store.name, self.jobs, self.results),
-                                   daemon=True)
+        self.process = ctx.Process(
+            target=_prefill_worker, args=(config, cores, self.store.name, self.jobs, self.results), daemon=True
+        )
         self.process.start()
         kind, self.model_name = self.results.get(timeout=600)
         assert kind == "ready"
@@ -234,6 +265,7 @@ def _load(engine: Engine, stream: Stream, path: Path, timings: dict[str, float],
 
 # ---- reporting ---------------------------------------------------------------------------------
 
+
 def pin(cores: set[int]) -> None:
     """Run this process (and the threads it starts from now on) on `cores` only; torch uses them all."""
     if cores and hasattr(os, "sched_setaffinity"):
@@ -261,8 +293,11 @@ def prefill_device(device: str) -> str:
 
 def summarize(name: str, result: Result) -> dict[str, float]:
     itl, ttft = result.itl_ms(), result.ttft_ms()
-    row = {f"itl_p50_{name}_ms": percentile(itl, 50), f"itl_p99_{name}_ms": percentile(itl, 99),
-           f"itl_max_{name}_ms": max(itl)}
+    row = {
+        f"itl_p50_{name}_ms": percentile(itl, 50),
+        f"itl_p99_{name}_ms": percentile(itl, 99),
+        f"itl_max_{name}_ms": max(itl),
+    }
     if ttft:
         row[f"ttft_p50_{name}_ms"] = percentile(ttft, 50)
     print(f"{name:<13} " + " ".join(f"{v:>8.1f}" for v in row.values()) + f"   ({len(itl)} gaps, {len(ttft)} prefills)")
@@ -270,13 +305,21 @@ def summarize(name: str, result: Result) -> dict[str, float]:
 
 
 def handoff_summary(result: Result) -> dict[str, float]:
-    mean = {key: statistics.fmean(h[key] for h in result.handoffs)
-            for key in ("prefill_ms", "serialize_ms", "store_ms", "fetch_ms", "load_ms", "kv_bytes")}
-    print(f"handoff (mean of {len(result.handoffs)}): {mean['kv_bytes'] / 1e6:.1f} MB, prefill "
-          f"{mean['prefill_ms']:.0f} ms, serialize {mean['serialize_ms']:.0f} ms, store {mean['store_ms']:.0f} ms, "
-          f"fetch {mean['fetch_ms']:.0f} ms, verify+load {mean['load_ms']:.0f} ms")
-    return {"kv_transfer_mb": mean["kv_bytes"] / 1e6, "serialize_ms": mean["serialize_ms"],
-            "transfer_ms": mean["store_ms"] + mean["fetch_ms"], "load_ms": mean["load_ms"]}
+    mean = {
+        key: statistics.fmean(h[key] for h in result.handoffs)
+        for key in ("prefill_ms", "serialize_ms", "store_ms", "fetch_ms", "load_ms", "kv_bytes")
+    }
+    print(
+        f"handoff (mean of {len(result.handoffs)}): {mean['kv_bytes'] / 1e6:.1f} MB, prefill "
+        f"{mean['prefill_ms']:.0f} ms, serialize {mean['serialize_ms']:.0f} ms, store {mean['store_ms']:.0f} ms, "
+        f"fetch {mean['fetch_ms']:.0f} ms, verify+load {mean['load_ms']:.0f} ms"
+    )
+    return {
+        "kv_transfer_mb": mean["kv_bytes"] / 1e6,
+        "serialize_ms": mean["serialize_ms"],
+        "transfer_ms": mean["store_ms"] + mean["fetch_ms"],
+        "load_ms": mean["load_ms"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     workload = make_workload(engine, num_chats, chat_tokens, num_long, args.prompt_len, long_tokens=8)
     worker = PrefillWorker(EngineConfig(device=prefill_device(args.device), prefix_cache_bytes=0), prefill_cores)
     try:
-        print(f"{num_chats} chats decoding {chat_tokens} tokens each; {num_long} requests with "
-              f"{len(workload.long_ids[0])}-token prompts arrive meanwhile. device={engine.device}; colocated: "
-              f"{len(all_cores)} cores; disaggregated: decode {len(decode_cores)} + prefill {len(prefill_cores)} cores")
+        print(
+            f"{num_chats} chats decoding {chat_tokens} tokens each; {num_long} requests with "
+            f"{len(workload.long_ids[0])}-token prompts arrive meanwhile. device={engine.device}; colocated: "
+            f"{len(all_cores)} cores; disaggregated: decode {len(decode_cores)} + prefill {len(prefill_cores)} cores"
+        )
         print(f"{'mode':<13} {'ITL p50':>8} {'ITL p99':>8} {'ITL max':>8} {'TTFT p50':>8}   (ms)")
         pin(all_cores)
         results = summarize("colocated", run_colocated(engine, workload))

@@ -10,6 +10,7 @@ question, so a cached run reuses the history (plus the 2-3 tokens "Question <dig
 share with an earlier question), never a whole earlier prompt. The last line printed is
 `key=value` pairs (`ttft_speedup` is at ~2,000 tokens).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,11 @@ from inference.events import Finished, Prefilled
 from inference.sampling_params import SamplingParams
 
 HISTORY_SIZES = {"1k": 1000, "2k": 2000}
-WORDS = ("the keeper climbed the tower every night to light the lamp while storms rolled in "
-         "from the grey sea and ships passed far away carrying letters salt timber and news "
-         "of distant towns where nobody had ever heard of the small island or its light").split()
+WORDS = (
+    "the keeper climbed the tower every night to light the lamp while storms rolled in "
+    "from the grey sea and ships passed far away carrying letters salt timber and news "
+    "of distant towns where nobody had ever heard of the small island or its light"
+).split()
 
 
 def _sentence(rng: random.Random) -> str:
@@ -35,9 +38,13 @@ def _sentence(rng: random.Random) -> str:
 def conversation(num_messages: int, seed: int = 0) -> list[dict]:
     """Alternating user/assistant messages of a few sentences each (deterministic)."""
     rng = random.Random(seed)
-    return [{"role": "user" if i % 2 == 0 else "assistant",
-             "content": " ".join(_sentence(rng) for _ in range(rng.randint(2, 5)))}
-            for i in range(num_messages)]
+    return [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": " ".join(_sentence(rng) for _ in range(rng.randint(2, 5))),
+        }
+        for i in range(num_messages)
+    ]
 
 
 def history_of(engine: Engine, messages: list[dict], num_tokens: int) -> list[dict]:
@@ -71,9 +78,13 @@ def measure(engine: Engine, history: list[dict], repeats: int, label: str) -> di
             best[use_prefix_cache] = min(best[use_prefix_cache], finished.ttft_ms)
             if use_prefix_cache:
                 num_cached, num_prompt = prefilled.num_cached_tokens, prefilled.num_prompt_tokens
-    return {f"ttft_cached_ms_{label}": best[True], f"ttft_uncached_ms_{label}": best[False],
-            f"ttft_speedup_{label}": best[False] / best[True],
-            f"num_prompt_tokens_{label}": num_prompt, f"num_cached_tokens_{label}": num_cached}
+    return {
+        f"ttft_cached_ms_{label}": best[True],
+        f"ttft_uncached_ms_{label}": best[False],
+        f"ttft_speedup_{label}": best[False] / best[True],
+        f"num_prompt_tokens_{label}": num_prompt,
+        f"num_cached_tokens_{label}": num_cached,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,19 +108,29 @@ def main(argv: list[str] | None = None) -> int:
     for label in HISTORY_SIZES:
         r = measure(engine, histories[label], repeats, label)
         results.update(r)
-        print(f"{label:>8} {r[f'num_prompt_tokens_{label}']:>7} {r[f'num_cached_tokens_{label}']:>7} "
-              f"{r[f'ttft_uncached_ms_{label}']:>12.1f} {r[f'ttft_cached_ms_{label}']:>11.1f} "
-              f"{r[f'ttft_speedup_{label}']:>7.1f}x")
+        print(
+            f"{label:>8} {r[f'num_prompt_tokens_{label}']:>7} {r[f'num_cached_tokens_{label}']:>7} "
+            f"{r[f'ttft_uncached_ms_{label}']:>12.1f} {r[f'ttft_cached_ms_{label}']:>11.1f} "
+            f"{r[f'ttft_speedup_{label}']:>7.1f}x"
+        )
 
     stats = engine.prefix_cache_stats()
     mb_per_1k = stats["num_bytes"] / stats["num_stored_tokens"] * 1000 / 2**20
-    print(f"cache holds {stats['num_stored_tokens']} tokens in {stats['num_bytes'] / 2**20:.1f} MiB "
-          f"({mb_per_1k:.1f} MiB per 1,000 tokens, {engine.loaded.dtype}); budget "
-          f"{stats['max_bytes'] / 2**20:.0f} MiB = {int(stats['max_bytes'] / mb_per_1k / 2**20 * 1000)} tokens; "
-          f"hit rate {stats['hit_rate']:.2f}")
-    keys = {"ttft_cached_ms": results["ttft_cached_ms_2k"], "ttft_uncached_ms": results["ttft_uncached_ms_2k"],
-            "ttft_speedup": results["ttft_speedup_2k"], **results, "cache_mb_per_1k_tokens": mb_per_1k,
-            "device": str(engine.device), "repeats": repeats}
+    print(
+        f"cache holds {stats['num_stored_tokens']} tokens in {stats['num_bytes'] / 2**20:.1f} MiB "
+        f"({mb_per_1k:.1f} MiB per 1,000 tokens, {engine.loaded.dtype}); budget "
+        f"{stats['max_bytes'] / 2**20:.0f} MiB = {int(stats['max_bytes'] / mb_per_1k / 2**20 * 1000)} tokens; "
+        f"hit rate {stats['hit_rate']:.2f}"
+    )
+    keys = {
+        "ttft_cached_ms": results["ttft_cached_ms_2k"],
+        "ttft_uncached_ms": results["ttft_uncached_ms_2k"],
+        "ttft_speedup": results["ttft_speedup_2k"],
+        **results,
+        "cache_mb_per_1k_tokens": mb_per_1k,
+        "device": str(engine.device),
+        "repeats": repeats,
+    }
     print(format_keys(keys))
     return 0
 

@@ -8,6 +8,7 @@ cropping (for branches and prefix reuse) and export/import as plain per-layer te
   place, used by the lean Llama-family runner (no per-step `torch.cat`).
 - `HFKVCache`: wraps a transformers `DynamicCache`, used for every other architecture.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -31,8 +32,9 @@ class KVCache(Protocol):
 class ContiguousKVCache:
     """One preallocated buffer; `num_tokens` positions of it are valid."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         self.buffer = torch.empty(num_layers, 2, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self._num_tokens = 0
 
@@ -56,8 +58,13 @@ class ContiguousKVCache:
         if needed <= self.capacity:
             return
         new_capacity = max(needed, 2 * self.capacity)
-        grown = torch.empty(*self.buffer.shape[:3], new_capacity, self.buffer.shape[4],
-                            dtype=self.buffer.dtype, device=self.buffer.device)
+        grown = torch.empty(
+            *self.buffer.shape[:3],
+            new_capacity,
+            self.buffer.shape[4],
+            dtype=self.buffer.dtype,
+            device=self.buffer.device,
+        )
         grown[:, :, :, : self._num_tokens] = self.buffer[:, :, :, : self._num_tokens]
         self.buffer = grown
 
@@ -81,8 +88,9 @@ class ContiguousKVCache:
 
     def export(self, num_tokens: int | None = None) -> LayerKV:
         n = self._num_tokens if num_tokens is None else num_tokens
-        return [(self.buffer[i, 0, :, :n].clone(), self.buffer[i, 1, :, :n].clone())
-                for i in range(self.buffer.shape[0])]
+        return [
+            (self.buffer[i, 0, :, :n].clone(), self.buffer[i, 1, :, :n].clone()) for i in range(self.buffer.shape[0])
+        ]
 
     def load(self, layers: LayerKV) -> None:
         """Replace the contents with exported tensors (same layer/head geometry)."""

@@ -19,6 +19,7 @@ fit, its leading part that does is kept: a conversation is reused from its start
 
 Thread safety: one lock around every public method (one worker process, a few threads).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -37,10 +38,10 @@ class _Node:
     """One radix-tree edge: `token_ids` after the parent's tokens, and their KV."""
 
     token_ids: tuple[int, ...]
-    layers: LayerKV                               # (kv_heads, len(token_ids), head_dim) per layer
+    layers: LayerKV  # (kv_heads, len(token_ids), head_dim) per layer
     parent: _Node | None
     children: dict[int, _Node] = field(default_factory=dict)  # keyed by the child's first token
-    last_used: int = 0                            # logical clock: ordering, not time
+    last_used: int = 0  # logical clock: ordering, not time
     nbytes: int = 0
 
 
@@ -160,7 +161,7 @@ class PrefixCache:
             child = node.children.get(token_ids[num_tokens])
             if child is None:
                 break
-            used = _common_length(child.token_ids, token_ids[num_tokens: num_tokens + len(child.token_ids)])
+            used = _common_length(child.token_ids, token_ids[num_tokens : num_tokens + len(child.token_ids)])
             path.append((child, used))
             num_tokens += used
             if used < len(child.token_ids):
@@ -170,12 +171,13 @@ class PrefixCache:
 
     def _gather(self, path: list[tuple[_Node, int]]) -> LayerKV:
         num_layers = len(path[0][0].layers)
-        pieces = [[(node.layers[i][0][:, :used], node.layers[i][1][:, :used]) for node, used in path]
-                  for i in range(num_layers)]
+        pieces = [
+            [(node.layers[i][0][:, :used], node.layers[i][1][:, :used]) for node, used in path]
+            for i in range(num_layers)
+        ]
         if len(path) == 1:  # one node: views, no copy
             return [layer[0] for layer in pieces]
-        return [(torch.cat([k for k, _ in layer], dim=1), torch.cat([v for _, v in layer], dim=1))
-                for layer in pieces]
+        return [(torch.cat([k for k, _ in layer], dim=1), torch.cat([v for _, v in layer], dim=1)) for layer in pieces]
 
     def _touch(self, nodes) -> None:
         now = next(self._clock)
@@ -184,8 +186,12 @@ class PrefixCache:
 
     def _split(self, node: _Node, at: int) -> _Node:
         """Cut node's edge after `at` tokens; return the new upper node (the lower keeps `node`)."""
-        upper = _Node(token_ids=node.token_ids[:at], layers=_owned_slice(node.layers, 0, at),
-                      parent=node.parent, last_used=node.last_used)
+        upper = _Node(
+            token_ids=node.token_ids[:at],
+            layers=_owned_slice(node.layers, 0, at),
+            parent=node.parent,
+            last_used=node.last_used,
+        )
         node.layers = _owned_slice(node.layers, at, len(node.token_ids))
         node.token_ids = node.token_ids[at:]
         upper.parent.children[upper.token_ids[0]] = upper
@@ -197,8 +203,9 @@ class PrefixCache:
         self.num_bytes += upper.nbytes + node.nbytes
         return upper
 
-    def _add_suffix(self, parent: _Node, token_ids: Sequence[int], layers: LayerKV, start: int,
-                    protected: set[_Node]) -> None:
+    def _add_suffix(
+        self, parent: _Node, token_ids: Sequence[int], layers: LayerKV, start: int, protected: set[_Node]
+    ) -> None:
         num_new = len(token_ids) - start
         bytes_per_token = layer_kv_nbytes(layers) // len(token_ids)
         self._evict(self.num_bytes + num_new * bytes_per_token - self.max_bytes, protected)
@@ -206,8 +213,12 @@ class PrefixCache:
         if num_new <= 0:
             return
         end = start + num_new
-        node = _Node(token_ids=tuple(token_ids[start:end]), layers=_owned_slice(layers, start, end),
-                     parent=parent, last_used=next(self._clock))
+        node = _Node(
+            token_ids=tuple(token_ids[start:end]),
+            layers=_owned_slice(layers, start, end),
+            parent=parent,
+            last_used=next(self._clock),
+        )
         node.nbytes = layer_kv_nbytes(node.layers)
         parent.children[node.token_ids[0]] = node
         self._nodes.add(node)
@@ -237,5 +248,7 @@ class PrefixCache:
             raise ValueError("layers is empty: expected one (keys, values) pair per layer")
         for i, (k, v) in enumerate(layers):
             if k.dim() != 3 or v.dim() != 3 or k.shape[1] != len(token_ids) or v.shape[1] != len(token_ids):
-                raise ValueError(f"layer {i}: keys {tuple(k.shape)} / values {tuple(v.shape)} must be "
-                                 f"(kv_heads, {len(token_ids)}, head_dim) to match the token ids")
+                raise ValueError(
+                    f"layer {i}: keys {tuple(k.shape)} / values {tuple(v.shape)} must be "
+                    f"(kv_heads, {len(token_ids)}, head_dim) to match the token ids"
+                )

@@ -15,6 +15,7 @@ and copies bytes into tensors of allowed dtypes, so a poisoned blob cannot run c
 defect (not a blob, another version, truncated, corrupt, a different model or cache
 geometry) raises `KVTransferError` naming it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,13 @@ MAGIC = b"PGKV"
 FORMAT_VERSION = 1
 _PREAMBLE = struct.Struct("<4sHI32s")  # magic, version, header length, sha256 digest
 # Only these dtypes may be named in a header: a blob cannot make us build anything else.
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-           "float64": torch.float64, "uint8": torch.uint8}
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "uint8": torch.uint8,
+}
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 _RNG_STATE = "rng_state"
 _HEADER_FIELDS = {"model": str, "num_tokens": int, "tensors": list, "request": dict}
@@ -48,10 +54,10 @@ class Handoff:
 
     prompt_ids: list[int]
     params: SamplingParams
-    layers: LayerKV                 # the prompt's KV cache, one (keys, values) pair per layer
+    layers: LayerKV  # the prompt's KV cache, one (keys, values) pair per layer
     prefilled: Prefilled
     first_step: Step
-    rng_state: torch.Tensor         # sampler generator state after the first token (seeded runs continue identically)
+    rng_state: torch.Tensor  # sampler generator state after the first token (seeded runs continue identically)
     seed: int
     ttft_ms: float
 
@@ -72,11 +78,16 @@ class KVSpec:
     @classmethod
     def from_model_info(cls, info: dict[str, Any]) -> "KVSpec":
         """From `Engine.model_info()`."""
-        return cls(model=info["name"], dtype=info["dtype"], num_layers=info["num_layers"],
-                   kv_bytes_per_token=info["kv_bytes_per_token"])
+        return cls(
+            model=info["name"],
+            dtype=info["dtype"],
+            num_layers=info["num_layers"],
+            kv_bytes_per_token=info["kv_bytes_per_token"],
+        )
 
 
 # ---- writing ------------------------------------------------------------------------------
+
 
 def serialize(handoff: Handoff, model: str) -> bytearray:
     """The blob for `handoff`, prefilled by `model` (its name, checked when loading)."""
@@ -84,21 +95,33 @@ def serialize(handoff: Handoff, model: str) -> bytearray:
     entries, offset = [], 0
     for name, tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
-        entries.append({"name": name, "dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape),
-                        "offset": offset, "nbytes": nbytes})
+        entries.append(
+            {
+                "name": name,
+                "dtype": _dtype_name(tensor.dtype),
+                "shape": list(tensor.shape),
+                "offset": offset,
+                "nbytes": nbytes,
+            }
+        )
         offset += nbytes
-    header = json.dumps({
-        "model": model, "num_tokens": len(handoff.prompt_ids), "tensors": entries, "data_bytes": offset,
-        "request": _request_record(handoff),
-    }).encode()
+    header = json.dumps(
+        {
+            "model": model,
+            "num_tokens": len(handoff.prompt_ids),
+            "tensors": entries,
+            "data_bytes": offset,
+            "request": _request_record(handoff),
+        }
+    ).encode()
     data_start = _PREAMBLE.size + len(header)
     blob = bytearray(data_start + offset)
-    blob[_PREAMBLE.size: data_start] = header
+    blob[_PREAMBLE.size : data_start] = header
     for (_, tensor), entry in zip(tensors, entries):
         # One copy, straight from the (possibly GPU) tensor into the blob.
         target = torch.frombuffer(blob, dtype=torch.uint8, count=entry["nbytes"], offset=data_start + entry["offset"])
         target.copy_(tensor.detach().contiguous().view(-1).view(torch.uint8))
-    digest = hashlib.sha256(memoryview(blob)[_PREAMBLE.size:]).digest()
+    digest = hashlib.sha256(memoryview(blob)[_PREAMBLE.size :]).digest()
     _PREAMBLE.pack_into(blob, 0, MAGIC, FORMAT_VERSION, len(header), digest)
     return blob
 
@@ -107,8 +130,10 @@ def _named_tensors(handoff: Handoff) -> list[tuple[str, torch.Tensor]]:
     tensors = []
     for i, (keys, values) in enumerate(handoff.layers):
         if keys.shape[1] != len(handoff.prompt_ids) or values.shape[1] != len(handoff.prompt_ids):
-            raise ValueError(f"layer {i} caches {keys.shape[1]} of {len(handoff.prompt_ids)} prompt tokens "
-                             "(a sliding-window cache?): only a full KV cache can be handed over")
+            raise ValueError(
+                f"layer {i} caches {keys.shape[1]} of {len(handoff.prompt_ids)} prompt tokens "
+                "(a sliding-window cache?): only a full KV cache can be handed over"
+            )
         tensors += [(f"layers.{i}.keys", keys), (f"layers.{i}.values", values)]
     return tensors + [(_RNG_STATE, handoff.rng_state)]
 
@@ -121,15 +146,22 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _request_record(handoff: Handoff) -> dict[str, Any]:
     # json's default allow_nan stays on: an infinite logprob would survive, and only we read this JSON.
-    return {"prompt_ids": handoff.prompt_ids, "params": handoff.params.to_dict(),
-            "prefilled": handoff.prefilled.to_dict(), "first_step": handoff.first_step.to_dict(),
-            "seed": handoff.seed, "ttft_ms": handoff.ttft_ms}
+    return {
+        "prompt_ids": handoff.prompt_ids,
+        "params": handoff.params.to_dict(),
+        "prefilled": handoff.prefilled.to_dict(),
+        "first_step": handoff.first_step.to_dict(),
+        "seed": handoff.seed,
+        "ttft_ms": handoff.ttft_ms,
+    }
 
 
 # ---- reading ------------------------------------------------------------------------------
 
-def deserialize(blob: bytes | bytearray | memoryview, expected: KVSpec | None = None,
-                device: torch.device | str = "cpu") -> Handoff:
+
+def deserialize(
+    blob: bytes | bytearray | memoryview, expected: KVSpec | None = None, device: torch.device | str = "cpu"
+) -> Handoff:
     """The `Handoff` in `blob`, its KV tensors on `device`; checked against `expected` if given."""
     view = memoryview(blob).cast("B")
     header, data_start = _read_header(view)
@@ -142,8 +174,9 @@ def deserialize(blob: bytes | bytearray | memoryview, expected: KVSpec | None = 
         _check_compatible(header["model"], layers, header["num_tokens"], expected)
     handoff = _handoff(header["request"], [(k.to(device), v.to(device)) for k, v in layers], rng_state)
     if len(handoff.prompt_ids) != header["num_tokens"]:
-        raise KVTransferError(f"corrupt KV blob: {len(handoff.prompt_ids)} prompt ids for "
-                              f"{header['num_tokens']} cached tokens")
+        raise KVTransferError(
+            f"corrupt KV blob: {len(handoff.prompt_ids)} prompt ids for {header['num_tokens']} cached tokens"
+        )
     return handoff
 
 
@@ -155,13 +188,15 @@ def _read_header(view: memoryview) -> tuple[dict[str, Any], int]:
     if magic != MAGIC:
         raise KVTransferError(f"not a KV blob: it starts with {bytes(magic)!r}, not {MAGIC!r}")
     if version != FORMAT_VERSION:
-        raise KVTransferError(f"KV blob format version {version} is not supported (this build reads "
-                              f"version {FORMAT_VERSION}); prefill and decode workers must run the same release")
+        raise KVTransferError(
+            f"KV blob format version {version} is not supported (this build reads "
+            f"version {FORMAT_VERSION}); prefill and decode workers must run the same release"
+        )
     data_start = _PREAMBLE.size + header_len
     if data_start > len(view):
         raise KVTransferError(f"truncated KV blob: {len(view)} bytes, but its header alone ends at byte {data_start}")
     try:
-        header = json.loads(bytes(view[_PREAMBLE.size: data_start]))
+        header = json.loads(bytes(view[_PREAMBLE.size : data_start]))
     except ValueError as exc:
         raise KVTransferError(f"corrupt KV blob header: {exc}") from exc
     data_bytes = header.get("data_bytes") if isinstance(header, dict) else None
@@ -170,7 +205,7 @@ def _read_header(view: memoryview) -> tuple[dict[str, Any], int]:
     if len(view) - data_start != data_bytes:
         what = "truncated" if len(view) - data_start < data_bytes else "oversized"
         raise KVTransferError(f"{what} KV blob: {len(view) - data_start} data bytes, the header says {data_bytes}")
-    if hashlib.sha256(view[_PREAMBLE.size:]).digest() != digest:
+    if hashlib.sha256(view[_PREAMBLE.size :]).digest() != digest:
         raise KVTransferError("corrupt KV blob: its checksum does not match its contents")
     for key, kind in _HEADER_FIELDS.items():
         if not isinstance(header.get(key), kind):
@@ -207,16 +242,19 @@ def _layers(tensors: dict[str, torch.Tensor], num_tokens: Any) -> list[tuple[tor
             raise KVTransferError(f"corrupt KV blob: layer {i}'s keys or values are missing")
         for tensor in (keys, values):
             if tensor.dim() != 3 or tensor.shape[1] != num_tokens:
-                raise KVTransferError(f"corrupt KV blob: layer {i} has shape {list(tensor.shape)}, expected "
-                                      f"(kv_heads, {num_tokens}, head_dim)")
+                raise KVTransferError(
+                    f"corrupt KV blob: layer {i} has shape {list(tensor.shape)}, expected "
+                    f"(kv_heads, {num_tokens}, head_dim)"
+                )
         layers.append((keys, values))
     if not layers or len(tensors) != 2 * num_layers:
         raise KVTransferError("corrupt KV blob: its tensors are not (keys, values) pairs, one per layer")
     return layers
 
 
-def _check_compatible(model: Any, layers: list[tuple[torch.Tensor, torch.Tensor]], num_tokens: int,
-                      expected: KVSpec) -> None:
+def _check_compatible(
+    model: Any, layers: list[tuple[torch.Tensor, torch.Tensor]], num_tokens: int, expected: KVSpec
+) -> None:
     """Same model, dtype and cache geometry as the engine about to load it."""
     if model != expected.model:
         raise KVTransferError(f"KV blob is from model {model!r}; this worker runs {expected.model!r}")
@@ -227,8 +265,10 @@ def _check_compatible(model: Any, layers: list[tuple[torch.Tensor, torch.Tensor]
         raise KVTransferError(f"KV blob has {len(layers)} layers; the model has {expected.num_layers}")
     nbytes = layer_kv_nbytes(layers)
     if nbytes != expected.kv_bytes_per_token * num_tokens:
-        raise KVTransferError(f"KV blob holds {nbytes // num_tokens} bytes per token; this model's cache needs "
-                              f"{expected.kv_bytes_per_token} (different heads or head size)")
+        raise KVTransferError(
+            f"KV blob holds {nbytes // num_tokens} bytes per token; this model's cache needs "
+            f"{expected.kv_bytes_per_token} (different heads or head size)"
+        )
 
 
 def _handoff(request: Any, layers: list[tuple[torch.Tensor, torch.Tensor]], rng_state: torch.Tensor) -> Handoff:
@@ -237,9 +277,15 @@ def _handoff(request: Any, layers: list[tuple[torch.Tensor, torch.Tensor]], rng_
         step["token_bytes"] = bytes.fromhex(step["token_bytes"])
         for key in ("top_raw", "top_processed"):
             step[key] = tuple(Alternative(**alternative) for alternative in step[key])
-        return Handoff(prompt_ids=[int(i) for i in request["prompt_ids"]],
-                       params=SamplingParams.from_dict(request["params"]), layers=layers,
-                       prefilled=Prefilled(**request["prefilled"]), first_step=Step(**step),
-                       rng_state=rng_state, seed=int(request["seed"]), ttft_ms=float(request["ttft_ms"]))
+        return Handoff(
+            prompt_ids=[int(i) for i in request["prompt_ids"]],
+            params=SamplingParams.from_dict(request["params"]),
+            layers=layers,
+            prefilled=Prefilled(**request["prefilled"]),
+            first_step=Step(**step),
+            rng_state=rng_state,
+            seed=int(request["seed"]),
+            ttft_ms=float(request["ttft_ms"]),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise KVTransferError(f"corrupt KV blob: its request record is malformed ({exc})") from exc

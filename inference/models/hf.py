@@ -3,6 +3,7 @@
 Owns: turning token ids + a cache into next-token logits for architectures the lean
 runner does not cover (GPT-2, DeepSeek-V3 MLA+MoE, ...). Must not know: sampling, requests.
 """
+
 from __future__ import annotations
 
 import torch

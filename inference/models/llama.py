@@ -6,10 +6,11 @@ contiguous KV cache written in place. At batch 1 decode every op is a dispatch p
 weight read, so fewer dispatches is most of the win over `model.generate` on a CPU.
 Must not know: sampling, requests.
 """
+
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
 from inference.kv.cache import ContiguousKVCache
 from inference.models.loader import architecture_of
@@ -90,8 +91,9 @@ class LlamaRunner:
         self.cos, self.sin = cos[0], sin[0]
 
     def new_cache(self, capacity: int) -> ContiguousKVCache:
-        return ContiguousKVCache(len(self.layers), self.num_kv_heads, self.head_dim, max(capacity, 1),
-                                 self.dtype, self.device)
+        return ContiguousKVCache(
+            len(self.layers), self.num_kv_heads, self.head_dim, max(capacity, 1), self.dtype, self.device
+        )
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # Same order of operations as transformers' LlamaRMSNorm: float32 statistics, then cast back.
@@ -112,7 +114,7 @@ class LlamaRunner:
             cache = self.new_cache(num_new)
         cache.reserve(num_new)
         start = cache.num_tokens
-        cos, sin = self.cos[start:start + num_new], self.sin[start:start + num_new]  # (T, head_dim)
+        cos, sin = self.cos[start : start + num_new], self.sin[start : start + num_new]  # (T, head_dim)
         mask = None
         if num_new > 1 and start > 0:  # causal mask offset by the cached prefix: query i sees keys 0..start+i
             key_pos = torch.arange(start + num_new, device=self.device)
@@ -129,8 +131,16 @@ class LlamaRunner:
         last = self._rms_norm(h[-1:], self.final_norm)  # only the last position's logits are needed
         return _linear(last, self.lm_head)[0].float()  # (vocab,)
 
-    def _attention(self, i: int, layer: _Layer, x: torch.Tensor, cache: ContiguousKVCache,
-                   cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _attention(
+        self,
+        i: int,
+        layer: _Layer,
+        x: torch.Tensor,
+        cache: ContiguousKVCache,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         num_new = x.shape[0]
         qkv = _linear(x, layer.qkv_weight, layer.qkv_bias)  # (T, q + 2 kv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -140,6 +150,12 @@ class LlamaRunner:
         keys, values = cache.write(i, k, v)  # (KVH, start+T, D)
         # Without a cached prefix, queries and keys align: the fused causal kernel needs no mask tensor.
         is_causal = mask is None and num_new > 1
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=is_causal,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)  # (1, H, T, D)
+        out = F.scaled_dot_product_attention(
+            q[None],
+            keys[None],
+            values[None],
+            attn_mask=mask,
+            is_causal=is_causal,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # (1, H, T, D)
         return _linear(out[0].transpose(0, 1).reshape(num_new, self.q_size), layer.o_weight)

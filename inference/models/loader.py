@@ -6,6 +6,7 @@ is ever downloaded), choosing device and dtype, and turning every way a load can
 one `ModelLoadError` that names the model and what is wrong.
 Must not know: generation, sampling, chat rendering, Django.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,9 +17,15 @@ from typing import Any
 
 import torch
 
-from inference.models.bundled import (BUNDLED_GGUF_NAME, ConversionError, Progress, ensure_bundled_model,
-                               ensure_converted, say)
 from inference.config import BUNDLED_MODEL, EngineConfig
+from inference.models.bundled import (
+    BUNDLED_GGUF_NAME,
+    ConversionError,
+    Progress,
+    ensure_bundled_model,
+    ensure_converted,
+    say,
+)
 
 BUNDLED_NAME = BUNDLED_GGUF_NAME.split(".")[0]  # "SmolLM2-135M-Instruct"
 
@@ -31,14 +38,14 @@ class ModelLoadError(ValueError):
 class LoadedModel:
     """A model ready for inference (eval mode, on `device`) and everything read with it."""
 
-    model: Any                  # transformers PreTrainedModel
-    tokenizer: Any              # transformers tokenizer
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
     name: str
     source_path: Path
     dtype: torch.dtype
     device: torch.device
-    chat_template: str | None   # the model's own; None when it ships without one
-    max_context: int            # min(EngineConfig.max_context, the model's position limit)
+    chat_template: str | None  # the model's own; None when it ships without one
+    max_context: int  # min(EngineConfig.max_context, the model's position limit)
     eos_token_ids: tuple[int, ...]
 
 
@@ -59,15 +66,22 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     tokenizer = _load_tokenizer(folder, config.trust_remote_code, progress)
     model = _load_weights(folder, dtype, device, config.trust_remote_code, progress)
     loaded = LoadedModel(
-        model=model, tokenizer=tokenizer, name=name, source_path=folder, dtype=dtype, device=device,
-        chat_template=_chat_template(tokenizer), max_context=_max_context(model, config, folder),
-        eos_token_ids=_eos_token_ids(model, tokenizer))
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        source_path=folder,
+        dtype=dtype,
+        device=device,
+        chat_template=_chat_template(tokenizer),
+        max_context=_max_context(model, config, folder),
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+    )
     say(progress, f"{name} ready on {device} in {str(dtype).removeprefix('torch.')}")
     return loaded
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto" is CUDA when available, else CPU; asking for CUDA without it is an error."""
+    """ "auto" is CUDA when available, else CPU; asking for CUDA without it is an error."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = torch.device(device)
@@ -75,14 +89,15 @@ def resolve_device(device: str) -> torch.device:
         if not torch.cuda.is_available():
             build = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
             raise ModelLoadError(
-                f"device={device!r} was asked for but CUDA is not available (torch {torch.__version__} is {build})")
+                f"device={device!r} was asked for but CUDA is not available (torch {torch.__version__} is {build})"
+            )
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise ModelLoadError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     return resolved
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """"auto" is bfloat16 on CUDA (float16 on GPUs without bfloat16) and float32 on CPU,
+    """ "auto" is bfloat16 on CUDA (float16 on GPUs without bfloat16) and float32 on CPU,
     where bfloat16 matmuls are slower than float32."""
     if dtype == "auto":
         if device.type != "cuda":
@@ -137,7 +152,8 @@ def _cached_hub_snapshot(repo_id: str) -> Path:
         raise ModelLoadError(
             f"model {repo_id!r} is neither a local folder nor in the Hugging Face cache "
             f"({constants.HF_HUB_CACHE}); downloads are disabled, so fetch it first "
-            f"(e.g. `hf download {repo_id}`) or give a folder path{detail}") from error
+            f"(e.g. `hf download {repo_id}`) or give a folder path{detail}"
+        ) from error
 
 
 def _load_tokenizer(folder: Path, trust_remote_code: bool, progress: Progress | None) -> Any:
@@ -150,14 +166,16 @@ def _load_tokenizer(folder: Path, trust_remote_code: bool, progress: Progress | 
         raise ModelLoadError(f"cannot load the tokenizer from {folder}: {_summary(error)}") from error
 
 
-def _load_weights(folder: Path, dtype: torch.dtype, device: torch.device, trust_remote_code: bool,
-                  progress: Progress | None) -> Any:
+def _load_weights(
+    folder: Path, dtype: torch.dtype, device: torch.device, trust_remote_code: bool, progress: Progress | None
+) -> Any:
     from transformers import AutoModelForCausalLM
 
     say(progress, f"loading the weights from {folder} ({str(dtype).removeprefix('torch.')}, {device})")
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, device_map=str(device), trust_remote_code=trust_remote_code, local_files_only=True)
+            folder, dtype=dtype, device_map=str(device), trust_remote_code=trust_remote_code, local_files_only=True
+        )
     except Exception as error:
         raise ModelLoadError(f"cannot load the model from {folder}: {_summary(error)}") from error
     return model.eval()
@@ -172,8 +190,14 @@ def _chat_template(tokenizer: Any) -> str | None:
 
 def _max_context(model: Any, config: EngineConfig, folder: Path) -> int:
     text_config = model.config.get_text_config()
-    model_limit = next((getattr(text_config, name) for name in ("max_position_embeddings", "n_positions")
-                        if getattr(text_config, name, None)), None)
+    model_limit = next(
+        (
+            getattr(text_config, name)
+            for name in ("max_position_embeddings", "n_positions")
+            if getattr(text_config, name, None)
+        ),
+        None,
+    )
     limits = [limit for limit in (config.max_context, model_limit) if limit]
     if not limits:
         raise ModelLoadError(f"{folder} does not state its context length; set max_context")

@@ -18,11 +18,12 @@ Semantics follow transformers' `GenerationMixin._beam_search` step for step, inc
 `repetition_penalty` is supported as transformers applies it under beam search: on the
 logprobs, over prompt + beam tokens. Temperature, top-k/p, min-p and the seed do not apply.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 from transformers import DynamicCache
@@ -40,16 +41,23 @@ ROOT_PARENT = -1  # `Beam.parent` of the first step's beams: they all extend the
 class StepResult:
     """What one `BeamSearchState.advance` decided, for the caller to report and act on."""
 
-    beams: tuple[Beam, ...]     # live beams (best first), then hypotheses finished this step
-    beam_ids: torch.Tensor      # (num_beams,) parent row of each running beam: the cache reorder
+    beams: tuple[Beam, ...]  # live beams (best first), then hypotheses finished this step
+    beam_ids: torch.Tensor  # (num_beams,) parent row of each running beam: the cache reorder
     is_done: bool
 
 
 class BeamSearchState:
     """Beam bookkeeping for one prompt; no model, no cache: feed it each step's logits."""
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, eos_token_ids: tuple[int, ...],
-                 max_length: int, decode: Callable[[list[int]], str], device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        eos_token_ids: tuple[int, ...],
+        max_length: int,
+        decode: Callable[[list[int]], str],
+        device: torch.device | str = "cpu",
+    ):
         self.params = params
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_length = max_length
@@ -99,18 +107,26 @@ class BeamSearchState:
         self.running_scores = (cand_scores + cand_is_done.float() * MASKED)[next_running]
         self._update_can_improve()
 
-        live = [self._beam(cand_tokens[i], self._penalized(cand_scores[i]), cand_parents[i])
-                for i in next_running.tolist() if not cand_is_done[i]]
-        finished = [self._beam(cand_tokens[i], score, cand_parents[i], is_finished=True)
-                     for i, score in new_finished]
-        is_done = (not self.can_improve or (self.params.early_stopping and bool(self.is_finished.all()))
-                   or bool(cand_is_done.all()))
+        live = [
+            self._beam(cand_tokens[i], self._penalized(cand_scores[i]), cand_parents[i])
+            for i in next_running.tolist()
+            if not cand_is_done[i]
+        ]
+        finished = [self._beam(cand_tokens[i], score, cand_parents[i], is_finished=True) for i, score in new_finished]
+        is_done = (
+            not self.can_improve
+            or (self.params.early_stopping and bool(self.is_finished.all()))
+            or bool(cand_is_done.all())
+        )
         beam_ids = torch.tensor(cand_parents, device=next_running.device)[next_running]
         return StepResult(beams=tuple(live + finished), beam_ids=beam_ids, is_done=is_done)
 
     def _is_done(self, tokens: tuple[int, ...]) -> bool:
-        return (tokens[-1] in self.eos_token_ids or len(self.prompt_ids) + len(tokens) >= self.max_length
-                or self._stop_index(tokens) is not None)
+        return (
+            tokens[-1] in self.eos_token_ids
+            or len(self.prompt_ids) + len(tokens) >= self.max_length
+            or self._stop_index(tokens) is not None
+        )
 
     def _stop_index(self, tokens: tuple[int, ...]) -> int | None:
         """Where the first stop string starts in the decoded text, or None."""
@@ -121,14 +137,15 @@ class BeamSearchState:
         return min(found) if found else None
 
     def _penalized(self, summed_logprob: torch.Tensor) -> float:
-        return float(summed_logprob / (self.num_generated ** self.params.length_penalty))
+        return float(summed_logprob / (self.num_generated**self.params.length_penalty))
 
-    def _update_finished(self, cand_tokens: list[tuple[int, ...]], cand_scores: torch.Tensor,
-                         cand_is_done: torch.Tensor) -> list[tuple[int, float]]:
+    def _update_finished(
+        self, cand_tokens: list[tuple[int, ...]], cand_scores: torch.Tensor, cand_is_done: torch.Tensor
+    ) -> list[tuple[int, float]]:
         """Merges this step's finished candidates into the best `num_beams` hypotheses; returns the
         (candidate index, score) of those that got in."""
         is_eligible = cand_is_done & self.is_top_candidate
-        scores = cand_scores / (self.num_generated ** self.params.length_penalty)
+        scores = cand_scores / (self.num_generated**self.params.length_penalty)
         is_full = bool(self.is_finished.all()) and self.params.early_stopping
         scores = scores + float(is_full) * MASKED
         scores = scores + float(not self.can_improve) * MASKED
@@ -144,7 +161,7 @@ class BeamSearchState:
         return [(i - num_old, float(merged_scores[i])) for i in keep if i >= num_old and merged_is_finished[i]]
 
     def _update_can_improve(self) -> None:
-        best_possible = self.running_scores[0] / (self.num_generated ** self.params.length_penalty)
+        best_possible = self.running_scores[0] / (self.num_generated**self.params.length_penalty)
         worst_finished = torch.where(self.is_finished, self.finished_scores.min(), MASKED)
         self.can_improve = self.can_improve and bool((best_possible > worst_finished).any())
 
@@ -166,12 +183,17 @@ class BeamSearchState:
         finished = zip(self.finished_scores, self.finished_tokens, self.is_finished)
         hypotheses = [(float(s), t) for s, t, is_finished in finished if is_finished]
         if include_running or not hypotheses:
-            hypotheses += [(self._penalized(s), t) for s, t in zip(self.running_scores, self.running_tokens)
-                           if s > MASKED / 2 and t]
+            hypotheses += [
+                (self._penalized(s), t)
+                for s, t in zip(self.running_scores, self.running_tokens)
+                if s > MASKED / 2 and t
+            ]
         hypotheses.sort(key=lambda h: -h[0])
         # `parent` means nothing outside a BeamStep; ROOT_PARENT says so.
-        return [Beam(token_ids=t, text=self.text(t), score=s, parent=ROOT_PARENT, is_finished=True)
-                for s, t in hypotheses[:self.params.num_return_sequences]]
+        return [
+            Beam(token_ids=t, text=self.text(t), score=s, parent=ROOT_PARENT, is_finished=True)
+            for s, t in hypotheses[: self.params.num_return_sequences]
+        ]
 
     def finish_reason(self, best: Beam | None, context_length: int) -> FinishReason:
         """Why `best` ended; "context" when it ran into `context_length`, the model's limit."""
@@ -181,8 +203,10 @@ class BeamSearchState:
             return "eos"
         if self._stop_index(best.token_ids) is not None:
             return "stop_string"
-        is_cut_by_context = (len(self.prompt_ids) + len(best.token_ids) >= context_length
-                             and len(best.token_ids) < self.params.max_new_tokens)
+        is_cut_by_context = (
+            len(self.prompt_ids) + len(best.token_ids) >= context_length
+            and len(best.token_ids) < self.params.max_new_tokens
+        )
         return "context" if is_cut_by_context else "length"
 
 
@@ -196,9 +220,16 @@ class _Clock:
 
 
 @torch.inference_mode()
-def beam_search(model, prompt_ids: list[int], params: SamplingParams, *, eos_token_ids: tuple[int, ...],
-                decode: Callable[[list[int]], str], max_length: int,
-                should_cancel: Callable[[], bool] | None = None) -> Iterator[Prefilled | BeamStep | Finished]:
+def beam_search(
+    model,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    eos_token_ids: tuple[int, ...],
+    decode: Callable[[list[int]], str],
+    max_length: int,
+    should_cancel: Callable[[], bool] | None = None,
+) -> Iterator[Prefilled | BeamStep | Finished]:
     """Runs beam search on a Hugging Face causal LM; yields `Prefilled`, a `BeamStep` per step
     (the first from the prefill pass), then one `Finished`.
 
@@ -219,8 +250,13 @@ def beam_search(model, prompt_ids: list[int], params: SamplingParams, *, eos_tok
     # One prefill pass for the prompt, shared by all beams (transformers runs it num_beams times).
     logits = _next_logits(model, state.context_ids()[:1], cache).expand(params.num_beams, -1)
     clock.prefill_done = time.perf_counter()
-    yield Prefilled(num_prompt_tokens=len(prompt_ids), num_cached_tokens=0, num_prefilled_tokens=len(prompt_ids),
-                    prefill_ms=_ms(clock.start, clock.prefill_done), kv_cache_bytes=dynamic_cache_nbytes(cache))
+    yield Prefilled(
+        num_prompt_tokens=len(prompt_ids),
+        num_cached_tokens=0,
+        num_prefilled_tokens=len(prompt_ids),
+        prefill_ms=_ms(clock.start, clock.prefill_done),
+        kv_cache_bytes=dynamic_cache_nbytes(cache),
+    )
     if cache is not None:
         cache.batch_repeat_interleave(params.num_beams)
     num_steps, step_start, is_cancelled = 0, clock.start, False
@@ -228,8 +264,12 @@ def beam_search(model, prompt_ids: list[int], params: SamplingParams, *, eos_tok
         step = state.advance(logits)
         now = time.perf_counter()
         clock.first_step_done = clock.first_step_done or now
-        yield BeamStep(index=num_steps, phase="decode" if num_steps else "prefill", beams=step.beams,
-                       latency_ms=_ms(step_start, now))
+        yield BeamStep(
+            index=num_steps,
+            phase="decode" if num_steps else "prefill",
+            beams=step.beams,
+            latency_ms=_ms(step_start, now),
+        )
         num_steps += 1
         is_cancelled = should_cancel is not None and should_cancel()
         if step.is_done or is_cancelled:
@@ -243,8 +283,9 @@ def beam_search(model, prompt_ids: list[int], params: SamplingParams, *, eos_tok
     yield _finished(state, is_cancelled, max_length, clock, num_steps, dynamic_cache_nbytes(cache))
 
 
-def _finished(state: BeamSearchState, is_cancelled: bool, context_length: int, clock: _Clock,
-              num_steps: int, kv_cache_bytes: int) -> Finished:
+def _finished(
+    state: BeamSearchState, is_cancelled: bool, context_length: int, clock: _Clock, num_steps: int, kv_cache_bytes: int
+) -> Finished:
     sequences = state.best(include_running=is_cancelled)
     best = sequences[0] if sequences else None
     decode_s = time.perf_counter() - clock.prefill_done

@@ -15,11 +15,13 @@ commute except on ties at the top-k boundary.
 Every processor returns a new tensor and never modifies its input; a filtered token gets
 `-inf`. Shapes: `logits` (B, V) float, `context_ids` (B, T) = prompt + generated so far.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -165,8 +167,9 @@ def build_processors(params: SamplingParams) -> list[LogitsProcessor]:
     return processors
 
 
-def apply_processors(processors: Sequence[LogitsProcessor], logits: torch.Tensor,
-                     context_ids: torch.Tensor) -> torch.Tensor:
+def apply_processors(
+    processors: Sequence[LogitsProcessor], logits: torch.Tensor, context_ids: torch.Tensor
+) -> torch.Tensor:
     """Runs `processors` in order; returns `logits` itself when there are none (callers must
     not modify the result in place)."""
     for processor in processors:

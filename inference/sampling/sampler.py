@@ -5,6 +5,7 @@ tokens run after run on the same device), the processed and raw log-probabilitie
 reports, and small read-outs of a distribution (top alternatives, entropy, rank).
 Must not know: models, caches, tokenizers, events.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -18,9 +19,9 @@ from inference.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class SampleOutput:
-    token_ids: torch.Tensor      # (B,) int64
-    logprobs: torch.Tensor       # (B, V) log-softmax of the processed logits: what was sampled from
-    raw_logprobs: torch.Tensor   # (B, V) log-softmax of the model's raw logits
+    token_ids: torch.Tensor  # (B,) int64
+    logprobs: torch.Tensor  # (B, V) log-softmax of the processed logits: what was sampled from
+    raw_logprobs: torch.Tensor  # (B, V) log-softmax of the model's raw logits
 
 
 class Sampler:

@@ -3,6 +3,7 @@
 Owns: holding back text that might be the start of a stop string, so a client never sees a
 stop string half-printed and then retracted. Must not know: tokens, models.
 """
+
 from __future__ import annotations
 
 
@@ -24,7 +25,7 @@ class StopStringMatcher:
             return released
         keep = self._longest_stop_prefix_suffix()
         released = self.pending[: len(self.pending) - keep]
-        self.pending = self.pending[len(self.pending) - keep:]
+        self.pending = self.pending[len(self.pending) - keep :]
         return released
 
     def flush(self) -> str:

@@ -8,14 +8,16 @@ model's output is `reasoning`'s.)
 Must not know: models, token ids (it works on text; the tokenizer is only read for its
 special-token strings), Django.
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -81,9 +83,14 @@ class TemplateTokens:
         return cls(dict(tokenizer.special_tokens_map), tuple(sorted(strings)))
 
 
-def render_chat(messages: Sequence[Mapping[str, Any]], template: str, *,
-                special_tokens: TemplateTokens | None = None,
-                add_generation_prompt: bool = True, **extra: Any) -> RenderedPrompt:
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    template: str,
+    *,
+    special_tokens: TemplateTokens | None = None,
+    add_generation_prompt: bool = True,
+    **extra: Any,
+) -> RenderedPrompt:
     """Render `messages` with `template`; equals `tokenizer.apply_chat_template(messages,
     tokenize=False, add_generation_prompt=...)` for a tokenizer with these special tokens.
 
@@ -98,8 +105,13 @@ def render_chat(messages: Sequence[Mapping[str, Any]], template: str, *,
     for name, value in extra.items():
         _check_plain(name, value)
     compiled = _compile(template)
-    context = {**tokens.variables, **extra, "tools": None, "documents": None,
-               "add_generation_prompt": bool(add_generation_prompt)}
+    context = {
+        **tokens.variables,
+        **extra,
+        "tools": None,
+        "documents": None,
+        "add_generation_prompt": bool(add_generation_prompt),
+    }
     text = _render(compiled, {**context, "messages": chat})
     spans = _spans(compiled, context, chat, text, tokens.strings, add_generation_prompt)
     return RenderedPrompt(text, tuple(spans))
@@ -160,6 +172,7 @@ def validate_template(source: str, special_tokens: TemplateTokens | None = None)
 
 # --- rendering -------------------------------------------------------------------------
 
+
 class _TemplateRaised(jinja2.TemplateError):
     """`raise_exception(...)` called by the template itself."""
 
@@ -170,7 +183,8 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise jinja2.exceptions.SecurityError(
-            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
+        )
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -190,7 +204,7 @@ class _GenerationTag(jinja2.ext.Extension):
 class _TemplateNamespace(jinja2.utils.Namespace):
     """`namespace()` that refuses underscore attributes (CPython internals), as transformers'."""
 
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 (Jinja's own signature trick)
+    def __init__(*args: Any, **kwargs: Any) -> None:
         self, args = args[0], args[1:]
         attrs = dict(*args, **kwargs)
         for name in attrs:
@@ -221,8 +235,13 @@ def _raise_exception(message: str) -> None:
     raise _TemplateRaised(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson escapes HTML characters; transformers' does not.
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -235,11 +254,11 @@ def _strftime_now(format: str) -> str:
 def _compile(source: str) -> jinja2.Template:
     if not isinstance(source, str) or not source.strip():
         raise ChatTemplateError("the chat template is empty")
-    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True,
-                         extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
-    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
-                       dict=_TemplateDict(), namespace=_TemplateNamespace)
+    env.globals.update(
+        raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(), namespace=_TemplateNamespace
+    )
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as error:
@@ -277,8 +296,15 @@ def _template_line(error: BaseException) -> int | None:
 
 # --- spans -----------------------------------------------------------------------------
 
-def _spans(compiled: jinja2.Template, context: dict[str, Any], chat: list[dict[str, str]], text: str,
-           special_strings: tuple[str, ...], add_generation_prompt: bool) -> list[Span]:
+
+def _spans(
+    compiled: jinja2.Template,
+    context: dict[str, Any],
+    chat: list[dict[str, str]],
+    text: str,
+    special_strings: tuple[str, ...],
+    add_generation_prompt: bool,
+) -> list[Span]:
     """Find where each message's content landed by rendering once more with a unique
     sentinel in place of each content; what lies between contents is template text."""
     longest_first = sorted(special_strings, key=len, reverse=True)  # "<|im_end|>" before "<|im"
@@ -297,13 +323,15 @@ def _spans(compiled: jinja2.Template, context: dict[str, Any], chat: list[dict[s
     return spans
 
 
-def _locate_contents(compiled: jinja2.Template, context: dict[str, Any], chat: list[dict[str, str]],
-                     text: str) -> list[tuple[int, int, int]] | None:
+def _locate_contents(
+    compiled: jinja2.Template, context: dict[str, Any], chat: list[dict[str, str]], text: str
+) -> list[tuple[int, int, int]] | None:
     """(start, end, message index) of every rendered content, in order, or None."""
     sentinels = [f"{_SENTINEL_OPEN}{i}{_SENTINEL_CLOSE}" for i in range(len(chat))]
     try:
-        skeleton = compiled.render({**context, "messages": [
-            {"role": m["role"], "content": s} for m, s in zip(chat, sentinels)]})
+        skeleton = compiled.render(
+            {**context, "messages": [{"role": m["role"], "content": s} for m, s in zip(chat, sentinels)]}
+        )
     except Exception:  # e.g. a template that inspects content; the real render worked
         return None
     parts = re.split(f"{_SENTINEL_OPEN}(\\d+){_SENTINEL_CLOSE}", skeleton)
@@ -321,8 +349,9 @@ def _locate_contents(compiled: jinja2.Template, context: dict[str, Any], chat: l
     return _align(literals, contents, indices, text)
 
 
-def _align(literals: list[str], contents: list[str], indices: list[int],
-           text: str) -> list[tuple[int, int, int]] | None:
+def _align(
+    literals: list[str], contents: list[str], indices: list[int], text: str
+) -> list[tuple[int, int, int]] | None:
     """Contents the template rewrote (trimmed, reasoning cut out): find the template text
     around them in order; each content is what lies between."""
     if not text.startswith(literals[0]) or not text.endswith(literals[-1]):
@@ -349,8 +378,9 @@ def _content_end(text: str, pos: int, content: str, next_literal: str) -> int | 
     return None if found < 0 else found
 
 
-def _split_special(start: int, end: int, text: str, special_re: re.Pattern | None,
-                   kind: SpanKind, role: str | None) -> list[Span]:
+def _split_special(
+    start: int, end: int, text: str, special_re: re.Pattern | None, kind: SpanKind, role: str | None
+) -> list[Span]:
     """Spans for text[start:end]: special-token strings as "special", the rest as `kind`."""
     spans, pos = [], start
     if special_re is not None:

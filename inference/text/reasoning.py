@@ -7,6 +7,7 @@ text before a `</think>` that no `<think>` opened is reasoning too, because Deep
 template ends the prompt with `<think>` and the answer begins inside it.
 Must not know: tokenizers, models, Django.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -68,8 +69,8 @@ def split_reasoning(text: str, *, starts_in_reasoning: bool = False) -> tuple[st
     """(reasoning, answer), each joined over its segments and stripped (the API's
     `reasoning_content` and `content`)."""
     segments = split_segments(text, starts_in_reasoning=starts_in_reasoning)
-    reasoning = "".join(text[s.start:s.end] for s in segments if s.kind == "reasoning")
-    answer = "".join(text[s.start:s.end] for s in segments if s.kind == "answer")
+    reasoning = "".join(text[s.start : s.end] for s in segments if s.kind == "reasoning")
+    answer = "".join(text[s.start : s.end] for s in segments if s.kind == "answer")
     return reasoning.strip(), answer.strip()
 
 

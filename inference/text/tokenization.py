@@ -11,6 +11,7 @@ byte-level BPE (GPT-2 style: every byte is mapped to a printable character, whic
 maps back), SentencePiece (`▁` is a space, `<0xNN>` is a byte fallback) and, for anything
 else, the tokenizer's own `decode([id])`.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -18,9 +19,10 @@ import json
 import re
 import threading
 import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 _SENTENCEPIECE_SPACE = "\u2581"  # "▁"
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -73,8 +75,7 @@ class TokenTable:
         return self.pieces[token_id] if token_id < len(self.pieces) else ""
 
     def info(self, token_id: int) -> TokenInfo:
-        return TokenInfo(token_id, self.piece_of(token_id), self.bytes_of(token_id),
-                         token_id in self.special_ids)
+        return TokenInfo(token_id, self.piece_of(token_id), self.bytes_of(token_id), token_id in self.special_ids)
 
 
 def _check_id(token_id: int) -> None:
@@ -168,8 +169,9 @@ def _decoder_kinds(decoder: dict) -> set[str]:
 
 def _replaces_sentencepiece_space(decoder: dict) -> bool:
     children = decoder.get("decoders") or [decoder]
-    return any(c.get("type") == "Replace" and c.get("pattern", {}).get("String") == _SENTENCEPIECE_SPACE
-               for c in children)
+    return any(
+        c.get("type") == "Replace" and c.get("pattern", {}).get("String") == _SENTENCEPIECE_SPACE for c in children
+    )
 
 
 @lru_cache(maxsize=1)

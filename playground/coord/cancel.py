@@ -1,8 +1,10 @@
-"""Cancel requests (a user's stop, not a stop string): a flag in Redis that the consumer sets and the worker's `should_cancel` reads.
+"""Cancel requests (a user's stop, not a stop string): a flag in Redis that the consumer sets
+and the worker's `should_cancel` reads.
 
 A flag rather than a Celery revoke: the solo pool runs the generation in the process that
 would have to receive the control message, and the engine checks the flag each step.
 """
+
 from __future__ import annotations
 
 from playground.coord import keys, store

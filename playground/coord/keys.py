@@ -4,6 +4,7 @@ broker name their own).
 All keys start with `playground:`. Each is written by one side and read by the other; the
 comment says who. Keys with a TTL expire on their own, so a killed process leaks nothing.
 """
+
 from __future__ import annotations
 
 PREFIX = "playground:"

@@ -7,6 +7,7 @@ stored, so a blob no decode worker picks up never leaks. Must not know: what a b
 `PLAYGROUND_KV_STORE` picks the store: `redis` (the default: the Redis every worker already
 reaches) or `file:/path` (a directory all workers mount, e.g. a fast local disk or NFS).
 """
+
 from __future__ import annotations
 
 import json
@@ -59,9 +60,10 @@ class RedisBlobStore:
         # One MULTI: a reader sees the manifest only together with every chunk.
         with self.client.pipeline(transaction=True) as pipe:
             for n in range(num_chunks):
-                pipe.set(self._chunk_key(name, n), view[n * self.chunk_bytes: (n + 1) * self.chunk_bytes], px=ttl_ms)
-            pipe.set(self._manifest_key(name), json.dumps({"num_chunks": num_chunks, "num_bytes": len(view)}),
-                     px=ttl_ms)
+                pipe.set(self._chunk_key(name, n), view[n * self.chunk_bytes : (n + 1) * self.chunk_bytes], px=ttl_ms)
+            pipe.set(
+                self._manifest_key(name), json.dumps({"num_chunks": num_chunks, "num_bytes": len(view)}), px=ttl_ms
+            )
             pipe.execute()
 
     def get(self, name: str) -> bytes:
@@ -145,6 +147,6 @@ def open_store(spec: str, ttl_s: float, redis_client: redis.Redis) -> BlobStore:
     """The store `spec` names: `redis` or `file:/path`."""
     if spec == "redis":
         return RedisBlobStore(redis_client, ttl_s)
-    if spec.startswith("file:") and spec[len("file:"):]:
-        return FileBlobStore(spec[len("file:"):], ttl_s)
+    if spec.startswith("file:") and spec[len("file:") :]:
+        return FileBlobStore(spec[len("file:") :], ttl_s)
     raise ValueError(f"PLAYGROUND_KV_STORE={spec!r} must be 'redis' or 'file:/a/shared/directory'")

@@ -6,13 +6,14 @@ A worker process refreshes `playground:worker:<name>` while it lives, and
 so a killed worker simply stops refreshing them. The rule (`mark_lost_if_stale`) is shared
 by the consumer's watchdog, the concurrency limit and the HTTP loads.
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
 import threading
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import Iterable, Iterator
 
 import redis
 from django.conf import settings
@@ -63,8 +64,9 @@ class Heartbeat(threading.Thread):
 def generation_heartbeat(generation_id: int, beat_class: type[Heartbeat] = Heartbeat) -> Iterator[Heartbeat]:
     """Beats for one generation; the key exists before the body runs and is gone after it
     (unless `beat_class.stop` keeps it: the prefill worker's handoff)."""
-    beat = beat_class(generation_key(generation_id), settings.PLAYGROUND_HEARTBEAT_TTL_S,
-                      settings.PLAYGROUND_HEARTBEAT_INTERVAL_S)
+    beat = beat_class(
+        generation_key(generation_id), settings.PLAYGROUND_HEARTBEAT_TTL_S, settings.PLAYGROUND_HEARTBEAT_INTERVAL_S
+    )
     beat.start()
     try:
         yield beat
@@ -86,12 +88,17 @@ def _is_stale(generation: Generation) -> bool:
         # then a missing key means the worker stopped refreshing it (or finished, which
         # the conditional update in `mark_lost_if_stale` tells apart).
         ttl = timedelta(seconds=settings.PLAYGROUND_HEARTBEAT_TTL_S)
-        return (generation.started_at is not None and generation.started_at < now - ttl
-                and not store.client().exists(generation_key(generation.pk)))
+        return (
+            generation.started_at is not None
+            and generation.started_at < now - ttl
+            and not store.client().exists(generation_key(generation.pk))
+        )
     if generation.status == Generation.Status.QUEUED:
         timeout = timedelta(seconds=settings.PLAYGROUND_QUEUE_TIMEOUT_S)
-        return (generation.created_at < now - timeout
-                and next(store.client().scan_iter(match=worker_routing.alive_key("*"), count=100), None) is None)
+        return (
+            generation.created_at < now - timeout
+            and next(store.client().scan_iter(match=worker_routing.alive_key("*"), count=100), None) is None
+        )
     return False
 
 
@@ -108,12 +115,18 @@ def mark_lost_if_stale(generation: Generation) -> bool:
         logger.warning("liveness check for generation %s failed: %s", generation.pk, exc)
         return False
     was_queued = generation.status == Generation.Status.QUEUED
-    message = ("no worker picked up this generation; is a worker running "
-               "(celery -A playground worker -Q gpu -P solo)?" if was_queued
-               else "the worker running this generation stopped responding; the partial answer was kept")
+    message = (
+        "no worker picked up this generation; is a worker running (celery -A playground worker -Q gpu -P solo)?"
+        if was_queued
+        else "the worker running this generation stopped responding; the partial answer was kept"
+    )
     num_updated = Generation.objects.filter(pk=generation.pk, status=generation.status).update(
-        status=Generation.Status.ERROR, finish_reason="error", error_code="worker_lost",
-        error_message=message, finished_at=timezone.now())
+        status=Generation.Status.ERROR,
+        finish_reason="error",
+        error_code="worker_lost",
+        error_message=message,
+        finished_at=timezone.now(),
+    )
     if num_updated:
         logger.warning("generation %s lost: %s", generation.pk, message)
     return bool(num_updated)

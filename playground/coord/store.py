@@ -3,6 +3,7 @@
 Owns: one client per `settings.REDIS_URL` (keyed by URL so a changed setting, e.g. in
 tests, gets its own). Must not know: what the keys mean (see cancel.py, liveness.py).
 """
+
 from __future__ import annotations
 
 import redis

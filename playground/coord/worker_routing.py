@@ -17,6 +17,7 @@ the generation; a request left unclaimed on a private queue (its worker died, or
 busy the instant after it was routed) is re-sent to `gpu` once by `reroute_if_unclaimed`,
 and whichever copy is claimed second is a no-op.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -26,8 +27,8 @@ import redis
 from playground.coord import keys
 
 SHARED_QUEUE = "gpu"
-OWNER_TTL_S = 3600      # how long a conversation stays "at" a worker after its last turn
-BUSY_TTL_S = 3600       # safety net only: a worker clears its busy flag when a generation ends
+OWNER_TTL_S = 3600  # how long a conversation stays "at" a worker after its last turn
+BUSY_TTL_S = 3600  # safety net only: a worker clears its busy flag when a generation ends
 CLAIM_TTL_S = 24 * 3600  # outlives any queue wait, so a late duplicate always finds the claim
 REROUTE_AFTER_S = 10.0  # an alive owner that has not claimed within this long is passed over
 
@@ -63,6 +64,7 @@ def _rerouted_key(generation_id: int | str) -> str:
 
 # ---- what workers publish ----------------------------------------------------------------
 
+
 def set_busy(r: redis.Redis, worker_name: str, is_busy: bool) -> None:
     """Set while a worker runs a generation (cleared in a `finally`)."""
     if is_busy:
@@ -71,8 +73,7 @@ def set_busy(r: redis.Redis, worker_name: str, is_busy: bool) -> None:
         r.delete(_busy_key(worker_name))
 
 
-def record_owner(r: redis.Redis, conversation_id: int | str, worker_name: str,
-                 ttl_s: int = OWNER_TTL_S) -> None:
+def record_owner(r: redis.Redis, conversation_id: int | str, worker_name: str, ttl_s: int = OWNER_TTL_S) -> None:
     """After a generation: this worker's prefix cache now holds the conversation."""
     r.set(_owner_key(conversation_id), worker_name, ex=ttl_s)
 
@@ -83,6 +84,7 @@ def owner_of(r: redis.Redis, conversation_id: int | str) -> str | None:
 
 
 # ---- the sender's side -----------------------------------------------------------------
+
 
 def choose_queue(r: redis.Redis, conversation_id: int | str | None) -> str:
     """The owner's private queue if it is alive and idle, else the shared queue."""
@@ -102,8 +104,9 @@ def route(r: redis.Redis, generation_id: int | str, conversation_id: int | str |
         queue = choose_queue(r, conversation_id)
         if queue != SHARED_QUEUE:
             with r.pipeline() as pipe:
-                pipe.hset(_route_key(generation_id), mapping={"worker": queue.split(".", 1)[1],
-                                                              "sent_at": _server_time(r)})
+                pipe.hset(
+                    _route_key(generation_id), mapping={"worker": queue.split(".", 1)[1], "sent_at": _server_time(r)}
+                )
                 pipe.expire(_route_key(generation_id), CLAIM_TTL_S)
                 pipe.execute()
         return queue
@@ -111,8 +114,9 @@ def route(r: redis.Redis, generation_id: int | str, conversation_id: int | str |
         return SHARED_QUEUE
 
 
-def reroute_if_unclaimed(r: redis.Redis, generation_id: int | str, send: Callable[[str], None],
-                         timeout_s: float = REROUTE_AFTER_S) -> bool:
+def reroute_if_unclaimed(
+    r: redis.Redis, generation_id: int | str, send: Callable[[str], None], timeout_s: float = REROUTE_AFTER_S
+) -> bool:
     """Re-send a generation stranded on a private queue to the shared one; True if this call did.
 
     Stranded: routed to a private queue, not claimed, and its worker is dead or has not
@@ -135,6 +139,7 @@ def reroute_if_unclaimed(r: redis.Redis, generation_id: int | str, send: Callabl
 
 
 # ---- the worker's side -----------------------------------------------------------------
+
 
 def claim_delivery(r: redis.Redis, generation_id: int | str, worker_name: str) -> bool:
     """True for exactly one caller per generation: only that one may run it."""

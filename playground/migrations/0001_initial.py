@@ -5,164 +5,314 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='ChatTemplate',
+            name="ChatTemplate",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('source', models.TextField(help_text='Jinja2 chat template (Hugging Face format).')),
-                ('description', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("source", models.TextField(help_text="Jinja2 chat template (Hugging Face format).")),
+                ("description", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Conversation',
+            name="Conversation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('session_key', models.CharField(db_index=True, max_length=40)),
-                ('title', models.CharField(blank=True, max_length=200)),
-                ('system_prompt', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('chat_template', models.ForeignKey(blank=True, help_text="Empty: the model's default template.", null=True, on_delete=django.db.models.deletion.SET_NULL, to='playground.chattemplate')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("session_key", models.CharField(db_index=True, max_length=40)),
+                ("title", models.CharField(blank=True, max_length=200)),
+                ("system_prompt", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "chat_template",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty: the model's default template.",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to="playground.chattemplate",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-updated_at'],
+                "ordering": ["-updated_at"],
             },
         ),
         migrations.CreateModel(
-            name='LanguageModel',
+            name="LanguageModel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('is_default', models.BooleanField(default=False)),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('source', models.CharField(help_text='A Hugging Face model folder, a hub id already in the local cache, a .gguf file, or "bundled" (SmolLM2-135M-Instruct).', max_length=500)),
-                ('dtype', models.CharField(choices=[('auto', 'auto'), ('float32', 'float32'), ('bfloat16', 'bfloat16'), ('float16', 'float16')], default='auto', help_text="auto: the worker's PLAYGROUND_DTYPE.", max_length=16)),
-                ('device', models.CharField(default='auto', help_text="auto, cpu, cuda or cuda:N; auto: the worker's PLAYGROUND_DEVICE.", max_length=16)),
-                ('max_context', models.PositiveIntegerField(blank=True, help_text="Caps the context length; empty: the model's own.", null=True)),
-                ('is_enabled', models.BooleanField(default=True)),
-                ('trust_remote_code', models.BooleanField(default=False, help_text='Runs Python code shipped with the model. Only for sources you trust.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('default_chat_template', models.ForeignKey(blank=True, help_text="Empty: the model's own template.", null=True, on_delete=django.db.models.deletion.SET_NULL, to='playground.chattemplate')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("is_default", models.BooleanField(default=False)),
+                ("name", models.CharField(max_length=100, unique=True)),
+                (
+                    "source",
+                    models.CharField(
+                        help_text='A Hugging Face model folder, a hub id already in the local cache, a .gguf file, or "bundled" (SmolLM2-135M-Instruct).',
+                        max_length=500,
+                    ),
+                ),
+                (
+                    "dtype",
+                    models.CharField(
+                        choices=[
+                            ("auto", "auto"),
+                            ("float32", "float32"),
+                            ("bfloat16", "bfloat16"),
+                            ("float16", "float16"),
+                        ],
+                        default="auto",
+                        help_text="auto: the worker's PLAYGROUND_DTYPE.",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "device",
+                    models.CharField(
+                        default="auto",
+                        help_text="auto, cpu, cuda or cuda:N; auto: the worker's PLAYGROUND_DEVICE.",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "max_context",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="Caps the context length; empty: the model's own.", null=True
+                    ),
+                ),
+                ("is_enabled", models.BooleanField(default=True)),
+                (
+                    "trust_remote_code",
+                    models.BooleanField(
+                        default=False, help_text="Runs Python code shipped with the model. Only for sources you trust."
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "default_chat_template",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty: the model's own template.",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to="playground.chattemplate",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'model',
-                'ordering': ['name'],
+                "verbose_name": "model",
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Generation',
+            name="Generation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('finished', 'Finished'), ('error', 'Error'), ('cancelled', 'Cancelled')], db_index=True, default='queued', max_length=16)),
-                ('kind', models.CharField(choices=[('chat', 'Chat'), ('complete', 'Complete')], default='chat', max_length=16)),
-                ('session_key', models.CharField(db_index=True, max_length=40)),
-                ('params', models.JSONField(default=dict, help_text='The resolved SamplingParams.')),
-                ('inputs', models.JSONField(blank=True, default=dict, help_text='complete only: {text, chat, token_ids} as the client sent them.')),
-                ('prompt_text', models.TextField(blank=True, help_text='The prompt as the model saw it.')),
-                ('prompt', models.JSONField(blank=True, default=dict, help_text='{spans, tokens}')),
-                ('text', models.TextField(blank=True, help_text='The answer (partial until finished).')),
-                ('steps', models.JSONField(blank=True, default=list)),
-                ('stats', models.JSONField(blank=True, default=dict)),
-                ('finish_reason', models.CharField(blank=True, max_length=16)),
-                ('error_code', models.CharField(blank=True, max_length=32)),
-                ('error_message', models.TextField(blank=True)),
-                ('worker', models.CharField(blank=True, max_length=200)),
-                ('prefill_worker', models.CharField(blank=True, max_length=200)),
-                ('decode_worker', models.CharField(blank=True, max_length=200)),
-                ('num_prompt_tokens', models.PositiveIntegerField(blank=True, null=True)),
-                ('num_cached_tokens', models.PositiveIntegerField(blank=True, null=True)),
-                ('num_generated_tokens', models.PositiveIntegerField(blank=True, null=True)),
-                ('prefill_ms', models.FloatField(blank=True, null=True)),
-                ('ttft_ms', models.FloatField(blank=True, null=True)),
-                ('decode_tok_s', models.FloatField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('chat_template', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='playground.chattemplate')),
-                ('conversation', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='generations', to='playground.conversation')),
-                ('model', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, to='playground.languagemodel')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("finished", "Finished"),
+                            ("error", "Error"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("chat", "Chat"), ("complete", "Complete")], default="chat", max_length=16
+                    ),
+                ),
+                ("session_key", models.CharField(db_index=True, max_length=40)),
+                ("params", models.JSONField(default=dict, help_text="The resolved SamplingParams.")),
+                (
+                    "inputs",
+                    models.JSONField(
+                        blank=True,
+                        default=dict,
+                        help_text="complete only: {text, chat, token_ids} as the client sent them.",
+                    ),
+                ),
+                ("prompt_text", models.TextField(blank=True, help_text="The prompt as the model saw it.")),
+                ("prompt", models.JSONField(blank=True, default=dict, help_text="{spans, tokens}")),
+                ("text", models.TextField(blank=True, help_text="The answer (partial until finished).")),
+                ("steps", models.JSONField(blank=True, default=list)),
+                ("stats", models.JSONField(blank=True, default=dict)),
+                ("finish_reason", models.CharField(blank=True, max_length=16)),
+                ("error_code", models.CharField(blank=True, max_length=32)),
+                ("error_message", models.TextField(blank=True)),
+                ("worker", models.CharField(blank=True, max_length=200)),
+                ("prefill_worker", models.CharField(blank=True, max_length=200)),
+                ("decode_worker", models.CharField(blank=True, max_length=200)),
+                ("num_prompt_tokens", models.PositiveIntegerField(blank=True, null=True)),
+                ("num_cached_tokens", models.PositiveIntegerField(blank=True, null=True)),
+                ("num_generated_tokens", models.PositiveIntegerField(blank=True, null=True)),
+                ("prefill_ms", models.FloatField(blank=True, null=True)),
+                ("ttft_ms", models.FloatField(blank=True, null=True)),
+                ("decode_tok_s", models.FloatField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "chat_template",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to="playground.chattemplate",
+                    ),
+                ),
+                (
+                    "conversation",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="generations",
+                        to="playground.conversation",
+                    ),
+                ),
+                (
+                    "model",
+                    models.ForeignKey(
+                        null=True, on_delete=django.db.models.deletion.SET_NULL, to="playground.languagemodel"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.AddField(
-            model_name='conversation',
-            name='model',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='playground.languagemodel'),
+            model_name="conversation",
+            name="model",
+            field=models.ForeignKey(
+                blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to="playground.languagemodel"
+            ),
         ),
         migrations.CreateModel(
-            name='Message',
+            name="Message",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('system', 'System'), ('user', 'User'), ('assistant', 'Assistant')], max_length=16)),
-                ('content', models.TextField(blank=True)),
-                ('position', models.PositiveIntegerField(help_text='Place in the conversation; superseded messages keep theirs.')),
-                ('is_active', models.BooleanField(default=True, help_text='False once an edit or regenerate replaced it.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('conversation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='messages', to='playground.conversation')),
-                ('generation', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='messages', to='playground.generation')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[("system", "System"), ("user", "User"), ("assistant", "Assistant")], max_length=16
+                    ),
+                ),
+                ("content", models.TextField(blank=True)),
+                (
+                    "position",
+                    models.PositiveIntegerField(
+                        help_text="Place in the conversation; superseded messages keep theirs."
+                    ),
+                ),
+                (
+                    "is_active",
+                    models.BooleanField(default=True, help_text="False once an edit or regenerate replaced it."),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "conversation",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="messages",
+                        to="playground.conversation",
+                    ),
+                ),
+                (
+                    "generation",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="messages",
+                        to="playground.generation",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['position', 'created_at'],
+                "ordering": ["position", "created_at"],
             },
         ),
         migrations.CreateModel(
-            name='SamplingPreset',
+            name="SamplingPreset",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('is_default', models.BooleanField(default=False)),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('description', models.TextField(blank=True)),
-                ('max_new_tokens', models.PositiveIntegerField(default=256)),
-                ('greedy', models.BooleanField(default=False, help_text='Always pick the most likely token.')),
-                ('temperature', models.FloatField(default=1.0, help_text='0 = greedy.')),
-                ('top_k', models.PositiveIntegerField(default=0, help_text='0 = off.')),
-                ('top_p', models.FloatField(default=1.0, help_text='1.0 = off.')),
-                ('min_p', models.FloatField(default=0.0, help_text='0.0 = off.')),
-                ('repetition_penalty', models.FloatField(default=1.0, help_text='1.0 = off.')),
-                ('seed', models.BigIntegerField(blank=True, help_text='Empty: a fresh random seed per request.', null=True)),
-                ('num_alternatives', models.PositiveIntegerField(default=10, help_text='Top tokens reported per step.')),
-                ('stop', models.JSONField(blank=True, default=list, help_text='Stop strings, e.g. ["\\n\\n"].')),
-                ('ignore_eos', models.BooleanField(default=False)),
-                ('use_kv_cache', models.BooleanField(default=True)),
-                ('use_prefix_cache', models.BooleanField(default=True, help_text="Reuse the KV cache of earlier requests' common prefix.")),
-                ('num_beams', models.PositiveIntegerField(default=1, help_text='> 1: beam search.')),
-                ('length_penalty', models.FloatField(default=1.0)),
-                ('early_stopping', models.BooleanField(default=False)),
-                ('num_return_sequences', models.PositiveIntegerField(default=1)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("is_default", models.BooleanField(default=False)),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("description", models.TextField(blank=True)),
+                ("max_new_tokens", models.PositiveIntegerField(default=256)),
+                ("greedy", models.BooleanField(default=False, help_text="Always pick the most likely token.")),
+                ("temperature", models.FloatField(default=1.0, help_text="0 = greedy.")),
+                ("top_k", models.PositiveIntegerField(default=0, help_text="0 = off.")),
+                ("top_p", models.FloatField(default=1.0, help_text="1.0 = off.")),
+                ("min_p", models.FloatField(default=0.0, help_text="0.0 = off.")),
+                ("repetition_penalty", models.FloatField(default=1.0, help_text="1.0 = off.")),
+                (
+                    "seed",
+                    models.BigIntegerField(blank=True, help_text="Empty: a fresh random seed per request.", null=True),
+                ),
+                (
+                    "num_alternatives",
+                    models.PositiveIntegerField(default=10, help_text="Top tokens reported per step."),
+                ),
+                ("stop", models.JSONField(blank=True, default=list, help_text='Stop strings, e.g. ["\\n\\n"].')),
+                ("ignore_eos", models.BooleanField(default=False)),
+                ("use_kv_cache", models.BooleanField(default=True)),
+                (
+                    "use_prefix_cache",
+                    models.BooleanField(
+                        default=True, help_text="Reuse the KV cache of earlier requests' common prefix."
+                    ),
+                ),
+                ("num_beams", models.PositiveIntegerField(default=1, help_text="> 1: beam search.")),
+                ("length_penalty", models.FloatField(default=1.0)),
+                ("early_stopping", models.BooleanField(default=False)),
+                ("num_return_sequences", models.PositiveIntegerField(default=1)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['name'],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('is_default', True)), fields=('is_default',), name='one_default_preset')],
+                "ordering": ["name"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("is_default", True)), fields=("is_default",), name="one_default_preset"
+                    )
+                ],
             },
         ),
         migrations.AddField(
-            model_name='conversation',
-            name='preset',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='playground.samplingpreset'),
+            model_name="conversation",
+            name="preset",
+            field=models.ForeignKey(
+                blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to="playground.samplingpreset"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='languagemodel',
-            constraint=models.UniqueConstraint(condition=models.Q(('is_default', True)), fields=('is_default',), name='one_default_model'),
+            model_name="languagemodel",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("is_default", True)), fields=("is_default",), name="one_default_model"
+            ),
         ),
         migrations.AddIndex(
-            model_name='message',
-            index=models.Index(fields=['conversation', 'is_active', 'position'], name='playground__convers_27a825_idx'),
+            model_name="message",
+            index=models.Index(fields=["conversation", "is_active", "position"], name="playground__convers_27a825_idx"),
         ),
     ]

@@ -4,11 +4,13 @@ Owns: request parsing, session ownership and the JSON shapes of the records. Err
 `{"error": {"code", "message"}}` with a 4xx status. Mutations go through Django's CSRF
 middleware (header `X-CSRFToken`).
 """
+
 from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.csrf import csrf_failure as html_csrf_failure
@@ -31,24 +33,31 @@ def error_response(code: str, message: str, status: int) -> JsonResponse:
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
     """`CSRF_FAILURE_VIEW`: JSON for the API, Django's page elsewhere."""
     if request.path.startswith("/api/"):
-        return error_response("csrf_failed", f"CSRF check failed ({reason}): send the csrftoken cookie's "
-                                             "value in the X-CSRFToken header", 403)
+        return error_response(
+            "csrf_failed",
+            f"CSRF check failed ({reason}): send the csrftoken cookie's value in the X-CSRFToken header",
+            403,
+        )
     return html_csrf_failure(request, reason)
 
 
 def endpoint(*methods: str) -> Callable[[View], View]:
     """Allows `methods` only and turns a `CommandError` into the JSON error answer."""
+
     def decorate(view: View) -> View:
         @functools.wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if request.method not in methods:
-                return error_response("method_not_allowed", f"{request.method} is not allowed here; "
-                                                            f"use {', '.join(methods)}", 405)
+                return error_response(
+                    "method_not_allowed", f"{request.method} is not allowed here; use {', '.join(methods)}", 405
+                )
             try:
                 return view(request, *args, **kwargs)
             except CommandError as exc:
                 return error_response(exc.code, exc.message, _STATUS_BY_CODE.get(exc.code, 400))
+
         return wrapper
+
     return decorate
 
 
@@ -64,49 +73,86 @@ def _body(request: HttpRequest) -> dict[str, Any]:
 
 # Shapes ----------------------------------------------------------------------------------
 
+
 def message_json(message: Message) -> dict[str, Any]:
     generation = message.generation
-    segments = (segments_for_browser(message.content, starts_in_reasoning=generation is not None
-                                     and prompt_opens_reasoning(generation.prompt_text))
-                if message.role == Message.Role.ASSISTANT else [])
-    return {"id": message.pk, "role": message.role, "content": message.content, "segments": segments,
-            "created_at": message.created_at.isoformat(), "generation_id": message.generation_id,
-            "stats": generation.stats if generation else None,
-            "status": generation.status if generation else None}
+    segments = (
+        segments_for_browser(
+            message.content,
+            starts_in_reasoning=generation is not None and prompt_opens_reasoning(generation.prompt_text),
+        )
+        if message.role == Message.Role.ASSISTANT
+        else []
+    )
+    return {
+        "id": message.pk,
+        "role": message.role,
+        "content": message.content,
+        "segments": segments,
+        "created_at": message.created_at.isoformat(),
+        "generation_id": message.generation_id,
+        "stats": generation.stats if generation else None,
+        "status": generation.status if generation else None,
+    }
 
 
 def conversation_json(conversation: Conversation, messages: list[Message]) -> dict[str, Any]:
-    return {"id": conversation.pk, "title": conversation.title, "system_prompt": conversation.system_prompt,
-            "model_id": conversation.model_id, "preset_id": conversation.preset_id,
-            "created_at": conversation.created_at.isoformat(), "updated_at": conversation.updated_at.isoformat(),
-            "messages": [message_json(m) for m in messages]}
+    return {
+        "id": conversation.pk,
+        "title": conversation.title,
+        "system_prompt": conversation.system_prompt,
+        "model_id": conversation.model_id,
+        "preset_id": conversation.preset_id,
+        "created_at": conversation.created_at.isoformat(),
+        "updated_at": conversation.updated_at.isoformat(),
+        "messages": [message_json(m) for m in messages],
+    }
 
 
 def generation_json(generation: Generation) -> dict[str, Any]:
-    prompt = prompt_record(generation.prompt_text, generation.prompt.get("spans", []),
-                           generation.prompt.get("tokens", []))
-    error = ({"code": generation.error_code, "message": generation.error_message}
-             if generation.status == Generation.Status.ERROR else None)
-    return {"id": generation.pk, "kind": generation.kind, "status": generation.status,
-            "params": generation.params, "prompt": prompt, "text": generation.text,
-            "finish_reason": generation.finish_reason, "error": error, "stats": generation.stats,
-            "steps": generation.steps}
+    prompt = prompt_record(
+        generation.prompt_text, generation.prompt.get("spans", []), generation.prompt.get("tokens", [])
+    )
+    error = (
+        {"code": generation.error_code, "message": generation.error_message}
+        if generation.status == Generation.Status.ERROR
+        else None
+    )
+    return {
+        "id": generation.pk,
+        "kind": generation.kind,
+        "status": generation.status,
+        "params": generation.params,
+        "prompt": prompt,
+        "text": generation.text,
+        "finish_reason": generation.finish_reason,
+        "error": error,
+        "stats": generation.stats,
+        "steps": generation.steps,
+    }
 
 
 # Views -----------------------------------------------------------------------------------
 
+
 @endpoint("GET")
 def model_list(request: HttpRequest) -> HttpResponse:
     rows = LanguageModel.objects.filter(is_enabled=True)
-    return JsonResponse([{"id": m.pk, "name": m.name, "is_default": m.is_default, "max_context": m.max_context}
-                         for m in rows], safe=False)
+    return JsonResponse(
+        [{"id": m.pk, "name": m.name, "is_default": m.is_default, "max_context": m.max_context} for m in rows],
+        safe=False,
+    )
 
 
 @endpoint("GET")
 def preset_list(request: HttpRequest) -> HttpResponse:
-    return JsonResponse([{"id": p.pk, "name": p.name, "is_default": p.is_default,
-                          "params": p.to_sampling_params().to_dict()} for p in SamplingPreset.objects.all()],
-                        safe=False)
+    return JsonResponse(
+        [
+            {"id": p.pk, "name": p.name, "is_default": p.is_default, "params": p.to_sampling_params().to_dict()}
+            for p in SamplingPreset.objects.all()
+        ],
+        safe=False,
+    )
 
 
 def _apply_fields(conversation: Conversation, body: dict[str, Any]) -> None:
@@ -131,8 +177,9 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         conversation.save()
         return JsonResponse(conversation_json(conversation, []), status=201)
     rows = Conversation.objects.filter(session_key=session_key).order_by("-updated_at")
-    return JsonResponse([{"id": c.pk, "title": c.title, "updated_at": c.updated_at.isoformat()} for c in rows],
-                        safe=False)
+    return JsonResponse(
+        [{"id": c.pk, "title": c.title, "updated_at": c.updated_at.isoformat()} for c in rows], safe=False
+    )
 
 
 @endpoint("GET", "PATCH", "DELETE")

@@ -6,6 +6,7 @@ membership, the worker watchdog) and delivering exactly one terminal event for e
 The record keeping lives in `submit`, the wire shapes in `protocol`. Must not import torch
 or the engine.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -67,14 +68,15 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
             elif isinstance(command, str) and command in submit.COMMANDS:
                 await self._start(command, content, request_id)
             else:
-                raise CommandError("unknown_command", f"unknown command {command!r}; expected one of "
-                                                      f"{', '.join([*submit.COMMANDS, 'stop'])}")
+                raise CommandError(
+                    "unknown_command",
+                    f"unknown command {command!r}; expected one of {', '.join([*submit.COMMANDS, 'stop'])}",
+                )
         except CommandError as exc:
             await self.send_json(protocol.error(exc.code, exc.message, request_id))
         except Exception:
             logger.exception("command %r failed", content.get("command"))
-            await self.send_json(protocol.error("internal_error", "the server failed to run this command",
-                                                request_id))
+            await self.send_json(protocol.error("internal_error", "the server failed to run this command", request_id))
 
     async def _start(self, command: str, content: dict[str, Any], request_id: str | None) -> None:
         pd_requested = dispatch.pd_requested(content)  # checked before anything is written
@@ -90,9 +92,13 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
         except Exception as exc:
             logger.exception("generation %s could not be queued", generation_id)
             ended = await database_sync_to_async(submit.fail)(
-                generation_id, "internal_error", f"the task queue is unreachable: {exc}")
-        await self.send_json(protocol.generation_queued(
-            request_id, generation_id, queued.conversation_id, queued.user_message_id, queued.message_id))
+                generation_id, "internal_error", f"the task queue is unreachable: {exc}"
+            )
+        await self.send_json(
+            protocol.generation_queued(
+                request_id, generation_id, queued.conversation_id, queued.user_message_id, queued.message_id
+            )
+        )
         if ended is not None:
             await self._deliver(await database_sync_to_async(ended.terminal_event)())
 

@@ -3,7 +3,8 @@
 Conversations belong to the session, and the WebSocket cannot set a cookie, so the session
 must exist (and its cookie be set) before the page opens its socket.
 """
-from typing import Callable
+
+from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
 

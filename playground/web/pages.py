@@ -4,6 +4,7 @@ Owns: which template each page renders. The pages are static shells; everything 
 comes from the JSON API and the `/ws/generate/` socket (docs/protocol.md), so these views
 must not know models, conversations or the engine.
 """
+
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie

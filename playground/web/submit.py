@@ -5,6 +5,7 @@ Owns: the conversation bookkeeping behind generate / regenerate / edit / complet
 and which model, preset and template apply. Every refusal is a `CommandError` raised
 before anything is written. Must not know: sockets, channel layers, Celery.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,10 +16,9 @@ from django.db.models import Max
 from django.utils import timezone
 
 from inference.sampling_params import SamplingParams
-from playground.coord import cancel
 from playground import limits
-from playground.models import (ChatTemplate, Conversation, Generation, LanguageModel, Message,
-                               SamplingPreset)
+from playground.coord import cancel
+from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
 from playground.protocol import CommandError, get_field, get_id_list
 
 _TITLE_CHARS = 60
@@ -41,6 +41,7 @@ def submit(command: str, session_key: str, content: dict[str, Any]) -> Queued:
 
 # Lookups ---------------------------------------------------------------------------------
 
+
 def owned_conversation(session_key: str, conversation_id: int) -> Conversation:
     conversation = Conversation.objects.filter(pk=conversation_id, session_key=session_key).first()
     if conversation is None:
@@ -57,8 +58,11 @@ def owned_generation(session_key: str, generation_id: int) -> Generation:
 
 def _active_message(session_key: str, content: dict[str, Any], role: str) -> Message:
     message_id = get_field(content, "message_id", int, required=True)
-    message = (Message.objects.select_related("conversation")
-               .filter(pk=message_id, conversation__session_key=session_key, is_active=True).first())
+    message = (
+        Message.objects.select_related("conversation")
+        .filter(pk=message_id, conversation__session_key=session_key, is_active=True)
+        .first()
+    )
     if message is None:
         raise CommandError("not_found", f"message {message_id} does not exist (or was replaced)")
     if message.role != role:
@@ -90,8 +94,10 @@ def resolve_preset(preset_id: int | None, fallback: SamplingPreset | None = None
     return preset
 
 
-def _choices(content: dict[str, Any], conversation: Conversation | None = None,
-             ) -> tuple[LanguageModel, SamplingPreset | None, SamplingParams]:
+def _choices(
+    content: dict[str, Any],
+    conversation: Conversation | None = None,
+) -> tuple[LanguageModel, SamplingPreset | None, SamplingParams]:
     """The model, preset and resolved params for one command (the conversation's as fallback)."""
     model = resolve_model(get_field(content, "model_id", int), conversation and conversation.model)
     preset = resolve_preset(get_field(content, "preset_id", int), conversation and conversation.preset)
@@ -117,6 +123,7 @@ def _template(model: LanguageModel, conversation: Conversation | None = None) ->
 
 # Conversation bookkeeping ----------------------------------------------------------------
 
+
 def _check_chars(conversation: Conversation, before_position: int | None, *texts: str) -> None:
     """The cheap character check on everything that will go into the prompt."""
     num_chars = sum(len(text) for text in texts)
@@ -133,23 +140,36 @@ def _supersede(conversation: Conversation, from_position: int) -> None:
     conversation.messages.filter(is_active=True, position__gte=from_position).update(is_active=False)
 
 
-def _queue_answer(session_key: str, conversation: Conversation, position: int, model: LanguageModel,
-                  params: SamplingParams, user_message: Message | None) -> Queued:
+def _queue_answer(
+    session_key: str,
+    conversation: Conversation,
+    position: int,
+    model: LanguageModel,
+    params: SamplingParams,
+    user_message: Message | None,
+) -> Queued:
     """Creates the queued chat generation and its (empty) assistant message at `position`.
 
     Runs inside the command's transaction, so a refusal here writes nothing.
     """
     limits.check_concurrency(session_key)
     generation = Generation.objects.create(
-        kind=Generation.Kind.CHAT, session_key=session_key, conversation=conversation, model=model,
-        chat_template=_template(model, conversation), params=params.to_dict())
-    answer = Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT,
-                                    position=position, generation=generation)
+        kind=Generation.Kind.CHAT,
+        session_key=session_key,
+        conversation=conversation,
+        model=model,
+        chat_template=_template(model, conversation),
+        params=params.to_dict(),
+    )
+    answer = Message.objects.create(
+        conversation=conversation, role=Message.Role.ASSISTANT, position=position, generation=generation
+    )
     conversation.save(update_fields=["updated_at"])
     return Queued(generation.pk, conversation.pk, user_message and user_message.pk, answer.pk)
 
 
 # Commands --------------------------------------------------------------------------------
+
 
 def generate(session_key: str, content: dict[str, Any]) -> Queued:
     """Appends a user message to a conversation (a new one without `conversation_id`) and answers it."""
@@ -170,8 +190,9 @@ def generate(session_key: str, content: dict[str, Any]) -> Queued:
         conversation.save()
         last = conversation.active_messages().aggregate(last=Max("position"))["last"]
         position = 0 if last is None else last + 1
-        user_message = Message.objects.create(conversation=conversation, role=Message.Role.USER,
-                                              content=text, position=position)
+        user_message = Message.objects.create(
+            conversation=conversation, role=Message.Role.USER, content=text, position=position
+        )
         return _queue_answer(session_key, conversation, position + 1, model, params, user_message)
 
 
@@ -195,8 +216,9 @@ def edit(session_key: str, content: dict[str, Any]) -> Queued:
         model, _, params = _choices(content, conversation)
         _check_chars(conversation, old_question.position, conversation.system_prompt, text)
         _supersede(conversation, old_question.position)
-        user_message = Message.objects.create(conversation=conversation, role=Message.Role.USER,
-                                              content=text, position=old_question.position)
+        user_message = Message.objects.create(
+            conversation=conversation, role=Message.Role.USER, content=text, position=old_question.position
+        )
         return _queue_answer(session_key, conversation, old_question.position + 1, model, params, user_message)
 
 
@@ -212,9 +234,13 @@ def complete(session_key: str, content: dict[str, Any]) -> Queued:
     with transaction.atomic():
         limits.check_concurrency(session_key)
         generation = Generation.objects.create(
-            kind=Generation.Kind.COMPLETE, session_key=session_key, model=model,
-            chat_template=_template(model), params=params.to_dict(),
-            inputs={"text": text, "chat": is_chat, "token_ids": token_ids})
+            kind=Generation.Kind.COMPLETE,
+            session_key=session_key,
+            model=model,
+            chat_template=_template(model),
+            params=params.to_dict(),
+            inputs={"text": text, "chat": is_chat, "token_ids": token_ids},
+        )
     return Queued(generation.pk)
 
 
@@ -225,7 +251,8 @@ def stop(session_key: str, content: dict[str, Any]) -> Generation | None:
         return None
     cancel.request_cancel(generation.pk)
     num_updated = Generation.objects.filter(pk=generation.pk, status=Generation.Status.QUEUED).update(
-        status=Generation.Status.CANCELLED, finish_reason="cancelled", finished_at=timezone.now())
+        status=Generation.Status.CANCELLED, finish_reason="cancelled", finished_at=timezone.now()
+    )
     if not num_updated:
         return None  # the worker has it: it stops within one step and reports
     generation.refresh_from_db()
@@ -235,8 +262,12 @@ def stop(session_key: str, content: dict[str, Any]) -> Generation | None:
 def fail(generation_id: int, code: str, message: str) -> Generation | None:
     """Ends a generation that never reached a worker (e.g. the queue was unreachable)."""
     num_updated = Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
-        status=Generation.Status.ERROR, finish_reason="error", error_code=code, error_message=message,
-        finished_at=timezone.now())
+        status=Generation.Status.ERROR,
+        finish_reason="error",
+        error_code=code,
+        error_message=message,
+        finished_at=timezone.now(),
+    )
     return Generation.objects.get(pk=generation_id) if num_updated else None
 
 

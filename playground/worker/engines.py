@@ -4,6 +4,7 @@ Owns: the model cache keyed by (record id, engine settings), so a changed admin 
 anew and the previous model's memory is freed first. `inference.engine` (torch) is imported
 only when a model is first loaded, so importing this module stays cheap.
 """
+
 from __future__ import annotations
 
 import gc

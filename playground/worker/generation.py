@@ -5,11 +5,13 @@ streaming events to the generation's group, saving the partial answer, and the s
 terminal event (a `finally` path). Must not know: sockets. The engine comes from
 `engines` (loaded lazily), so importing this module stays cheap.
 """
+
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
@@ -31,13 +33,18 @@ logger = logging.getLogger(__name__)
 SAVE_PARTIAL_EVERY_S = 1.0  # what a killed worker loses at most
 
 
-def run_generation(generation_id: int, worker: str,
-                   load_engine: Callable[[LanguageModel], Engine] = get_engine,
-                   send: Callable[[dict[str, Any]], None] = send_to_group) -> None:
+def run_generation(
+    generation_id: int,
+    worker: str,
+    load_engine: Callable[[LanguageModel], Engine] = get_engine,
+    send: Callable[[dict[str, Any]], None] = send_to_group,
+) -> None:
     """Runs one queued generation to its end; skips one that is no longer queued."""
     r = store.client()
     if not worker_routing.claim_delivery(r, generation_id, worker):  # a re-routed copy already ran or runs
-        logger.info("generation %s was claimed by %s; skipped", generation_id, worker_routing.claimed_by(r, generation_id))
+        logger.info(
+            "generation %s was claimed by %s; skipped", generation_id, worker_routing.claimed_by(r, generation_id)
+        )
         return
     worker_routing.set_busy(r, worker, True)
     try:
@@ -57,7 +64,8 @@ def run_generation(generation_id: int, worker: str,
 def start_queued(generation_id: int, worker: str) -> Generation | None:
     """The queued generation's row, now running on `worker`; None if it is no longer queued."""
     num_updated = Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
-        status=Generation.Status.RUNNING, started_at=timezone.now(), worker=worker)
+        status=Generation.Status.RUNNING, started_at=timezone.now(), worker=worker
+    )
     return load_row(generation_id) if num_updated else None
 
 
@@ -73,7 +81,7 @@ class GenerationRun:
         self.generation = generation
         self.send = send
         self.engine: Engine | None = None
-        self.answer_id: int | None = None   # the assistant message (chat only)
+        self.answer_id: int | None = None  # the assistant message (chat only)
         self.is_beam_search = False
         self.text = ""
         self.starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)  # set again once rendered
@@ -112,10 +120,16 @@ class GenerationRun:
         info = engine.model_info()
         prompt_ids, prompt = self._prompt(engine, info["max_context"])
         self.starts_in_reasoning = prompt_opens_reasoning(prompt["text"])
-        self._save(prompt_text=prompt["text"], prompt={"spans": prompt["spans"], "tokens": prompt["tokens"]},
-                   num_prompt_tokens=len(prompt_ids))
-        self.send(protocol.generation_started(generation.pk, generation.worker, protocol.json_safe(info),
-                                              params.to_dict(), prompt))
+        self._save(
+            prompt_text=prompt["text"],
+            prompt={"spans": prompt["spans"], "tokens": prompt["tokens"]},
+            num_prompt_tokens=len(prompt_ids),
+        )
+        self.send(
+            protocol.generation_started(
+                generation.pk, generation.worker, protocol.json_safe(info), params.to_dict(), prompt
+            )
+        )
         return engine, params, prompt_ids
 
     def _load(self, load_engine: Callable[[LanguageModel], Engine]) -> Engine:
@@ -193,8 +207,7 @@ class GenerationRun:
 
     def _send_steps(self, steps: list[dict[str, Any]]) -> None:
         segments = None if self.is_beam_search else self._segments(self.text)
-        self.send(protocol.generation_steps(self.generation.pk, steps, is_beam=self.is_beam_search,
-                                            segments=segments))
+        self.send(protocol.generation_steps(self.generation.pk, steps, is_beam=self.is_beam_search, segments=segments))
 
     def _segments(self, text: str) -> list[dict[str, Any]]:
         return segments_for_browser(text, starts_in_reasoning=self.starts_in_reasoning)
@@ -213,11 +226,17 @@ class GenerationRun:
         if isinstance(outcome, Finished):
             stats = self._stats(outcome)
             fields = self._finished_fields(outcome, stats)
-            event = protocol.generation_finished(generation_id, self.answer_id, outcome.finish_reason,
-                                                 outcome.text, stats, self._segments(outcome.text))
+            event = protocol.generation_finished(
+                generation_id, self.answer_id, outcome.finish_reason, outcome.text, stats, self._segments(outcome.text)
+            )
         else:
-            fields = {"status": Generation.Status.ERROR, "finish_reason": "error", "text": self.text,
-                      "error_code": outcome.code, "error_message": outcome.message}
+            fields = {
+                "status": Generation.Status.ERROR,
+                "finish_reason": "error",
+                "text": self.text,
+                "error_code": outcome.code,
+                "error_message": outcome.message,
+            }
             event = protocol.generation_error(generation_id, outcome.code, outcome.message)
         try:
             self._save(steps=self.steps, finished_at=timezone.now(), **fields)
@@ -237,11 +256,18 @@ class GenerationRun:
 
     def _finished_fields(self, finished: Finished, stats: dict[str, Any]) -> dict[str, Any]:
         is_cancelled = finished.finish_reason == "cancelled"
-        return {"status": Generation.Status.CANCELLED if is_cancelled else Generation.Status.FINISHED,
-                "finish_reason": finished.finish_reason, "text": finished.text, "stats": stats,
-                "num_prompt_tokens": finished.num_prompt_tokens, "num_cached_tokens": finished.num_cached_tokens,
-                "num_generated_tokens": finished.num_generated_tokens, "prefill_ms": finished.prefill_ms,
-                "ttft_ms": finished.ttft_ms, "decode_tok_s": finished.decode_tok_s}
+        return {
+            "status": Generation.Status.CANCELLED if is_cancelled else Generation.Status.FINISHED,
+            "finish_reason": finished.finish_reason,
+            "text": finished.text,
+            "stats": stats,
+            "num_prompt_tokens": finished.num_prompt_tokens,
+            "num_cached_tokens": finished.num_cached_tokens,
+            "num_generated_tokens": finished.num_generated_tokens,
+            "prefill_ms": finished.prefill_ms,
+            "ttft_ms": finished.ttft_ms,
+            "decode_tok_s": finished.decode_tok_s,
+        }
 
     def _save(self, **fields: Any) -> None:
         """Updates the row while it is still running: a watchdog that declared it lost wins."""

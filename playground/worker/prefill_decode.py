@@ -1,10 +1,11 @@
 """Prefill/decode disaggregation: one worker prefills a request, another decodes it.
 
-Owns (the mode is `playground.dispatch`'s): the prefill task's run (prompt, prefill, first token, the KV blob stored, the decode task
-queued), the decode task's run (blob fetched, verified, loaded, decoding continued to the
-same channel-layer group), the handoff record (workers, bytes, timings, timeline) and the
-generation's liveness between its two workers. Must not know: sockets. The blob format is the engine's
-(`Engine.export_handoff` / `import_handoff`), where it is stored `coord.kv_store`'s.
+Owns (the mode is `playground.dispatch`'s): the prefill task's run (prompt, prefill, first
+token, the KV blob stored, the decode task queued), the decode task's run (blob fetched,
+verified, loaded, decoding continued to the same channel-layer group), the handoff record
+(workers, bytes, timings, timeline) and the generation's liveness between its two workers.
+Must not know: sockets. The blob format is the engine's (`Engine.export_handoff` /
+`import_handoff`), where it is stored `coord.kv_store`'s.
 
 Liveness across the handoff: the prefill worker stops beating but leaves the generation's
 heartbeat key alive for the blob's TTL; the decode worker beats from its claim on. So a
@@ -12,22 +13,24 @@ decode worker that dies, or none that comes within the TTL, ends the generation 
 usual `worker_lost` rule, and a blob that is gone when the decode worker looks ends it with
 `kv_handoff_failed`: nothing waits forever.
 """
+
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import redis
 from django.conf import settings
 
 from inference.events import BeamStep, Finished, Step
-from playground.coord import cancel, kv_store, liveness, store
 from playground import protocol
+from playground.coord import cancel, kv_store, liveness, store
+from playground.models import Generation, LanguageModel
+from playground.protocol import CommandError
 from playground.worker.engines import get_engine
 from playground.worker.generation import GenerationRun, load_row, start_queued
-from playground.models import Generation, LanguageModel
-from playground.protocol import CommandError, get_field
 from playground.worker.publisher import send_to_group
 
 if TYPE_CHECKING:
@@ -56,6 +59,7 @@ def _ms_since(t0: float) -> float:
 
 # ---- the prefill worker --------------------------------------------------------------------
 
+
 class _HandoffHeartbeat(liveness.Heartbeat):
     """The prefill worker's beat; `handoff` keeps the key alive after it, until the decode
     worker beats for the generation (or the hold expires and the generation counts as lost)."""
@@ -73,9 +77,14 @@ class _HandoffHeartbeat(liveness.Heartbeat):
             super().stop()
 
 
-def run_prefill(generation_id: int, worker: str, enqueue_decode: EnqueueDecode,
-                load_engine: LoadEngine = get_engine, send: Send = send_to_group,
-                blobs: kv_store.BlobStore | None = None) -> None:
+def run_prefill(
+    generation_id: int,
+    worker: str,
+    enqueue_decode: EnqueueDecode,
+    load_engine: LoadEngine = get_engine,
+    send: Send = send_to_group,
+    blobs: kv_store.BlobStore | None = None,
+) -> None:
     """Prefills one queued generation and hands it to a decode worker (`enqueue_decode(id, blob key)`)."""
     # The same key as the decode worker's beat, so the lost-worker rule covers both phases.
     with liveness.generation_heartbeat(generation_id, _HandoffHeartbeat) as beat:
@@ -92,8 +101,14 @@ def run_prefill(generation_id: int, worker: str, enqueue_decode: EnqueueDecode,
 class PrefillRun(GenerationRun):
     """The prompt, its prefill and first token (streamed as usual), then the handoff."""
 
-    def __init__(self, generation: Generation, send: Send, beat: _HandoffHeartbeat,
-                 blobs: kv_store.BlobStore, enqueue_decode: EnqueueDecode) -> None:
+    def __init__(
+        self,
+        generation: Generation,
+        send: Send,
+        beat: _HandoffHeartbeat,
+        blobs: kv_store.BlobStore,
+        enqueue_decode: EnqueueDecode,
+    ) -> None:
         super().__init__(generation, send)
         self.beat, self.blobs, self.enqueue_decode = beat, blobs, enqueue_decode
         self.is_handed_off = False  # from then on the decode worker owns the row and reports the end
@@ -110,12 +125,17 @@ class PrefillRun(GenerationRun):
         self._on_step(handoff.first_step)
         self.coalescer.flush()
         record = self._store(handoff, engine)
-        record["timeline"] = {"prefill_start": prefill_start, "prefill_end": prefill_end,
-                              "handoff_stored": _now_ms()}
+        record["timeline"] = {"prefill_start": prefill_start, "prefill_end": prefill_end, "handoff_stored": _now_ms()}
         # Everything the prefill worker writes, it writes now: from the enqueue on, the row is the decode worker's.
-        self._save(text=self.text, steps=self.steps, stats=record, prefill_worker=self.generation.worker,
-                   num_cached_tokens=handoff.prefilled.num_cached_tokens, prefill_ms=handoff.prefilled.prefill_ms,
-                   ttft_ms=handoff.ttft_ms)
+        self._save(
+            text=self.text,
+            steps=self.steps,
+            stats=record,
+            prefill_worker=self.generation.worker,
+            num_cached_tokens=handoff.prefilled.num_cached_tokens,
+            prefill_ms=handoff.prefilled.prefill_ms,
+            ttft_ms=handoff.ttft_ms,
+        )
         self.beat.handoff(self.blobs.ttl_s)
         self._enqueue_decode()
         self.is_handed_off = True
@@ -133,8 +153,12 @@ class PrefillRun(GenerationRun):
             self.blobs.put(self._blob_key, blob)
         except (redis.RedisError, OSError) as exc:
             raise CommandError("kv_handoff_failed", f"the prefilled KV cache could not be stored: {exc}") from exc
-        return {"prefill_worker": self.generation.worker, "kv_transfer_bytes": len(blob),
-                "serialize_ms": serialize_ms, "store_ms": _ms_since(t0)}
+        return {
+            "prefill_worker": self.generation.worker,
+            "kv_transfer_bytes": len(blob),
+            "serialize_ms": serialize_ms,
+            "store_ms": _ms_since(t0),
+        }
 
     @property
     def _blob_key(self) -> str:
@@ -161,8 +185,15 @@ def _discard(blobs: kv_store.BlobStore, blob_key: str) -> None:
 
 # ---- the decode worker ---------------------------------------------------------------------
 
-def run_decode(generation_id: int, blob_key: str, worker: str, load_engine: LoadEngine = get_engine,
-               send: Send = send_to_group, blobs: kv_store.BlobStore | None = None) -> None:
+
+def run_decode(
+    generation_id: int,
+    blob_key: str,
+    worker: str,
+    load_engine: LoadEngine = get_engine,
+    send: Send = send_to_group,
+    blobs: kv_store.BlobStore | None = None,
+) -> None:
     """Continues a generation another worker prefilled, from its KV blob, to its end."""
     blobs = blobs or blob_store()
     with liveness.generation_heartbeat(generation_id):  # beats before the row names this worker
@@ -178,18 +209,20 @@ def run_decode(generation_id: int, blob_key: str, worker: str, load_engine: Load
 
 def start_decode(generation_id: int, worker: str) -> Generation | None:
     """The generation, if it was handed over and no decode worker took it yet (exactly one does)."""
-    num_updated = (Generation.objects
-                   .filter(pk=generation_id, status=Generation.Status.RUNNING, decode_worker="")
-                   .exclude(prefill_worker="")
-                   .update(decode_worker=worker, worker=worker))
+    num_updated = (
+        Generation.objects.filter(pk=generation_id, status=Generation.Status.RUNNING, decode_worker="")
+        .exclude(prefill_worker="")
+        .update(decode_worker=worker, worker=worker)
+    )
     return load_row(generation_id) if num_updated else None
 
 
 class DecodeRun(GenerationRun):
     """Loads the prefill worker's KV blob and decodes on; the first token was streamed already."""
 
-    def __init__(self, generation: Generation, send: Send, blob_key: str, blobs: kv_store.BlobStore,
-                 decode_start: float) -> None:
+    def __init__(
+        self, generation: Generation, send: Send, blob_key: str, blobs: kv_store.BlobStore, decode_start: float
+    ) -> None:
         super().__init__(generation, send)
         self.blob_key, self.blobs = blob_key, blobs
         self.steps, self.text = list(generation.steps), generation.text  # the prefill worker's first token

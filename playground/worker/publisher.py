@@ -4,10 +4,12 @@ Owns: the flush policy (a message every `max_steps` steps or `max_delay_s` since
 message, whichever comes first) and the sync -> async bridge of the worker. Must not know:
 the engine, the ORM.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -27,8 +29,13 @@ class StepCoalescer:
     token per second) still shows each token as it arrives.
     """
 
-    def __init__(self, flush: Callable[[list[dict[str, Any]]], None], max_steps: int = 8,
-                 max_delay_s: float = 0.05, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        flush: Callable[[list[dict[str, Any]]], None],
+        max_steps: int = 8,
+        max_delay_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._flush, self.max_steps, self.max_delay_s, self._clock = flush, max_steps, max_delay_s, clock
         self._buffer: list[dict[str, Any]] = []
         self._last_flush = clock()

@@ -8,16 +8,24 @@ session and conversations) per test, recording every WebSocket event the page re
 UI with the data it was sent and check what it asked for, failing a test
 on any uncaught page error, and the screenshot folder.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCREENSHOT_DIR = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 # A model forward pass can take seconds on a busy CPU, and the worker loads the model on
 # its first task: waits are generous, and no test asserts on durations.
@@ -45,8 +53,10 @@ window.WebSocket = class extends NativeWebSocket {
 @pytest.fixture(scope="session")
 def chromium() -> Iterator[object]:
     if not CHROMIUM.exists():
-        pytest.skip("Debian's Chromium is not at /usr/bin/chromium (apt-get install chromium); "
-                    "`playwright install` cannot download browsers here")
+        pytest.skip(
+            "Debian's Chromium is not at /usr/bin/chromium (apt-get install chromium); "
+            "`playwright install` cannot download browsers here"
+        )
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=WAIT_MS)

@@ -1,5 +1,6 @@
 """The chat page in a real browser against the real server and worker: streaming, stop,
 token alternatives, the prompt view, editing, conversations, errors, safe Markdown."""
+
 from __future__ import annotations
 
 import math
@@ -71,7 +72,8 @@ def test_answer_streams_and_tokens_explain_themselves(page, screenshot_dir):
     expect(serving.locator(".pd-timeline")).to_have_count(0)
     counters = stats["prefix_cache"]
     expect(serving.locator(".prefix-cache")).to_contain_text(
-        f"{counters['hits']:,} hits / {counters['misses']:,} misses")
+        f"{counters['hits']:,} hits / {counters['misses']:,} misses"
+    )
     expect(serving.locator(".prefix-cache")).to_contain_text(f"{counters['num_stored_tokens']:,} tokens held")
 
     # Hover a generated token: its own piece and the model's top alternatives.

@@ -1,5 +1,6 @@
 """The token-probability explorer in a real browser against the real server and worker:
 stepping, the charts' data, client-side processors vs the engine's, branching, beams."""
+
 from __future__ import annotations
 
 import math
@@ -76,7 +77,8 @@ def test_step_three_tokens_then_branch(page, screenshot_dir):
     assert prefilled[-1]["num_cached_tokens"] > 0
     expect(page.locator("#ex-cache-label")).to_contain_text(
         f"{prefilled[-1]['num_prompt_tokens']} prompt · {prefilled[-1]['num_cached_tokens']} cached · "
-        f"{prefilled[-1]['num_prefilled_tokens']} prefilled · prefill")
+        f"{prefilled[-1]['num_prefilled_tokens']} prefilled · prefill"
+    )
     counters = events(page, "generation.finished")[-1]["stats"]["prefix_cache"]
     assert counters["hits"] >= 2
     expect(page.locator("#ex-serving .prefix-cache")).to_contain_text(f"{counters['hits']:,} hits")

@@ -2,6 +2,7 @@
 decode worker (`-Q decode`) next to live_stack's colocated worker. The PD toggles send
 `"pd": true`, and the chat answer and the explorer show the handoff's timeline with both
 workers' names, from the `generation.handoff` event and the finished stats."""
+
 from __future__ import annotations
 
 import re
@@ -32,7 +33,8 @@ def assert_timeline(timeline, stats: dict) -> None:
     expect(timeline.locator(".pd-seg")).to_have_count(5)
     expect(timeline.locator(".pd-item b")).to_have_text(SEGMENT_NAMES)
     expect(timeline.locator(".serving-head")).to_contain_text(
-        f"prefill on {stats['prefill_worker']} → decode on {stats['decode_worker']}")
+        f"prefill on {stats['prefill_worker']} → decode on {stats['decode_worker']}"
+    )
     expect(timeline.locator(".pd-item-prefill")).to_contain_text(stats["prefill_worker"])
     expect(timeline.locator(".pd-item-decode")).to_contain_text(stats["decode_worker"])
     expect(timeline).not_to_have_class(re.compile(r"\blive\b"))  # finalised from the stats
@@ -81,7 +83,8 @@ def test_timeline_clamps_clock_skew_and_grows_while_decoding(page):
     result = page.evaluate("""async () => {
         const { timelineSegments, pdTimeline } = await import("/static/js/serving.js");
         // The decode worker's clock runs 30 ms behind: decode_start is before handoff_stored.
-        const handoff = {prefill_start: 1000, prefill_end: 1200, handoff_stored: 1250, decode_start: 1220, kv_loaded: 1300};
+        const handoff = {prefill_start: 1000, prefill_end: 1200, handoff_stored: 1250, decode_start: 1220,
+                         kv_loaded: 1300};
         const live = timelineSegments(handoff, 500).map((s) => s.ms);
         const done = timelineSegments({...handoff, decode_end: 2000}, 500).map((s) => s.ms);
         const el = pdTimeline({prefill_worker: "p@a", decode_worker: "d@b", kv_transfer_bytes: 2048,

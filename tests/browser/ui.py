@@ -1,4 +1,5 @@
 """Helpers the browser tests share: reading recorded WebSocket events and poking inputs."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,31 +20,37 @@ def event_types(page) -> list[str]:
 
 
 def wait_for_events(page, event_type: str, count: int = 1) -> list[dict[str, Any]]:
-    page.wait_for_function("([t, n]) => window.__events.filter((e) => e.type === t).length >= n",
-                           arg=[event_type, count])
+    page.wait_for_function(
+        "([t, n]) => window.__events.filter((e) => e.type === t).length >= n", arg=[event_type, count]
+    )
     return events(page, event_type)
 
 
 def steps_of_last_generation(page) -> list[dict[str, Any]]:
     """The token steps streamed for the most recent generation."""
     generation_id = events(page, "generation.queued")[-1]["generation_id"]
-    return [step for e in events(page, "generation.tokens") if e["generation_id"] == generation_id
-            for step in e["steps"]]
+    return [
+        step for e in events(page, "generation.tokens") if e["generation_id"] == generation_id for step in e["steps"]
+    ]
 
 
 def set_range(page, selector: str, value: float) -> None:
     """Move a slider as a user would (Playwright cannot `fill` range inputs)."""
-    page.eval_on_selector(selector, "(el, v) => { el.value = v; el.dispatchEvent(new Event('input', {bubbles: true})); }",
-                          value)
+    page.eval_on_selector(
+        selector, "(el, v) => { el.value = v; el.dispatchEvent(new Event('input', {bubbles: true})); }", value
+    )
 
 
 def chart_data(page, canvas_id: str) -> dict[str, Any]:
     """Labels and dataset values of a Chart.js chart, straight from Chart.js."""
-    return page.evaluate("""(id) => {
+    return page.evaluate(
+        """(id) => {
         const chart = Chart.getChart(document.getElementById(id));
         return {labels: chart.data.labels, datasets: chart.data.datasets.map((d) => ({
             label: d.label, data: d.data, backgroundColor: d.backgroundColor}))};
-    }""", canvas_id)
+    }""",
+        canvas_id,
+    )
 
 
 def visible_piece(piece: str) -> str:

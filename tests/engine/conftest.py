@@ -3,6 +3,7 @@
 The converted bundled model lives in `PLAYGROUND_DATA_DIR` (or `<repo>/data`), so the
 one-minute GGUF conversion happens once per machine, not once per test run.
 """
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.models.bundled import ensure_bundled_model
 from inference.config import EngineConfig
+from inference.models.bundled import ensure_bundled_model
 from inference.models.loader import LoadedModel, load_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

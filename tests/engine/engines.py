@@ -1,4 +1,5 @@
 """Helpers for engine tests: an Engine around a tiny random model, transformers' greedy reference."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,9 +17,15 @@ def engine_for(arch: str, prefix_cache_bytes: int = 0, seed: int = 0) -> Engine:
     model = make_tiny_model(arch, seed=seed)
     tokenizer = make_tiny_tokenizer()
     loaded = LoadedModel(
-        model=model, tokenizer=tokenizer, name=f"tiny-{arch}", source_path=Path("."),
-        dtype=torch.float32, device=torch.device("cpu"), chat_template=None,
-        max_context=model.config.max_position_embeddings, eos_token_ids=(),
+        model=model,
+        tokenizer=tokenizer,
+        name=f"tiny-{arch}",
+        source_path=Path("."),
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        chat_template=None,
+        max_context=model.config.max_position_embeddings,
+        eos_token_ids=(),
     )
     return Engine(loaded, EngineConfig(prefix_cache_bytes=prefix_cache_bytes))
 
@@ -27,11 +34,17 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_ids) 
     """transformers' own greedy decoding: the reference every runner must reproduce."""
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=list(eos_token_ids) or None,
-            pad_token_id=0, temperature=None, top_p=None, top_k=None,
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=list(eos_token_ids) or None,
+            pad_token_id=0,
+            temperature=None,
+            top_p=None,
+            top_k=None,
         )
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def run(engine: Engine, prompt_ids: list[int], **params) -> tuple[list, list[Step], Finished]:

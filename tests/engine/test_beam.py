@@ -1,5 +1,6 @@
 """inference.sampling.beam: token-for-token and score equality with transformers' beam search on tiny
 random models, the event stream a beam-tree view relies on, and the ways a search ends."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,8 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from inference import SamplingParams
-from inference.sampling.beam import ROOT_PARENT, beam_search
 from inference.events import BeamStep, Finished, Prefilled
+from inference.sampling.beam import ROOT_PARENT, beam_search
 from tests.engine.tiny_models import tiny_config
 
 PROMPT = [1, 5, 9, 22, 7]
@@ -42,27 +43,44 @@ def decode(ids: list[int]) -> str:
     return " ".join(f"t{i}" for i in ids)
 
 
-def run(model, params: SamplingParams, eos: int | None = None, max_length: int = CONTEXT,
-        should_cancel=None) -> list:
+def run(model, params: SamplingParams, eos: int | None = None, max_length: int = CONTEXT, should_cancel=None) -> list:
     eos_token_ids = () if eos is None else (eos,)
-    return list(beam_search(model, PROMPT, params, eos_token_ids=eos_token_ids, decode=decode,
-                            max_length=max_length, should_cancel=should_cancel))
+    return list(
+        beam_search(
+            model,
+            PROMPT,
+            params,
+            eos_token_ids=eos_token_ids,
+            decode=decode,
+            max_length=max_length,
+            should_cancel=should_cancel,
+        )
+    )
 
 
 def greedy_tokens(model, num_tokens: int) -> list[int]:
     out = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=num_tokens, pad_token_id=0)
-    return out[0, len(PROMPT):].tolist()
+    return out[0, len(PROMPT) :].tolist()
 
 
 def transformers_beams(model, params: SamplingParams, eos: int) -> tuple[list[tuple[int, ...]], torch.Tensor]:
     out = model.generate(
-        torch.tensor([PROMPT]), do_sample=False, num_beams=params.num_beams, max_new_tokens=params.max_new_tokens,
-        early_stopping=params.early_stopping, length_penalty=params.length_penalty,
-        num_return_sequences=params.num_return_sequences, repetition_penalty=params.repetition_penalty,
-        eos_token_id=eos, pad_token_id=eos, output_scores=True, return_dict_in_generate=True)
+        torch.tensor([PROMPT]),
+        do_sample=False,
+        num_beams=params.num_beams,
+        max_new_tokens=params.max_new_tokens,
+        early_stopping=params.early_stopping,
+        length_penalty=params.length_penalty,
+        num_return_sequences=params.num_return_sequences,
+        repetition_penalty=params.repetition_penalty,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
     # beam_indices is -1 past each sequence's own end: it gives the generated length.
     lengths = (out.beam_indices != -1).sum(dim=1).tolist()
-    sequences = [tuple(row[len(PROMPT):len(PROMPT) + n].tolist()) for row, n in zip(out.sequences, lengths)]
+    sequences = [tuple(row[len(PROMPT) : len(PROMPT) + n].tolist()) for row, n in zip(out.sequences, lengths)]
     return sequences, out.sequences_scores
 
 
@@ -80,8 +98,13 @@ def test_equals_transformers_beam_search(model):
     reasons = set()
     grid = itertools.product(eos_choices, [2, 4], [False, True], [0.5, 1.0, 2.0], [False, True])
     for eos, num_beams, early_stopping, length_penalty, return_all in grid:
-        params = SamplingParams(num_beams=num_beams, early_stopping=early_stopping, length_penalty=length_penalty,
-                                num_return_sequences=num_beams if return_all else 1, max_new_tokens=12)
+        params = SamplingParams(
+            num_beams=num_beams,
+            early_stopping=early_stopping,
+            length_penalty=length_penalty,
+            num_return_sequences=num_beams if return_all else 1,
+            max_new_tokens=12,
+        )
         reasons.add(assert_same_as_transformers(model, params, eos))
     assert reasons == {"eos", "length"}
 
@@ -145,8 +168,11 @@ def test_finished_text_leaves_out_eos(llama):
 
 def test_should_cancel_cancels_after_that_step(llama):
     calls = []
-    events = run(llama, SamplingParams(num_beams=2, max_new_tokens=20, ignore_eos=True),
-                 should_cancel=lambda: calls.append(1) or len(calls) >= 3)
+    events = run(
+        llama,
+        SamplingParams(num_beams=2, max_new_tokens=20, ignore_eos=True),
+        should_cancel=lambda: calls.append(1) or len(calls) >= 3,
+    )
     assert sum(isinstance(e, BeamStep) for e in events) == 3
     finished = events[-1]
     assert finished.finish_reason == "cancelled"

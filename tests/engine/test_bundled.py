@@ -1,4 +1,5 @@
 """inference.models.bundled: locating the GGUF, convert-once semantics, and conversion fidelity."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -10,8 +11,17 @@ from pathlib import Path
 import pytest
 
 import inference.models.bundled as bundled_module
-from inference.models.bundled import (MARKER_NAME, ConversionError, bundled_gguf_path, convert_gguf, ensure_converted,
-                               gguf_fingerprint, load_gguf, main, verify_conversion)
+from inference.models.bundled import (
+    MARKER_NAME,
+    ConversionError,
+    bundled_gguf_path,
+    convert_gguf,
+    ensure_converted,
+    gguf_fingerprint,
+    load_gguf,
+    main,
+    verify_conversion,
+)
 
 
 def test_bundled_gguf_is_found_without_importing_the_package() -> None:
@@ -27,6 +37,7 @@ def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) ->
 
 
 # --- convert-once semantics, with a fake converter (the real one takes a minute) ----------
+
 
 class FakeConverter:
     """Stands in for `convert_gguf`: writes one file, counts calls, can fail or pause."""
@@ -116,8 +127,9 @@ def test_a_failed_conversion_leaves_nothing_behind(fake: FakeConverter, gguf: Pa
     assert [p.name for p in models.iterdir()] == [".m.lock"]
 
 
-def test_two_converters_at_once_convert_once(fake: FakeConverter, gguf: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_converters_at_once_convert_once(
+    fake: FakeConverter, gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = tmp_path / "m"
     second_checked = threading.Event()
     real_is_complete = bundled_module.is_complete
@@ -156,19 +168,22 @@ def test_missing_or_unreadable_gguf_is_a_conversion_error(tmp_path: Path) -> Non
 
 # --- the real bundled conversion -----------------------------------------------------------
 
+
 def test_converted_folder_is_complete(bundled_model_dir: Path) -> None:
     names = {p.name for p in bundled_model_dir.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", MARKER_NAME} <= names
     config = json.loads((bundled_model_dir / "config.json").read_text())
     assert "quantization_config" not in config and config["architectures"] == ["LlamaForCausalLM"]
     from transformers import AutoTokenizer
+
     assert "<|im_start|>" in AutoTokenizer.from_pretrained(bundled_model_dir).chat_template
 
 
 @pytest.mark.slow
 def test_conversion_generates_exactly_like_the_gguf(bundled_model_dir: Path) -> None:
-    assert verify_conversion(bundled_gguf_path(), bundled_model_dir,
-                             prompt="Write a short poem about the sea.", max_new_tokens=24)
+    assert verify_conversion(
+        bundled_gguf_path(), bundled_model_dir, prompt="Write a short poem about the sea.", max_new_tokens=24
+    )
 
 
 def test_cli_prints_the_folder(bundled_model_dir: Path, data_dir: Path, capsys: pytest.CaptureFixture) -> None:

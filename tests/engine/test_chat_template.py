@@ -1,4 +1,5 @@
 """inference.text.chat_template: identical text to transformers, spans, validation, reasoning."""
+
 from __future__ import annotations
 
 import re
@@ -6,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from inference.text.chat_template import (ChatTemplateError, RenderedPrompt, TemplateTokens, render_chat,
-                                          validate_messages, validate_template)
+from inference.text.chat_template import (
+    ChatTemplateError,
+    RenderedPrompt,
+    TemplateTokens,
+    render_chat,
+    validate_messages,
+    validate_template,
+)
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser, split_reasoning, split_segments
 from tests.engine.tiny_models import make_tiny_tokenizer
 
@@ -16,12 +23,17 @@ TEMPLATES = Path(__file__).parent / "chat_templates"
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}],
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Why is the sky blue?"}],
-    [{"role": "system", "content": "  Padded system prompt.\n"},
-     {"role": "user", "content": "Line one\nline two <|im_start|> with a special string"},
-     {"role": "assistant", "content": "<think>\nThe user wants...\n</think>\n\nHere you go 👋"},
-     {"role": "user", "content": "  and accents: café, naïve, 世界  "}],
-    [{"role": "user", "content": ""}, {"role": "assistant", "content": "empty question?"},
-     {"role": "user", "content": "\n"}],
+    [
+        {"role": "system", "content": "  Padded system prompt.\n"},
+        {"role": "user", "content": "Line one\nline two <|im_start|> with a special string"},
+        {"role": "assistant", "content": "<think>\nThe user wants...\n</think>\n\nHere you go 👋"},
+        {"role": "user", "content": "  and accents: café, naïve, 世界  "},
+    ],
+    [
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": "empty question?"},
+        {"role": "user", "content": "\n"},
+    ],
 ]
 
 
@@ -29,21 +41,31 @@ def real_template_tokenizers() -> dict[str, object]:
     """Tokenizers carrying real published templates and their special tokens."""
     return {
         "llama3.2": make_tiny_tokenizer(
-            ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"], eos_token="<|eot_id|>",
-            chat_template=(TEMPLATES / "llama3_2_instruct.jinja").read_text()),
+            ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"],
+            eos_token="<|eot_id|>",
+            chat_template=(TEMPLATES / "llama3_2_instruct.jinja").read_text(),
+        ),
         "deepseek-r1": make_tiny_tokenizer(
             ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"],
             eos_token="<｜end▁of▁sentence｜>",
-            chat_template=(TEMPLATES / "deepseek_r1_distill_llama.jinja").read_text()),
+            chat_template=(TEMPLATES / "deepseek_r1_distill_llama.jinja").read_text(),
+        ),
         "qwen3": make_tiny_tokenizer(
-            ["<|endoftext|>", "<|im_end|>", "<|im_start|>", "<think>", "</think>"], eos_token="<|im_end|>",
-            chat_template=(TEMPLATES / "qwen3.jinja").read_text()),
+            ["<|endoftext|>", "<|im_end|>", "<|im_start|>", "<think>", "</think>"],
+            eos_token="<|im_end|>",
+            chat_template=(TEMPLATES / "qwen3.jinja").read_text(),
+        ),
     }
 
 
 def render_like(tokenizer, messages, add_generation_prompt: bool = True, **extra) -> RenderedPrompt:
-    return render_chat(messages, tokenizer.chat_template, special_tokens=TemplateTokens.from_tokenizer(tokenizer),
-                       add_generation_prompt=add_generation_prompt, **extra)
+    return render_chat(
+        messages,
+        tokenizer.chat_template,
+        special_tokens=TemplateTokens.from_tokenizer(tokenizer),
+        add_generation_prompt=add_generation_prompt,
+        **extra,
+    )
 
 
 def assert_spans_tile(prompt: RenderedPrompt) -> None:
@@ -55,16 +77,18 @@ def assert_spans_tile(prompt: RenderedPrompt) -> None:
 
 
 def spans_of(prompt: RenderedPrompt) -> list[tuple[str, str, str | None]]:
-    return [(prompt.text[s.start:s.end], s.kind, s.role) for s in prompt.spans]
+    return [(prompt.text[s.start : s.end], s.kind, s.role) for s in prompt.spans]
 
 
 # --- identical to apply_chat_template ------------------------------------------------------
 
+
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("messages", CONVERSATIONS)
 def test_bundled_template_matches_transformers(bundled, messages, add_generation_prompt: bool) -> None:
-    expected = bundled.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                     add_generation_prompt=add_generation_prompt)
+    expected = bundled.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
     prompt = render_like(bundled.tokenizer, messages, add_generation_prompt)
     assert prompt.text == expected
     assert_spans_tile(prompt)
@@ -76,8 +100,9 @@ def test_bundled_template_matches_transformers(bundled, messages, add_generation
 def test_real_templates_match_transformers(name: str, messages, add_generation_prompt: bool) -> None:
     tokenizer = real_template_tokenizers()[name]
     extra = {"date_string": "26 Jul 2024"}  # Llama 3.2 otherwise prints today's date
-    expected = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt, **extra)
+    expected = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+    )
     prompt = render_like(tokenizer, messages, add_generation_prompt, **extra)
     assert prompt.text == expected
     assert_spans_tile(prompt)
@@ -86,8 +111,9 @@ def test_real_templates_match_transformers(name: str, messages, add_generation_p
 def test_extra_variables_reach_the_template() -> None:
     tokenizer = real_template_tokenizers()["qwen3"]
     messages = CONVERSATIONS[0]
-    expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             enable_thinking=False)
+    expected = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
     prompt = render_like(tokenizer, messages, enable_thinking=False)
     assert prompt.text == expected and prompt.text.endswith("<think>\n\n</think>\n\n")
 
@@ -98,8 +124,10 @@ def test_strftime_now_is_available() -> None:
 
 
 def test_generation_tag_renders_its_body() -> None:
-    template = ("{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}A: {{ m.content }}"
-                "{% endgeneration %}{% else %}U: {{ m.content }}{% endif %}\n{% endfor %}")
+    template = (
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}A: {{ m.content }}"
+        "{% endgeneration %}{% else %}U: {{ m.content }}{% endif %}\n{% endfor %}"
+    )
     tokenizer = make_tiny_tokenizer(chat_template=template)
     messages = CONVERSATIONS[3]
     assert render_like(tokenizer, messages).text == tokenizer.apply_chat_template(messages, tokenize=False)
@@ -108,7 +136,7 @@ def test_generation_tag_renders_its_body() -> None:
 def test_tojson_keeps_html_and_unicode_like_transformers() -> None:
     template = "{{ messages[0] | tojson }}|{{ messages | tojson(indent=2) }}"
     tokenizer = make_tiny_tokenizer(chat_template=template)
-    messages = [{"role": "user", "content": "<b>café</b> & \"quotes\""}]
+    messages = [{"role": "user", "content": '<b>café</b> & "quotes"'}]
     text = render_like(tokenizer, messages).text
     assert text == tokenizer.apply_chat_template(messages, tokenize=False)
     assert "<b>café</b> &" in text
@@ -116,21 +144,28 @@ def test_tojson_keeps_html_and_unicode_like_transformers() -> None:
 
 # --- spans ---------------------------------------------------------------------------------
 
+
 def test_chatml_spans(bundled) -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|> there"}]
     prompt = render_like(bundled.tokenizer, messages)
     assert spans_of(prompt) == [
-        ("<|im_start|>", "special", "system"), ("system\n", "role", "system"),
+        ("<|im_start|>", "special", "system"),
+        ("system\n", "role", "system"),
         ("Be brief.", "content", "system"),
-        ("<|im_end|>", "special", "user"), ("\n", "role", "user"), ("<|im_start|>", "special", "user"),
+        ("<|im_end|>", "special", "user"),
+        ("\n", "role", "user"),
+        ("<|im_start|>", "special", "user"),
         ("user\n", "role", "user"),
         # a special-token string typed by the user is still one special token to the model
-        ("Hi ", "content", "user"), ("<|im_end|>", "special", "user"), (" there", "content", "user"),
-        ("<|im_end|>", "special", "assistant"), ("\n", "role", "assistant"),
-        ("<|im_start|>", "special", "assistant"), ("assistant\n", "role", "assistant"),
+        ("Hi ", "content", "user"),
+        ("<|im_end|>", "special", "user"),
+        (" there", "content", "user"),
+        ("<|im_end|>", "special", "assistant"),
+        ("\n", "role", "assistant"),
+        ("<|im_start|>", "special", "assistant"),
+        ("assistant\n", "role", "assistant"),
     ]
-    assert prompt.to_dict()["spans"][0] == {"start": 0, "end": len("<|im_start|>"), "kind": "special",
-                                            "role": "system"}
+    assert prompt.to_dict()["spans"][0] == {"start": 0, "end": len("<|im_start|>"), "kind": "special", "role": "system"}
 
 
 def test_contents_rewritten_by_the_template_still_get_spans() -> None:
@@ -138,10 +173,12 @@ def test_contents_rewritten_by_the_template_still_get_spans() -> None:
     messages = CONVERSATIONS[2]
     llama = render_like(tokenizers["llama3.2"], messages)  # trims every content
     contents = [(t, role) for t, kind, role in spans_of(llama) if kind == "content"]
-    assert contents == [("Padded system prompt.", "system"),
-                        ("Line one\nline two <|im_start|> with a special string", "user"),
-                        ("<think>\nThe user wants...\n</think>\n\nHere you go 👋", "assistant"),
-                        ("and accents: café, naïve, 世界", "user")]
+    assert contents == [
+        ("Padded system prompt.", "system"),
+        ("Line one\nline two <|im_start|> with a special string", "user"),
+        ("<think>\nThe user wants...\n</think>\n\nHere you go 👋", "assistant"),
+        ("and accents: café, naïve, 世界", "user"),
+    ]
     r1 = render_like(tokenizers["deepseek-r1"], messages)  # drops the reasoning of earlier turns
     assert ("\n\nHere you go 👋", "content", "assistant") in spans_of(r1)
     assert r1.text.endswith("<｜Assistant｜><think>\n")
@@ -154,8 +191,9 @@ def test_spans_without_generation_prompt_end_with_the_last_role(bundled) -> None
 
 
 def test_a_template_that_inspects_content_still_gets_tiling_spans() -> None:
-    template = ("{% for m in messages %}{% if m.content == 'secret' %}[hidden]{% else %}{{ m.content }}{% endif %}"
-                "{% endfor %}")
+    template = (
+        "{% for m in messages %}{% if m.content == 'secret' %}[hidden]{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
     tokenizer = make_tiny_tokenizer(chat_template=template)
     prompt = render_like(tokenizer, [{"role": "user", "content": "secret"}, {"role": "user", "content": "<|eos|>"}])
     assert prompt.text == "[hidden]<|eos|>"
@@ -170,15 +208,19 @@ def test_a_template_that_slices_content_falls_back_to_roleless_spans() -> None:
 
 # --- validation ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("messages, fragment", [
-    ([], "non-empty list"),
-    ("hello", "non-empty list"),
-    (["hello"], "messages[0] must be an object"),
-    ([{"role": "robot", "content": "x"}], "messages[0].role='robot'"),
-    ([{"role": "user"}], "messages[0].content must be a string"),
-    ([{"role": "user", "content": "a"}, {"role": "user", "content": None}], "messages[1].content"),
-    ([{"role": "user", "content": "a", "name": "bob"}], "unknown field(s): name"),
-])
+
+@pytest.mark.parametrize(
+    "messages, fragment",
+    [
+        ([], "non-empty list"),
+        ("hello", "non-empty list"),
+        (["hello"], "messages[0] must be an object"),
+        ([{"role": "robot", "content": "x"}], "messages[0].role='robot'"),
+        ([{"role": "user"}], "messages[0].content must be a string"),
+        ([{"role": "user", "content": "a"}, {"role": "user", "content": None}], "messages[1].content"),
+        ([{"role": "user", "content": "a", "name": "bob"}], "unknown field(s): name"),
+    ],
+)
 def test_bad_messages_are_rejected(messages, fragment: str) -> None:
     with pytest.raises(ValueError, match=re.escape(fragment)):
         render_chat(messages, "{{ messages }}")
@@ -209,26 +251,31 @@ def test_validate_template_renders_a_sample() -> None:
 
 
 def test_validate_template_retries_without_a_system_message() -> None:
-    strict = ("{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
-              "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
-              "[{{ m.role }}]{{ m.content }}{% endfor %}")
+    strict = (
+        "{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+        "[{{ m.role }}]{{ m.content }}{% endfor %}"
+    )
     assert validate_template(strict).startswith("[user]Hello!")
 
 
-@pytest.mark.parametrize("source, fragment", [
-    ("ok\n{% for m in messages %}{{ m.content }", "syntax error on line 2"),
-    ("{% if %}", "syntax error on line 1"),
-    ("", "empty"),
-    ("{{ undefined_thing.attribute }}", "undefined value"),
-    ("{{ raise_exception('nope') }}", "the template raised an error on line 1: nope"),
-    ("{{ ''.__class__ }}", "sandbox"),
-    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "sandbox"),
-    ("{{ messages.__class__.__base__ }}", "sandbox"),
-    ("{{ cycler.__init__.__globals__ }}", "sandbox"),
-    ("{% set ns = namespace() %}{% set ns._x = 1 %}", "sandbox"),
-    ("{{ messages.append(1) }}", "sandbox"),
-    ("{{ 1 / 0 }}", "ZeroDivisionError"),
-])
+@pytest.mark.parametrize(
+    "source, fragment",
+    [
+        ("ok\n{% for m in messages %}{{ m.content }", "syntax error on line 2"),
+        ("{% if %}", "syntax error on line 1"),
+        ("", "empty"),
+        ("{{ undefined_thing.attribute }}", "undefined value"),
+        ("{{ raise_exception('nope') }}", "the template raised an error on line 1: nope"),
+        ("{{ ''.__class__ }}", "sandbox"),
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "sandbox"),
+        ("{{ messages.__class__.__base__ }}", "sandbox"),
+        ("{{ cycler.__init__.__globals__ }}", "sandbox"),
+        ("{% set ns = namespace() %}{% set ns._x = 1 %}", "sandbox"),
+        ("{{ messages.append(1) }}", "sandbox"),
+        ("{{ 1 / 0 }}", "ZeroDivisionError"),
+    ],
+)
 def test_validate_template_errors_are_readable(source: str, fragment: str) -> None:
     with pytest.raises(ChatTemplateError, match=re.escape(fragment)):
         validate_template(source)
@@ -236,15 +283,19 @@ def test_validate_template_errors_are_readable(source: str, fragment: str) -> No
 
 # --- reasoning -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, starts_in_reasoning, expected", [
-    ("<think>\nLet me see.\n</think>\n\nParis.", False, ("Let me see.", "Paris.")),
-    ("<think>Still thinking", False, ("Still thinking", "")),
-    ("Plain answer.", False, ("", "Plain answer.")),
-    ("reasoning so far", True, ("reasoning so far", "")),
-    ("hidden start\n</think>\n\nAnswer", False, ("hidden start", "Answer")),
-    ("hidden start\n</think>\n\nAnswer", True, ("hidden start", "Answer")),
-    ("", True, ("", "")),
-])
+
+@pytest.mark.parametrize(
+    "text, starts_in_reasoning, expected",
+    [
+        ("<think>\nLet me see.\n</think>\n\nParis.", False, ("Let me see.", "Paris.")),
+        ("<think>Still thinking", False, ("Still thinking", "")),
+        ("Plain answer.", False, ("", "Plain answer.")),
+        ("reasoning so far", True, ("reasoning so far", "")),
+        ("hidden start\n</think>\n\nAnswer", False, ("hidden start", "Answer")),
+        ("hidden start\n</think>\n\nAnswer", True, ("hidden start", "Answer")),
+        ("", True, ("", "")),
+    ],
+)
 def test_split_reasoning(text: str, starts_in_reasoning: bool, expected: tuple[str, str]) -> None:
     assert split_reasoning(text, starts_in_reasoning=starts_in_reasoning) == expected
 
@@ -258,12 +309,17 @@ def test_prompt_opens_reasoning() -> None:
 
 def test_split_segments_gives_blocks_and_answer_runs_with_offsets() -> None:
     text = "Hi <think>a</think> mid <think>b"
-    assert [(s.kind, text[s.start:s.end], s.is_open) for s in split_segments(text)] == [
-        ("answer", "Hi ", False), ("reasoning", "a", False), ("answer", " mid ", False), ("reasoning", "b", True)]
+    assert [(s.kind, text[s.start : s.end], s.is_open) for s in split_segments(text)] == [
+        ("answer", "Hi ", False),
+        ("reasoning", "a", False),
+        ("answer", " mid ", False),
+        ("reasoning", "b", True),
+    ]
 
 
 def test_segments_for_browser_count_utf16_units() -> None:
-    text = "<think>\U0001F600x</think>y"  # the emoji is two UTF-16 units
+    text = "<think>\U0001f600x</think>y"  # the emoji is two UTF-16 units
     assert segments_for_browser(text) == [
         {"kind": "reasoning", "start": 7, "end": 10, "is_open": False},
-        {"kind": "answer", "start": 18, "end": 19, "is_open": False}]
+        {"kind": "answer", "start": 18, "end": 19, "is_open": False},
+    ]

@@ -1,4 +1,5 @@
 """The generation loop against transformers, on the bundled model and tiny random models."""
+
 from __future__ import annotations
 
 import math
@@ -28,6 +29,7 @@ def prompt_ids(engine) -> list[int]:
 
 # ---- equivalence with transformers --------------------------------------------------------
 
+
 @pytest.mark.parametrize("runner", ["auto", "transformers"])
 def test_greedy_equals_transformers_generate_on_bundled_model(bundled, prompt_ids, runner):
     engine = Engine(bundled, EngineConfig(runner=runner, prefix_cache_bytes=0))
@@ -54,9 +56,9 @@ def test_lean_runner_logits_match_transformers_with_chunked_prefill(arch):
     with torch.inference_mode():
         expected = engine.model(ids[None]).logits[0].float()  # (T, vocab)
     cache = engine.runner.new_cache(4)  # too small on purpose: it must grow
-    first = engine.runner.forward(ids[:6], cache)        # prefill
-    second = engine.runner.forward(ids[6:9], cache)      # a chunk after a cached prefix (masked)
-    third = engine.runner.forward(ids[9:], cache)        # one decode step
+    first = engine.runner.forward(ids[:6], cache)  # prefill
+    second = engine.runner.forward(ids[6:9], cache)  # a chunk after a cached prefix (masked)
+    third = engine.runner.forward(ids[9:], cache)  # one decode step
     for got, position in [(first, 5), (second, 8), (third, 9)]:
         torch.testing.assert_close(got, expected[position], atol=1e-4, rtol=1e-4)
     assert isinstance(cache, ContiguousKVCache) and cache.num_tokens == 10
@@ -64,8 +66,7 @@ def test_lean_runner_logits_match_transformers_with_chunked_prefill(arch):
 
 def test_cached_decode_equals_recompute_without_cache(engine, prompt_ids):
     _, cached, _ = run(engine, prompt_ids, greedy=True, max_new_tokens=12, num_alternatives=5)
-    _, recomputed, fin = run(engine, prompt_ids, greedy=True, max_new_tokens=12, num_alternatives=5,
-                             use_kv_cache=False)
+    _, recomputed, fin = run(engine, prompt_ids, greedy=True, max_new_tokens=12, num_alternatives=5, use_kv_cache=False)
     assert [s.token_id for s in cached] == [s.token_id for s in recomputed]
     for a, b in zip(cached, recomputed):
         assert [x.token_id for x in a.top_raw] == [x.token_id for x in b.top_raw]
@@ -76,9 +77,11 @@ def test_cached_decode_equals_recompute_without_cache(engine, prompt_ids):
 
 # ---- the records ------------------------------------------------------------------------
 
+
 def test_event_sequence_and_step_records(engine, prompt_ids):
-    events, steps, finished = run(engine, prompt_ids, temperature=0.8, top_k=20, seed=3,
-                                  max_new_tokens=8, num_alternatives=10)
+    events, steps, finished = run(
+        engine, prompt_ids, temperature=0.8, top_k=20, seed=3, max_new_tokens=8, num_alternatives=10
+    )
     assert isinstance(events[0], Prefilled) and events[0].num_prompt_tokens == len(prompt_ids)
     assert events[0].kv_cache_bytes == engine.kv_bytes_per_token() * len(prompt_ids)
     assert isinstance(finished, Finished) and sum(isinstance(e, Finished) for e in events) == 1
@@ -100,11 +103,13 @@ def test_event_sequence_and_step_records(engine, prompt_ids):
 def test_same_seed_same_tokens_and_other_seed_differs(engine, prompt_ids):
     def tokens(seed):
         return [s.token_id for s in run(engine, prompt_ids, temperature=1.2, seed=seed, max_new_tokens=20)[1]]
+
     assert tokens(7) == tokens(7)
     assert tokens(7) != tokens(8)
 
 
 # ---- stops ------------------------------------------------------------------------------
+
 
 def test_stops_on_any_eos_id(engine, prompt_ids):
     first = run(engine, prompt_ids, greedy=True, max_new_tokens=6)[1]
@@ -121,7 +126,7 @@ def test_stops_on_any_eos_id(engine, prompt_ids):
 
 def test_stop_string_ends_text_before_it(engine, prompt_ids):
     full = run(engine, prompt_ids, greedy=True, max_new_tokens=24)[2].text
-    stop = full[len(full) // 2: len(full) // 2 + 3]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert stop.strip(), full
     _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=24, stop=(stop,))
     assert finished.finish_reason == "stop_string"
@@ -167,11 +172,25 @@ def test_utf8_split_across_tokens_streams_whole_characters(engine):
 
 # ---- bad input --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("field,value", [
-    ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -3), ("min_p", 1.0),
-    ("repetition_penalty", 0.0), ("max_new_tokens", 0), ("num_alternatives", 51), ("seed", -1),
-    ("num_beams", 0), ("temperature", float("nan")), ("greedy", "yes"), ("stop", ("",)),
-])
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -3),
+        ("min_p", 1.0),
+        ("repetition_penalty", 0.0),
+        ("max_new_tokens", 0),
+        ("num_alternatives", 51),
+        ("seed", -1),
+        ("num_beams", 0),
+        ("temperature", float("nan")),
+        ("greedy", "yes"),
+        ("stop", ("",)),
+    ],
+)
 def test_invalid_sampling_params_name_the_value(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
@@ -193,6 +212,7 @@ def test_bad_prompts_are_clear_errors(engine):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_greedy_on_cuda_matches_transformers(bundled_model_dir):
     from inference.models.loader import load_model
+
     loaded = load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="bfloat16"))
     engine = Engine(loaded, EngineConfig(device="cuda"))
     ids = engine.encode(PROMPT)
@@ -205,6 +225,7 @@ def test_greedy_on_cuda_matches_transformers(bundled_model_dir):
 def test_repetition_penalty_and_seeded_sampling_run_on_cuda(bundled_model_dir):
     """The penalty gathers logits (on CUDA) at the context ids: those must live there too."""
     from inference.models.loader import load_model
+
     loaded = load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="bfloat16"))
     engine = Engine(loaded, EngineConfig(device="cuda"))
     ids = engine.encode(PROMPT)
@@ -238,9 +259,17 @@ class ScriptedRunner:
 @pytest.mark.parametrize("sliding_window,runner", [(None, "lean-llama"), (8, "transformers")])
 def test_mistral_uses_the_lean_runner_only_without_a_sliding_window(sliding_window, runner):
     from transformers import AutoModelForCausalLM, MistralConfig
-    config = MistralConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                           sliding_window=sliding_window)
+
+    config = MistralConfig(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        sliding_window=sliding_window,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     engine = engine_for("llama")

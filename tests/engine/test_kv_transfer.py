@@ -1,5 +1,6 @@
 """The KV handoff blob: a round trip continues a request token for token, and every broken,
 forged or mismatched blob is refused with a `KVTransferError` that says what is wrong."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,14 +13,14 @@ import torch
 
 from inference import SamplingParams, Step
 from inference.engine import Engine
-from inference.kv.transfer import Handoff
-from inference.kv.transfer import FORMAT_VERSION, MAGIC, KVSpec, KVTransferError, deserialize, serialize
+from inference.kv.transfer import FORMAT_VERSION, MAGIC, Handoff, KVSpec, KVTransferError, deserialize, serialize
 from tests.engine.engines import engine_for
 
 PROMPT_IDS = list(range(40, 70))
 GREEDY = SamplingParams(greedy=True, max_new_tokens=12, ignore_eos=True, num_alternatives=3, use_prefix_cache=False)
-SEEDED = SamplingParams(temperature=1.3, top_k=40, seed=1234, max_new_tokens=12, ignore_eos=True,
-                        num_alternatives=3, use_prefix_cache=False)
+SEEDED = SamplingParams(
+    temperature=1.3, top_k=40, seed=1234, max_new_tokens=12, ignore_eos=True, num_alternatives=3, use_prefix_cache=False
+)
 PREAMBLE = struct.Struct("<4sHI32s")
 
 
@@ -46,15 +47,17 @@ def forge(header: dict, data: bytes = b"") -> bytes:
 def header_of(blob: bytes | bytearray) -> tuple[dict, bytes]:
     _, _, header_len, _ = PREAMBLE.unpack_from(blob)
     start = PREAMBLE.size + header_len
-    return json.loads(bytes(blob[PREAMBLE.size:start])), bytes(blob[start:])
+    return json.loads(bytes(blob[PREAMBLE.size : start])), bytes(blob[start:])
 
 
 # ---- the round trip ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "deepseek_v3"])  # lean runner, HF cache, MLA (k != v shapes)
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_a_loaded_blob_continues_with_exactly_the_tokens_of_an_uninterrupted_run(arch: str,
-                                                                                 params: SamplingParams) -> None:
+def test_a_loaded_blob_continues_with_exactly_the_tokens_of_an_uninterrupted_run(
+    arch: str, params: SamplingParams
+) -> None:
     prefill_engine, decode_engine = engine_for(arch), engine_for(arch)  # two "workers", same weights
     expected = token_ids(prefill_engine, params)
 
@@ -71,7 +74,11 @@ def test_the_request_record_survives_the_round_trip_unchanged(llama: Engine) -> 
     loaded = deserialize(serialize(handoff, llama.loaded.name), spec_of(llama))
 
     assert (loaded.prompt_ids, loaded.params, loaded.seed, loaded.ttft_ms) == (
-        handoff.prompt_ids, handoff.params, handoff.seed, handoff.ttft_ms)
+        handoff.prompt_ids,
+        handoff.params,
+        handoff.seed,
+        handoff.ttft_ms,
+    )
     assert loaded.prefilled == handoff.prefilled
     assert loaded.first_step == handoff.first_step
     assert torch.equal(loaded.rng_state, handoff.rng_state)
@@ -115,6 +122,7 @@ def test_a_blob_goes_from_gpu_tensors_to_gpu_tensors(llama: Engine) -> None:
 
 # ---- refusals --------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def blob(llama: Engine) -> bytes:
     return bytes(serialize(llama.prefill_for_handoff(PROMPT_IDS, GREEDY), llama.loaded.name))
@@ -153,14 +161,18 @@ def test_a_blob_of_another_format_version_is_refused(blob: bytes) -> None:
         deserialize(bytes(newer))
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"model": "another-model"}, "from model 'tiny-llama'; this worker runs 'another-model'"),
-    ({"dtype": "bfloat16"}, "holds float32 tensors"),
-    ({"num_layers": 5}, "has 2 layers; the model has 5"),
-    ({"kv_bytes_per_token": 64}, "bytes per token"),
-])
-def test_a_blob_for_another_model_or_cache_geometry_is_refused(llama: Engine, blob: bytes, change: dict,
-                                                               message: str) -> None:
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model": "another-model"}, "from model 'tiny-llama'; this worker runs 'another-model'"),
+        ({"dtype": "bfloat16"}, "holds float32 tensors"),
+        ({"num_layers": 5}, "has 2 layers; the model has 5"),
+        ({"kv_bytes_per_token": 64}, "bytes per token"),
+    ],
+)
+def test_a_blob_for_another_model_or_cache_geometry_is_refused(
+    llama: Engine, blob: bytes, change: dict, message: str
+) -> None:
     with pytest.raises(KVTransferError, match=message):
         deserialize(blob, replace(spec_of(llama), **change))
 
@@ -169,19 +181,22 @@ def test_kv_transfer_errors_are_value_errors() -> None:
     assert issubclass(KVTransferError, ValueError)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda h: h["tensors"][0].update(dtype="object"), "bad tensor entry"),
-    (lambda h: h["tensors"][0].update(offset=10**9), "outside the data"),
-    (lambda h: h["tensors"][0].update(shape=[1000, 1000, 1000]), "cannot hold"),
-    (lambda h: h["tensors"][0].update(shape=[0, 30, 8]), "cannot hold"),
-    (lambda h: h["tensors"].pop(0), "missing|pairs"),
-    (lambda h: h["tensors"].pop(), "RNG state"),
-    (lambda h: h.update(num_tokens=7), "expected \\(kv_heads, 7, head_dim\\)"),
-    (lambda h: h.pop("request"), "'request' is missing"),
-    (lambda h: h["request"]["params"].update(temperature=-1), "request record is malformed"),
-    (lambda h: h["request"]["first_step"].update(evil="__import__('os')"), "request record is malformed"),
-    (lambda h: h["request"].update(prompt_ids=[1, 2]), "2 prompt ids for 30 cached tokens"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda h: h["tensors"][0].update(dtype="object"), "bad tensor entry"),
+        (lambda h: h["tensors"][0].update(offset=10**9), "outside the data"),
+        (lambda h: h["tensors"][0].update(shape=[1000, 1000, 1000]), "cannot hold"),
+        (lambda h: h["tensors"][0].update(shape=[0, 30, 8]), "cannot hold"),
+        (lambda h: h["tensors"].pop(0), "missing|pairs"),
+        (lambda h: h["tensors"].pop(), "RNG state"),
+        (lambda h: h.update(num_tokens=7), "expected \\(kv_heads, 7, head_dim\\)"),
+        (lambda h: h.pop("request"), "'request' is missing"),
+        (lambda h: h["request"]["params"].update(temperature=-1), "request record is malformed"),
+        (lambda h: h["request"]["first_step"].update(evil="__import__('os')"), "request record is malformed"),
+        (lambda h: h["request"].update(prompt_ids=[1, 2]), "2 prompt ids for 30 cached tokens"),
+    ],
+)
 def test_a_forged_header_with_a_valid_checksum_is_refused(blob: bytes, mutate, message: str) -> None:
     header, data = header_of(blob)
     mutate(header)

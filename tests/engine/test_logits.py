@@ -1,5 +1,6 @@
 """inference.sampling.logits: each processor equals its transformers counterpart, is pure, keeps exactly
 the tokens it should, and runs in the documented order."""
+
 from __future__ import annotations
 
 import math
@@ -107,25 +108,31 @@ def test_repetition_penalty_ignores_ids_past_the_logits():
     assert out.tolist() == [[2.0, -2.0, 0.5]]
 
 
-@pytest.mark.parametrize("logits,k,expected", [
-    ([1.0, 3.0, 3.5, 2.0], 2, {1, 2}),
-    ([1.0, 3.0, 3.0, 2.0], 1, {1, 2}),       # a tie with the k-th token is kept
-    ([3.0, 3.0, 3.0, 1.0], 2, {0, 1, 2}),
-    ([1.0, 2.0], 5, {0, 1}),                 # k larger than the vocabulary
-])
+@pytest.mark.parametrize(
+    "logits,k,expected",
+    [
+        ([1.0, 3.0, 3.5, 2.0], 2, {1, 2}),
+        ([1.0, 3.0, 3.0, 2.0], 1, {1, 2}),  # a tie with the k-th token is kept
+        ([3.0, 3.0, 3.0, 1.0], 2, {0, 1, 2}),
+        ([1.0, 2.0], 5, {0, 1}),  # k larger than the vocabulary
+    ],
+)
 def test_top_k_kept_set(logits, k, expected):
     assert kept(TopK(k)(torch.tensor([logits]), torch.empty(1, 0, dtype=torch.long))) == expected
 
 
-@pytest.mark.parametrize("probs,p,expected", [
-    ([0.5, 0.25, 0.15, 0.1], 0.3, {0}),
-    ([0.5, 0.25, 0.15, 0.1], 0.6, {0, 1}),
-    ([0.5, 0.25, 0.15, 0.1], 0.8, {0, 1, 2}),
-    ([0.5, 0.25, 0.15, 0.1], 1.0, {0, 1, 2, 3}),
-    ([0.1, 0.15, 0.25, 0.5], 0.6, {2, 3}),     # order in the vocabulary does not matter
-    ([0.97, 0.01, 0.01, 0.01], 1e-6, {0}),     # always at least the most likely token
-    ([0.97, 0.01, 0.01, 0.01], 0.9, {0}),      # the top token alone can exceed p
-])
+@pytest.mark.parametrize(
+    "probs,p,expected",
+    [
+        ([0.5, 0.25, 0.15, 0.1], 0.3, {0}),
+        ([0.5, 0.25, 0.15, 0.1], 0.6, {0, 1}),
+        ([0.5, 0.25, 0.15, 0.1], 0.8, {0, 1, 2}),
+        ([0.5, 0.25, 0.15, 0.1], 1.0, {0, 1, 2, 3}),
+        ([0.1, 0.15, 0.25, 0.5], 0.6, {2, 3}),  # order in the vocabulary does not matter
+        ([0.97, 0.01, 0.01, 0.01], 1e-6, {0}),  # always at least the most likely token
+        ([0.97, 0.01, 0.01, 0.01], 0.9, {0}),  # the top token alone can exceed p
+    ],
+)
 def test_top_p_kept_set(probs, p, expected):
     assert kept(TopP(p)(from_probs(probs), torch.empty(1, 0, dtype=torch.long))) == expected
 
@@ -138,12 +145,15 @@ def test_top_p_tie_at_the_boundary_keeps_one_token_like_transformers():
     assert kept(ours) == kept(theirs)
 
 
-@pytest.mark.parametrize("probs,p,expected", [
-    ([0.5, 0.3, 0.15, 0.05], 0.25, {0, 1, 2}),   # threshold 0.125
-    ([0.5, 0.3, 0.15, 0.05], 0.7, {0}),          # threshold 0.35
-    ([0.5, 0.3, 0.15, 0.05], 0.05, {0, 1, 2, 3}),
-    ([0.4, 0.4, 0.2], 1.0, {0, 1}),              # tied top tokens both survive p = 1
-])
+@pytest.mark.parametrize(
+    "probs,p,expected",
+    [
+        ([0.5, 0.3, 0.15, 0.05], 0.25, {0, 1, 2}),  # threshold 0.125
+        ([0.5, 0.3, 0.15, 0.05], 0.7, {0}),  # threshold 0.35
+        ([0.5, 0.3, 0.15, 0.05], 0.05, {0, 1, 2, 3}),
+        ([0.4, 0.4, 0.2], 1.0, {0, 1}),  # tied top tokens both survive p = 1
+    ],
+)
 def test_min_p_kept_set(probs, p, expected):
     assert kept(MinP(p)(from_probs(probs), torch.empty(1, 0, dtype=torch.long))) == expected
 
@@ -153,10 +163,15 @@ def test_build_processors_fixed_order():
     processors = build_processors(params)
     assert [type(p) for p in processors] == [RepetitionPenalty, Temperature, TopK, TopP, MinP]
     logits, context_ids = random_batch(3)
-    theirs = LogitsProcessorList([
-        RepetitionPenaltyLogitsProcessor(1.2), TemperatureLogitsWarper(0.7), TopKLogitsWarper(5),
-        TopPLogitsWarper(0.9), MinPLogitsWarper(0.05),
-    ])(context_ids, logits.clone())
+    theirs = LogitsProcessorList(
+        [
+            RepetitionPenaltyLogitsProcessor(1.2),
+            TemperatureLogitsWarper(0.7),
+            TopKLogitsWarper(5),
+            TopPLogitsWarper(0.9),
+            MinPLogitsWarper(0.05),
+        ]
+    )(context_ids, logits.clone())
     assert torch.allclose(apply_processors(processors, logits, context_ids), theirs)
 
 
@@ -170,18 +185,24 @@ def test_order_matters_temperature_before_top_p():
     assert kept(reversed_order) == {0, 1}
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(),
-    SamplingParams(top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, temperature=1.0),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(),
+        SamplingParams(top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, temperature=1.0),
+    ],
+)
 def test_build_processors_skips_settings_that_are_off(params):
     assert build_processors(params) == []
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(greedy=True, temperature=0.5, top_k=3, top_p=0.5, min_p=0.2, repetition_penalty=1.5),
-    SamplingParams(temperature=0.0, top_k=3, top_p=0.5, min_p=0.2, repetition_penalty=1.5),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(greedy=True, temperature=0.5, top_k=3, top_p=0.5, min_p=0.2, repetition_penalty=1.5),
+        SamplingParams(temperature=0.0, top_k=3, top_p=0.5, min_p=0.2, repetition_penalty=1.5),
+    ],
+)
 def test_greedy_keeps_only_the_repetition_penalty(params):
     assert build_processors(params) == [RepetitionPenalty(1.5)]
 
@@ -191,13 +212,28 @@ def test_apply_processors_without_processors_returns_logits_unchanged():
     assert torch.equal(apply_processors([], logits, context_ids), logits)
 
 
-@pytest.mark.parametrize("make,value", [
-    (RepetitionPenalty, 0.0), (RepetitionPenalty, -1.5), (RepetitionPenalty, float("nan")),
-    (Temperature, 0.0), (Temperature, -0.5), (Temperature, float("inf")), (Temperature, "hot"),
-    (TopK, 0), (TopK, -3), (TopK, 2.5), (TopK, True),
-    (TopP, 0.0), (TopP, 1.5), (TopP, -0.1),
-    (MinP, -0.1), (MinP, 1.5), (MinP, float("nan")),
-])
+@pytest.mark.parametrize(
+    "make,value",
+    [
+        (RepetitionPenalty, 0.0),
+        (RepetitionPenalty, -1.5),
+        (RepetitionPenalty, float("nan")),
+        (Temperature, 0.0),
+        (Temperature, -0.5),
+        (Temperature, float("inf")),
+        (Temperature, "hot"),
+        (TopK, 0),
+        (TopK, -3),
+        (TopK, 2.5),
+        (TopK, True),
+        (TopP, 0.0),
+        (TopP, 1.5),
+        (TopP, -0.1),
+        (MinP, -0.1),
+        (MinP, 1.5),
+        (MinP, float("nan")),
+    ],
+)
 def test_bad_value_is_a_value_error_naming_it(make, value):
     with pytest.raises(ValueError, match=re.escape(repr(value))):
         make(value)

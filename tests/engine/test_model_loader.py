@@ -1,4 +1,5 @@
 """inference.models.loader: sources, device/dtype, limits, and readable load errors."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def save_tiny(folder: Path) -> None:
     model = make_tiny_model("llama")
     model.generation_config.eos_token_id = [257, 256]  # a list, and not the tokenizer's eos
     model.save_pretrained(folder)
-    make_tiny_tokenizer(["<|bos|>", "<|eos|>", "<|end|>"], eos_token="<|end|>",
-                        chat_template="{{ messages[0]['content'] }}").save_pretrained(folder)
+    make_tiny_tokenizer(
+        ["<|bos|>", "<|eos|>", "<|end|>"], eos_token="<|end|>", chat_template="{{ messages[0]['content'] }}"
+    ).save_pretrained(folder)
 
 
 def cpu(source: str | Path, **kwargs) -> EngineConfig:
@@ -68,8 +70,9 @@ def test_tiny_architectures_load_and_decode_with_a_cache(arch: str, tmp_path: Pa
         next_id = prefill.logits[:, -1].argmax(-1, keepdim=True)
         step = model(next_id, past_key_values=prefill.past_key_values, use_cache=True)
         full = model(torch.cat([ids, next_id], dim=1))
-        generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
-                                   pad_token_id=257)
+        generated = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=257
+        )
     assert cache.get_seq_length() == 5
     torch.testing.assert_close(step.logits[:, -1], full.logits[:, -1], atol=1e-5, rtol=1e-4)
     assert generated.shape == (1, 8) and generated[0, 4].item() == next_id.item()
@@ -129,15 +132,18 @@ def test_custom_code_is_refused_by_default(tiny_folder: Path, tmp_path: Path) ->
     folder = tmp_path / "custom"
     shutil.copytree(tiny_folder, folder)
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="x-custom", auto_map={"AutoConfig": "configuration_x.XConfig",
-                                                   "AutoModelForCausalLM": "modeling_x.XForCausalLM"})
+    config.update(
+        model_type="x-custom",
+        auto_map={"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"},
+    )
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="trust_remote_code"):
         load_model(cpu(folder))
 
 
-def test_hub_id_loads_from_the_local_cache_only(tiny_folder: Path, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hub_id_loads_from_the_local_cache_only(
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from huggingface_hub import constants
 
     repo = tmp_path / "models--tiny-org--tiny-llama"
@@ -150,8 +156,9 @@ def test_hub_id_loads_from_the_local_cache_only(tiny_folder: Path, tmp_path: Pat
     assert loaded.source_path == repo / "snapshots" / "0123abc"
 
 
-def test_gguf_source_is_converted_once_into_the_data_dir(tiny_folder: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gguf_source_is_converted_once_into_the_data_dir(
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gguf = tmp_path / "My-Model.Q8_0.gguf"
     gguf.write_bytes(b"GGUF" + bytes(100))
     conversions: list[Path] = []
@@ -171,6 +178,7 @@ def test_gguf_source_is_converted_once_into_the_data_dir(tiny_folder: Path, tmp_
 
 
 # --- errors: one readable line naming the model, the original chained ---------------------
+
 
 def assert_load_error(config: EngineConfig, *fragments: str) -> ModelLoadError:
     with pytest.raises(ModelLoadError) as caught:
@@ -203,14 +211,19 @@ def test_unknown_hub_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
-    error = assert_load_error(cpu("no-such-org/no-such-model"), "'no-such-org/no-such-model'",
-                              "nor in the Hugging Face cache", "downloads are disabled")
+    error = assert_load_error(
+        cpu("no-such-org/no-such-model"),
+        "'no-such-org/no-such-model'",
+        "nor in the Hugging Face cache",
+        "downloads are disabled",
+    )
     assert error.__cause__ is not None
 
 
 def test_missing_gguf(tmp_path: Path) -> None:
-    assert_load_error(cpu(tmp_path / "absent.gguf", data_dir=str(tmp_path)), str(tmp_path / "absent.gguf"),
-                      "does not exist")
+    assert_load_error(
+        cpu(tmp_path / "absent.gguf", data_dir=str(tmp_path)), str(tmp_path / "absent.gguf"), "does not exist"
+    )
     assert not (tmp_path / "models").exists()
 
 

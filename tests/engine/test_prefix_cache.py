@@ -1,4 +1,5 @@
 """The prefix cache: radix-tree bookkeeping on fake tensors, then KV reuse inside the engine."""
+
 from __future__ import annotations
 
 import pytest
@@ -237,8 +238,9 @@ def assert_same_as_uncached(engine: Engine, prompt_ids: list[int], expected_cach
     assert [s.token_id for s in cached] == [s.token_id for s in uncached]
     got, expected = cached[0].top_raw, uncached[0].top_raw
     assert [a.token_id for a in got] == [a.token_id for a in expected]
-    torch.testing.assert_close(torch.tensor([a.logprob for a in got]), torch.tensor([a.logprob for a in expected]),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        torch.tensor([a.logprob for a in got]), torch.tensor([a.logprob for a in expected]), atol=1e-4, rtol=1e-4
+    )
     return cached
 
 
@@ -288,8 +290,10 @@ def test_bundled_chat_turns_reuse_the_prefix(bundled_engine, sampling):
     answer_ids = [s.token_id for s in turn1]
     answer_text = engine.tokenizer.decode(answer_ids, skip_special_tokens=True)
 
-    turn2_ids = chat_ids(engine, [question, {"role": "assistant", "content": answer_text},
-                                  {"role": "user", "content": "And three animals?"}])
+    turn2_ids = chat_ids(
+        engine,
+        [question, {"role": "assistant", "content": answer_text}, {"role": "user", "content": "And three animals?"}],
+    )
     # The re-rendered history matches what was computed up to where the template closes the
     # answer differently (or the answer re-tokenizes differently): reuse exactly that much.
     expected = common_length(turn2_ids, turn1_ids + answer_ids[:-1])

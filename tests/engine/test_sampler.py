@@ -1,5 +1,6 @@
 """inference.sampling.sampler: draws follow the processed distribution, filtered tokens never come out,
 seeds reproduce, greedy is argmax; and the distribution read-outs."""
+
 from __future__ import annotations
 
 import math
@@ -35,13 +36,16 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return chisquare(counts[support].double().numpy(), expected.numpy()).pvalue
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(seed=1),
-    SamplingParams(seed=2, temperature=0.7),
-    SamplingParams(seed=3, temperature=1.5, top_k=4),
-    SamplingParams(seed=4, top_p=0.8),
-    SamplingParams(seed=5, temperature=0.8, top_k=5, top_p=0.9, min_p=0.1),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(seed=1),
+        SamplingParams(seed=2, temperature=0.7),
+        SamplingParams(seed=3, temperature=1.5, top_k=4),
+        SamplingParams(seed=4, top_p=0.8),
+        SamplingParams(seed=5, temperature=0.8, top_k=5, top_p=0.9, min_p=0.1),
+    ],
+)
 def test_draws_match_the_processed_distribution(params):
     logits = torch.tensor([PROBS_6]).log()
     counts = draw_counts(params, logits)
@@ -57,12 +61,15 @@ def test_chi_square_rejects_a_wrong_distribution():
     assert chi_square_p_value(counts, torch.tensor(PROBS_6)) < 1e-3
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(seed=11, top_k=3),
-    SamplingParams(seed=12, top_p=0.5),
-    SamplingParams(seed=13, min_p=0.3),
-    SamplingParams(seed=14, temperature=2.0, top_k=10, top_p=0.7),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(seed=11, top_k=3),
+        SamplingParams(seed=12, top_p=0.5),
+        SamplingParams(seed=13, min_p=0.3),
+        SamplingParams(seed=14, temperature=2.0, top_k=10, top_p=0.7),
+    ],
+)
 def test_filtered_tokens_are_never_drawn(params):
     logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
     counts = draw_counts(params, logits, num_draws=5_000)

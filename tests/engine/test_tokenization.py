@@ -1,4 +1,5 @@
 """inference.text.tokenization: exact token bytes, pieces, and UTF-8-safe incremental decoding."""
+
 from __future__ import annotations
 
 import random
@@ -7,8 +8,15 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from inference.text.tokenization import (IncrementalDetokenizer, TokenInfo, encode, token_bytes, token_infos,
-                                    token_table, tokenize)
+from inference.text.tokenization import (
+    IncrementalDetokenizer,
+    TokenInfo,
+    encode,
+    token_bytes,
+    token_infos,
+    token_table,
+    tokenize,
+)
 from tests.engine.tiny_models import make_tiny_tokenizer
 
 TEXTS = [
@@ -72,6 +80,7 @@ def test_token_bytes_edge_ids(tokenizer) -> None:
 
 # --- incremental detokenization --------------------------------------------------------------
 
+
 @pytest.mark.parametrize("text", TEXTS)
 def test_streamed_text_equals_decode(tokenizer, text: str) -> None:
     ids = encode(tokenizer, text)
@@ -96,8 +105,9 @@ def test_random_ids_stream_like_decode(tokenizer, skip_special_tokens: bool) -> 
         ids = [rng.choice(pool) for _ in range(rng.randrange(1, 25))]
         if rng.random() < 0.3:
             ids.insert(rng.randrange(len(ids) + 1), rng.choice([0, 1, 2]))
-        assert "".join(stream(tokenizer, ids, skip_special_tokens)) == \
-            tokenizer.decode(ids, skip_special_tokens=skip_special_tokens), ids
+        assert "".join(stream(tokenizer, ids, skip_special_tokens)) == tokenizer.decode(
+            ids, skip_special_tokens=skip_special_tokens
+        ), ids
 
 
 def test_flush_turns_an_incomplete_tail_into_a_replacement_character(tokenizer) -> None:
@@ -126,6 +136,7 @@ def test_skip_special_tokens(tokenizer) -> None:
 
 # --- other vocabularies ---------------------------------------------------------------------
 
+
 def test_tiny_byte_level_tokenizer() -> None:
     tokenizer = make_tiny_tokenizer(["<|bos|>", "<|eos|>"])
     text = "zé 中<|eos|>"
@@ -142,8 +153,9 @@ def sentencepiece_tokenizer() -> PreTrainedTokenizerFast:
         vocab.setdefault(word, len(vocab))
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 

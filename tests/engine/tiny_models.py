@@ -4,12 +4,21 @@ Owns: deterministic, CPU-cheap stand-ins for real checkpoints (2-3 layers, hidde
 vocab 320) in the architectures the engine must handle, and a 256-byte BPE tokenizer with
 chosen special tokens and chat template. Nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoModelForCausalLM, DeepseekV3Config, GPT2Config, LlamaConfig,
-                          PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config)
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV3Config,
+    GPT2Config,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
 
 from inference.text.tokenization import bytes_to_unicode
 
@@ -23,19 +32,48 @@ def tiny_config(arch: str) -> PretrainedConfig:
     if arch == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **_SHARED)
     if arch == "llama":
-        return LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, max_position_embeddings=256, **_SHARED)
+        return LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            **_SHARED,
+        )
     if arch == "qwen2":
-        return Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, max_position_embeddings=256, **_SHARED)
+        return Qwen2Config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            **_SHARED,
+        )
     if arch == "deepseek_v3":
         # MLA (low-rank q and kv with a decoupled rope part) and MoE after one dense layer
         return DeepseekV3Config(
-            hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
-            num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
-            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4, n_shared_experts=1,
-            num_experts_per_tok=2, first_k_dense_replace=1, n_group=2, topk_group=1,
-            max_position_embeddings=256, **_SHARED)
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            n_group=2,
+            topk_group=1,
+            max_position_embeddings=256,
+            **_SHARED,
+        )
     raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHITECTURES}")
 
 
@@ -54,9 +92,13 @@ def make_tiny_model(arch: str, seed: int = 0) -> PreTrainedModel:
     return model.eval()
 
 
-def make_tiny_tokenizer(special_tokens: list[str] | tuple[str, ...] = ("<|bos|>", "<|eos|>"), *,
-                        bos_token: str | None = None, eos_token: str | None = None,
-                        chat_template: str | None = None) -> PreTrainedTokenizerFast:
+def make_tiny_tokenizer(
+    special_tokens: list[str] | tuple[str, ...] = ("<|bos|>", "<|eos|>"),
+    *,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+    chat_template: str | None = None,
+) -> PreTrainedTokenizerFast:
     """Byte-level BPE without merges: id == byte for 0-255, then `special_tokens` from 256.
 
     BOS and EOS default to the first and the last special token."""
@@ -66,8 +108,8 @@ def make_tiny_tokenizer(special_tokens: list[str] | tuple[str, ...] = ("<|bos|>"
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=bos_token or special_tokens[0], eos_token=eos_token or special_tokens[-1])
+        tokenizer_object=backend, bos_token=bos_token or special_tokens[0], eos_token=eos_token or special_tokens[-1]
+    )
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     return tokenizer

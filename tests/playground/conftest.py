@@ -1,8 +1,10 @@
 """Fixtures for the app's tests: the in-memory channel layer, a private Redis for the
 flags (`redis_url` from tests/conftest.py), sessions and records."""
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.contrib.sessions.backends.db import SessionStore

@@ -1,4 +1,5 @@
 """The admin: staff only, and bad values refused with a message that names them."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,10 +23,24 @@ def staff_client(client: Client) -> Client:
 
 def preset_form(**changes: Any) -> dict[str, Any]:
     """The add form as a browser posts it (unchecked checkboxes are left out)."""
-    data = {"name": "Mine", "description": "", "max_new_tokens": 64, "temperature": 0.8, "top_k": 0, "top_p": 1.0,
-            "min_p": 0.0, "repetition_penalty": 1.0, "seed": "", "num_alternatives": 10, "stop": "[]",
-            "num_beams": 1, "length_penalty": 1.0, "num_return_sequences": 1, "use_kv_cache": "on",
-            "use_prefix_cache": "on"}
+    data = {
+        "name": "Mine",
+        "description": "",
+        "max_new_tokens": 64,
+        "temperature": 0.8,
+        "top_k": 0,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "seed": "",
+        "num_alternatives": 10,
+        "stop": "[]",
+        "num_beams": 1,
+        "length_penalty": 1.0,
+        "num_return_sequences": 1,
+        "use_kv_cache": "on",
+        "use_prefix_cache": "on",
+    }
     data.update(changes)
     return data
 
@@ -48,14 +63,18 @@ def test_staff_adds_a_preset_that_converts_to_sampling_params(staff_client: Clie
     assert (params.temperature, params.top_k, params.stop, params.seed) == (0.8, 40, ("\n\n",), 7)
 
 
-@pytest.mark.parametrize("field, value, fragment", [
-    ("top_p", "1.5", "top_p=1.5"),
-    ("temperature", "-1", "temperature=-1"),
-    ("num_return_sequences", "3", "num_return_sequences=3"),
-    ("stop", '{"a": 1}', "must be a list of strings"),
-])
-def test_an_invalid_preset_is_refused_with_the_value_named(staff_client: Client, field: str, value: str,
-                                                           fragment: str) -> None:
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("top_p", "1.5", "top_p=1.5"),
+        ("temperature", "-1", "temperature=-1"),
+        ("num_return_sequences", "3", "num_return_sequences=3"),
+        ("stop", '{"a": 1}', "must be a list of strings"),
+    ],
+)
+def test_an_invalid_preset_is_refused_with_the_value_named(
+    staff_client: Client, field: str, value: str, fragment: str
+) -> None:
     response = staff_client.post(PRESET_ADD_URL, preset_form(**{field: value}))
     assert response.status_code == 200  # the form again, with errors
     errors = response.context["adminform"].form.errors
@@ -73,8 +92,10 @@ def test_a_new_default_preset_replaces_the_old_default(staff_client: Client) -> 
 
 
 def test_a_chat_template_with_a_syntax_error_is_refused(staff_client: Client) -> None:
-    response = staff_client.post("/admin/playground/chattemplate/add/",
-                                 {"name": "broken", "description": "", "source": "{% for m in messages %}{{ m"})
+    response = staff_client.post(
+        "/admin/playground/chattemplate/add/",
+        {"name": "broken", "description": "", "source": "{% for m in messages %}{{ m"},
+    )
     assert response.status_code == 200
     assert response.context["adminform"].form.errors["source"]
     assert not ChatTemplate.objects.filter(name="broken").exists()
@@ -82,15 +103,25 @@ def test_a_chat_template_with_a_syntax_error_is_refused(staff_client: Client) ->
 
 def test_the_chat_template_page_previews_the_rendered_sample(staff_client: Client) -> None:
     template = ChatTemplate.objects.create(
-        name="plain", source="{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
+        name="plain", source="{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    )
     page = staff_client.get(f"/admin/playground/chattemplate/{template.pk}/change/").content.decode()
     assert "[user] What is 2 + 2?" in page
 
 
 def test_a_model_with_an_unknown_device_is_refused(staff_client: Client) -> None:
-    response = staff_client.post("/admin/playground/languagemodel/add/", {
-        "name": "other", "source": "/models/x", "dtype": "auto", "device": "tpu", "max_context": "",
-        "default_chat_template": "", "is_enabled": "on"})
+    response = staff_client.post(
+        "/admin/playground/languagemodel/add/",
+        {
+            "name": "other",
+            "source": "/models/x",
+            "dtype": "auto",
+            "device": "tpu",
+            "max_context": "",
+            "default_chat_template": "",
+            "is_enabled": "on",
+        },
+    )
     assert response.status_code == 200
     assert "device='tpu'" in " ".join(response.context["adminform"].form.errors["device"])
     assert not LanguageModel.objects.filter(name="other").exists()

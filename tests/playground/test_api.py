@@ -1,4 +1,5 @@
 """The HTTP JSON endpoints: conversations CRUD, session ownership, CSRF, errors as JSON."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,8 @@ from django.test import Client
 from django.utils import timezone
 
 from playground.coord import cancel
-from playground.web import submit
 from playground.models import Conversation, Generation, SamplingPreset
+from playground.web import submit
 
 pytestmark = pytest.mark.django_db
 
@@ -51,12 +52,21 @@ def test_the_first_request_gets_a_session_cookie() -> None:
 def test_conversations_crud(browser: Client) -> None:
     headers = csrf(browser)
     preset = SamplingPreset.objects.get(name="Greedy")
-    created = send(browser, "post", "/api/conversations/", {"title": "First", "system_prompt": "Be kind.",
-                                                             "preset_id": preset.pk}, **headers)
+    created = send(
+        browser,
+        "post",
+        "/api/conversations/",
+        {"title": "First", "system_prompt": "Be kind.", "preset_id": preset.pk},
+        **headers,
+    )
     assert created.status_code == 201
     conversation = created.json()
-    assert (conversation["title"], conversation["system_prompt"], conversation["preset_id"],
-            conversation["messages"]) == ("First", "Be kind.", preset.pk, [])
+    assert (
+        conversation["title"],
+        conversation["system_prompt"],
+        conversation["preset_id"],
+        conversation["messages"],
+    ) == ("First", "Be kind.", preset.pk, [])
     path = f"/api/conversations/{conversation['id']}/"
 
     send(browser, "post", "/api/conversations/", {"title": "Second"}, **headers)
@@ -75,7 +85,9 @@ def test_a_conversation_shows_its_active_messages_with_their_generation(browser:
     queued = submit.generate(browser.session.session_key, {"content": "Hi!"})
     messages = browser.get(f"/api/conversations/{queued.conversation_id}/").json()["messages"]
     assert [(m["id"], m["role"], m["content"]) for m in messages] == [
-        (queued.user_message_id, "user", "Hi!"), (queued.message_id, "assistant", "")]
+        (queued.user_message_id, "user", "Hi!"),
+        (queued.message_id, "assistant", ""),
+    ]
     assert (messages[1]["generation_id"], messages[1]["status"]) == (queued.generation_id, "queued")
 
 
@@ -97,12 +109,15 @@ def test_mutations_need_the_csrf_token(browser: Client) -> None:
     assert not Conversation.objects.exists()
 
 
-@pytest.mark.parametrize("body, code, status", [
-    ("not json", "bad_json", 400),
-    ([1, 2], "bad_json", 400),
-    ({"title": 5}, "invalid_field", 400),
-    ({"model_id": 999}, "not_found", 404),
-])
+@pytest.mark.parametrize(
+    "body, code, status",
+    [
+        ("not json", "bad_json", 400),
+        ([1, 2], "bad_json", 400),
+        ({"title": 5}, "invalid_field", 400),
+        ({"model_id": 999}, "not_found", 404),
+    ],
+)
 def test_bad_bodies_get_a_json_error(browser: Client, body: Any, code: str, status: int) -> None:
     headers = csrf(browser)
     data = body if isinstance(body, str) else json.dumps(body)

@@ -1,9 +1,11 @@
 """The generation WebSocket over the in-memory channel layer: refusals (each with its code,
 the socket still usable after), following a generation, stop, and the worker watchdog."""
+
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -11,12 +13,12 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
-from playground.coord import cancel
-from playground.web import consumers
 from playground import protocol, tasks
-from playground.worker import generation
 from playground.asgi import application
+from playground.coord import cancel
 from playground.models import Conversation, Generation, Message
+from playground.web import consumers
+from playground.worker import generation
 
 from .fake_engine import FakeEngine
 
@@ -72,27 +74,35 @@ async def test_bad_json_is_refused_and_the_socket_stays_usable(ws: WebsocketComm
     await assert_refused(ws, "unknown_command", ["generate"])  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("fields, fragment", [
-    ({"content": 5}, "content=5"),
-    ({"content": "  "}, "must not be empty"),
-    ({"content": "hi", "conversation_id": "7"}, "conversation_id='7'"),
-    ({"content": "hi", "overrides": [1]}, "overrides=[1]"),
-    ({"content": "hi", "model_id": True}, "model_id=True"),
-])
-async def test_fields_of_the_wrong_type_are_invalid_field(ws: WebsocketCommunicator, fields: dict,
-                                                          fragment: str) -> None:
+@pytest.mark.parametrize(
+    "fields, fragment",
+    [
+        ({"content": 5}, "content=5"),
+        ({"content": "  "}, "must not be empty"),
+        ({"content": "hi", "conversation_id": "7"}, "conversation_id='7'"),
+        ({"content": "hi", "overrides": [1]}, "overrides=[1]"),
+        ({"content": "hi", "model_id": True}, "model_id=True"),
+    ],
+)
+async def test_fields_of_the_wrong_type_are_invalid_field(
+    ws: WebsocketCommunicator, fields: dict, fragment: str
+) -> None:
     refusal = await assert_refused(ws, "invalid_field", "generate", **fields)
     assert fragment in refusal["message"]
 
 
-@pytest.mark.parametrize("overrides, fragment", [
-    ({"top_p": 1.5}, "top_p=1.5"),
-    ({"top_k": 2.5}, "top_k=2.5"),
-    ({"warp_speed": 9}, "warp_speed"),
-    ({"max_new_tokens": 10**6}, "server's limit"),
-])
-async def test_invalid_sampling_settings_are_invalid_params(ws: WebsocketCommunicator, overrides: dict,
-                                                            fragment: str, queued_ids: list[int]) -> None:
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        ({"top_p": 1.5}, "top_p=1.5"),
+        ({"top_k": 2.5}, "top_k=2.5"),
+        ({"warp_speed": 9}, "warp_speed"),
+        ({"max_new_tokens": 10**6}, "server's limit"),
+    ],
+)
+async def test_invalid_sampling_settings_are_invalid_params(
+    ws: WebsocketCommunicator, overrides: dict, fragment: str, queued_ids: list[int]
+) -> None:
     refusal = await assert_refused(ws, "invalid_params", "generate", content="hi", overrides=overrides)
     assert fragment in refusal["message"]
     assert queued_ids == [] and not await sync_to_async(Conversation.objects.exists)()
@@ -126,8 +136,9 @@ async def test_a_regenerate_of_a_user_message_is_invalid_field(ws: WebsocketComm
     await assert_refused(ws, "invalid_field", "regenerate", message_id=queued["user_message_id"])
 
 
-async def test_generate_is_queued_with_its_records_and_enqueued(ws: WebsocketCommunicator,
-                                                                queued_ids: list[int]) -> None:
+async def test_generate_is_queued_with_its_records_and_enqueued(
+    ws: WebsocketCommunicator, queued_ids: list[int]
+) -> None:
     queued = await command(ws, "generate", request_id="r1", content="Hello?", system_prompt="Be brief.")
     assert (queued["type"], queued["request_id"]) == ("generation.queued", "r1")
     assert queued_ids == [queued["generation_id"]]
@@ -141,15 +152,17 @@ async def test_too_many_concurrent_generations_are_refused(ws: WebsocketCommunic
     settings.PLAYGROUND_MAX_CONCURRENT_PER_CLIENT = 1
     queued = await command(ws, "generate", content="one")
     assert queued["type"] == "generation.queued"
-    await assert_refused(ws, "too_many_generations", "generate", content="two",
-                         conversation_id=queued["conversation_id"])
+    await assert_refused(
+        ws, "too_many_generations", "generate", content="two", conversation_id=queued["conversation_id"]
+    )
     await assert_refused(ws, "too_many_generations", "complete", text="two")
 
 
 async def test_stop_sets_the_flag_the_worker_reads(ws: WebsocketCommunicator) -> None:
     queued = await command(ws, "generate", content="hi")
-    await sync_to_async(Generation.objects.filter(pk=queued["generation_id"]).update)(status="running",
-                                                                                      started_at=timezone.now())
+    await sync_to_async(Generation.objects.filter(pk=queued["generation_id"]).update)(
+        status="running", started_at=timezone.now()
+    )
     await ws.send_json_to({"command": "stop", "generation_id": queued["generation_id"]})
     assert await ws.receive_nothing(timeout=0.2)  # the worker will report the end, not the consumer
     assert await sync_to_async(cancel.is_cancel_requested)(queued["generation_id"])
@@ -159,7 +172,10 @@ async def test_stopping_a_queued_generation_ends_it_at_once(ws: WebsocketCommuni
     queued = await command(ws, "generate", content="hi")
     finished = await command(ws, "stop", generation_id=queued["generation_id"])
     assert (finished["type"], finished["finish_reason"], finished["message_id"]) == (
-        "generation.finished", "cancelled", queued["message_id"])
+        "generation.finished",
+        "cancelled",
+        queued["message_id"],
+    )
     generation = await sync_to_async(Generation.objects.get)(pk=queued["generation_id"])
     assert generation.status == "cancelled"
 
@@ -170,11 +186,17 @@ async def test_a_foreign_origin_cannot_connect(session_key: str) -> None:
     assert not connected
 
 
-async def test_events_of_a_generation_flow_from_the_worker_to_the_socket(session_key: str,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_events_of_a_generation_flow_from_the_worker_to_the_socket(
+    session_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # "Eager" worker: the enqueued task runs the real runner (with a fake engine) at once.
-    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: generation.run_generation(
-        args[0], "eager", load_engine=lambda model: FakeEngine("Hi you")))
+    monkeypatch.setattr(
+        tasks.run_generation,
+        "apply_async",
+        lambda args, **options: generation.run_generation(
+            args[0], "eager", load_engine=lambda model: FakeEngine("Hi you")
+        ),
+    )
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
     queued = await command(ws, "generate", content="Hello?")
@@ -184,13 +206,17 @@ async def test_events_of_a_generation_flow_from_the_worker_to_the_socket(session
     assert [e["type"] for e in events[:3]] == ["generation.queued", "generation.started", "generation.prefilled"]
     assert "".join(s["text_delta"] for e in events if e["type"] == "generation.tokens" for s in e["steps"]) == "Hi you"
     assert (events[-1]["type"], events[-1]["text"], events[-1]["message_id"]) == (
-        "generation.finished", "Hi you", queued["message_id"])
+        "generation.finished",
+        "Hi you",
+        queued["message_id"],
+    )
     assert await ws.receive_nothing(timeout=0.2)
     await ws.disconnect()
 
 
-async def test_a_dead_worker_is_reported_once_and_later_events_are_dropped(ws: WebsocketCommunicator,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_dead_worker_is_reported_once_and_later_events_are_dropped(
+    ws: WebsocketCommunicator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(consumers, "WATCH_INTERVAL_S", 0.05)
     queued = await command(ws, "generate", content="hi")
     generation_id = queued["generation_id"]
@@ -202,28 +228,34 @@ async def test_a_dead_worker_is_reported_once_and_later_events_are_dropped(ws: W
     error = await ws.receive_json_from(timeout=TIMEOUT_S)
     assert (error["type"], error["code"], error["generation_id"]) == ("generation.error", "worker_lost", generation_id)
     # The worker's own terminal event arriving late is not a second one.
-    await get_channel_layer().group_send(protocol.group_name(generation_id), protocol.generation_finished(
-        generation_id, queued["message_id"], "length", "late", {}))
+    await get_channel_layer().group_send(
+        protocol.group_name(generation_id),
+        protocol.generation_finished(generation_id, queued["message_id"], "length", "late", {}),
+    )
     assert await ws.receive_nothing(timeout=0.3)
     message = await sync_to_async(Message.objects.get)(pk=queued["message_id"])
     assert message.content == "Par"
 
 
-async def test_a_worker_terminal_event_is_not_repeated_by_the_watchdog(ws: WebsocketCommunicator,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_worker_terminal_event_is_not_repeated_by_the_watchdog(
+    ws: WebsocketCommunicator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(consumers, "WATCH_INTERVAL_S", 0.05)
     queued = await command(ws, "generate", content="hi")
     generation_id = queued["generation_id"]
     await sync_to_async(Generation.objects.filter(pk=generation_id).update)(status="finished", finish_reason="eos")
-    await get_channel_layer().group_send(protocol.group_name(generation_id), protocol.generation_finished(
-        generation_id, queued["message_id"], "eos", "done", {}))
+    await get_channel_layer().group_send(
+        protocol.group_name(generation_id),
+        protocol.generation_finished(generation_id, queued["message_id"], "eos", "done", {}),
+    )
     finished = await ws.receive_json_from(timeout=TIMEOUT_S)
     assert (finished["type"], finished["text"]) == ("generation.finished", "done")
     assert await ws.receive_nothing(timeout=0.3)
 
 
-async def test_an_unreachable_queue_ends_the_generation_with_an_error(session_key: str,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_unreachable_queue_ends_the_generation_with_an_error(
+    session_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broker_down(args: tuple[int], **options: Any) -> None:
         raise ConnectionError("broker down")
 

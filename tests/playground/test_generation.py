@@ -1,5 +1,6 @@
 """The worker side with a fake engine: the event stream, what is saved, and exactly one
 terminal event on success, failure and stop."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -7,10 +8,10 @@ from typing import Any
 import pytest
 
 from playground.coord import cancel, store
-from playground.worker import generation
-from playground.web import submit
 from playground.models import Generation, Message
 from playground.protocol import is_terminal
+from playground.web import submit
+from playground.worker import generation
 
 from .fake_engine import FakeEngine
 
@@ -25,8 +26,9 @@ def queue_chat(session_key: str, content: str = "Hi!", **fields: Any) -> submit.
 
 def run(generation_id: int, engine: FakeEngine | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
-    generation.run_generation(generation_id, "worker-1", load_engine=lambda model: engine or FakeEngine(),
-                          send=events.append, **kwargs)
+    generation.run_generation(
+        generation_id, "worker-1", load_engine=lambda model: engine or FakeEngine(), send=events.append, **kwargs
+    )
     return events
 
 
@@ -55,8 +57,11 @@ def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(session_ke
     assert [token["id"] for token in prompt["tokens"]] == engine.prompt_ids
     assert {"role", "content"} <= {span["kind"] for span in prompt["spans"]}
     assert (started["worker"], started["model"]["name"]) == ("worker-1", "fake")
-    assert (finished["finish_reason"], finished["text"], finished["message_id"]) == ("length", ANSWER,
-                                                                                      queued.message_id)
+    assert (finished["finish_reason"], finished["text"], finished["message_id"]) == (
+        "length",
+        ANSWER,
+        queued.message_id,
+    )
     assert finished["stats"]["num_generated_tokens"] == len(ANSWER)
     assert finished["stats"]["worker"] == "worker-1"
     assert finished["stats"]["prefix_cache"]["misses"] == 1  # the worker's cache counters travel along
@@ -101,8 +106,11 @@ def test_a_stop_request_ends_the_generation_as_cancelled(session_key: str) -> No
 
     events = run(queued.generation_id, FakeEngine(ANSWER, on_step=stop_at_third_step))
     finished = events[-1]
-    assert (finished["type"], finished["finish_reason"], finished["text"]) == ("generation.finished", "cancelled",
-                                                                               "Hel")
+    assert (finished["type"], finished["finish_reason"], finished["text"]) == (
+        "generation.finished",
+        "cancelled",
+        "Hel",
+    )
     assert [is_terminal(event) for event in events].count(True) == 1
     assert Generation.objects.get(pk=queued.generation_id).status == "cancelled"
     assert not cancel.is_cancel_requested(queued.generation_id)  # the flag does not outlive the run
@@ -140,8 +148,9 @@ def test_a_generation_that_is_no_longer_queued_is_skipped(session_key: str) -> N
 
 
 def test_a_raw_completion_appends_the_branch_tokens(session_key: str) -> None:
-    queued = submit.complete(session_key, {"text": "The sky", "token_ids": [32, 105],
-                                           "overrides": {"max_new_tokens": 3}})
+    queued = submit.complete(
+        session_key, {"text": "The sky", "token_ids": [32, 105], "overrides": {"max_new_tokens": 3}}
+    )
     engine = FakeEngine("abc")
     events = run(queued.generation_id, engine)
     assert engine.prompt_ids == [ord(c) for c in "The sky"] + [32, 105]
@@ -182,8 +191,10 @@ def test_the_worker_sends_the_reasoning_split_when_the_prompt_opens_a_think_bloc
     streamed = [event["segments"] for event in events if event["type"] == "generation.tokens"]
     assert streamed[0][0]["kind"] == "reasoning" and streamed[0][0]["is_open"]
     finished = events[-1]
-    assert [(s["kind"], answer[s["start"]:s["end"]].strip(), s["is_open"]) for s in finished["segments"]] == [
-        ("reasoning", "plan", False), ("answer", "Paris", False)]
+    assert [(s["kind"], answer[s["start"] : s["end"]].strip(), s["is_open"]) for s in finished["segments"]] == [
+        ("reasoning", "plan", False),
+        ("answer", "Paris", False),
+    ]
 
 
 def test_without_a_think_block_the_whole_answer_is_one_answer_segment(session_key: str) -> None:

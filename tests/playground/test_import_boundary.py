@@ -6,6 +6,7 @@ Two checks, as for the engine: the web process's modules imported in a fresh int
 no heavy module in `sys.modules` (catches indirect imports), and a static scan of every import
 statement in each package (catches imports inside functions that the first check never runs).
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,14 @@ def is_under(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def test_the_web_process_modules_do_not_import_torch_or_the_worker() -> None:
-    result = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO_DIR, capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "DJANGO_SETTINGS_MODULE": "playground.settings"})
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "playground.settings"},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
 
@@ -55,8 +62,11 @@ def test_the_web_process_modules_do_not_import_torch_or_the_worker() -> None:
 def test_static_scan_finds_no_import_across_the_boundary(package: str) -> None:
     files = sorted((APP_DIR / package).rglob("*.py"))
     assert files, f"playground/{package}/ is empty"
-    offenders = {str(path.relative_to(REPO_DIR)): bad for path in files
-                 if (bad := [n for n in imported_names(path.read_text()) if is_under(n, FORBIDDEN[package])])}
+    offenders = {
+        str(path.relative_to(REPO_DIR)): bad
+        for path in files
+        if (bad := [n for n in imported_names(path.read_text()) if is_under(n, FORBIDDEN[package])])
+    }
     assert offenders == {}
 
 

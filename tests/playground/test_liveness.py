@@ -1,7 +1,9 @@
 """The one rule that declares a generation lost, and the heartbeats it reads."""
+
 from __future__ import annotations
 
 from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 

@@ -1,4 +1,5 @@
 """Rows -> engine settings, their validation, and what the data migration ships."""
+
 from __future__ import annotations
 
 from dataclasses import fields

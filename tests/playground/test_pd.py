@@ -1,13 +1,15 @@
 """Prefill/decode disaggregation with real (tiny) engines and a real Redis, workers as calls:
 the same tokens as colocated, the handoff record, liveness between the workers, and a
 clear `kv_handoff_failed` for a blob that is missing, expired or corrupt."""
+
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -15,13 +17,13 @@ from django.utils import timezone
 
 from inference.engine import Engine
 from inference.sampling_params import SamplingParams
-from playground.coord import cancel, kv_store, liveness, store
-from playground import dispatch
-from playground.worker import generation, prefill_decode as pd
-from playground import tasks
+from playground import dispatch, tasks
 from playground.asgi import application
+from playground.coord import cancel, kv_store, liveness, store
 from playground.models import Generation
 from playground.protocol import CommandError, is_terminal
+from playground.worker import generation
+from playground.worker import prefill_decode as pd
 from tests.engine.engines import engine_for
 
 from .conftest import make_generation
@@ -29,8 +31,7 @@ from .conftest import make_generation
 pytestmark = pytest.mark.django_db
 
 PROMPT = "The lighthouse keeper climbed the stairs and"
-GREEDY = {"greedy": True, "max_new_tokens": 12, "ignore_eos": True, "num_alternatives": 2,
-          "use_prefix_cache": False}
+GREEDY = {"greedy": True, "max_new_tokens": 12, "ignore_eos": True, "num_alternatives": 2, "use_prefix_cache": False}
 SEEDED = {**GREEDY, "greedy": False, "temperature": 1.2, "seed": 7}
 TIMELINE = ("prefill_start", "prefill_end", "handoff_stored", "decode_start", "kv_loaded", "decode_end")
 
@@ -42,32 +43,45 @@ def engines() -> dict[str, Engine]:
 
 
 def queue_completion(session_key: str, **params: Any) -> Generation:
-    return make_generation(session_key, kind=Generation.Kind.COMPLETE, params=SamplingParams(**params).to_dict(),
-                           inputs={"text": PROMPT, "chat": False, "token_ids": []})
+    return make_generation(
+        session_key,
+        kind=Generation.Kind.COMPLETE,
+        params=SamplingParams(**params).to_dict(),
+        inputs={"text": PROMPT, "chat": False, "token_ids": []},
+    )
 
 
 def run_colocated(generation_id: int, engines: dict[str, Engine]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
-    generation.run_generation(generation_id, "gpu-1", load_engine=lambda model: engines["colocated"], send=events.append)
+    generation.run_generation(
+        generation_id, "gpu-1", load_engine=lambda model: engines["colocated"], send=events.append
+    )
     return events
 
 
-def run_prefill(generation_id: int, engines: dict[str, Engine], events: list[dict[str, Any]],
-                **kwargs: Any) -> list[tuple[int, str]]:
+def run_prefill(
+    generation_id: int, engines: dict[str, Engine], events: list[dict[str, Any]], **kwargs: Any
+) -> list[tuple[int, str]]:
     """The prefill worker's part; returns the decode tasks it enqueued."""
     enqueued: list[tuple[int, str]] = []
-    pd.run_prefill(generation_id, "prefill-1", enqueue_decode=lambda *task: enqueued.append(task),
-                   load_engine=lambda model: engines["prefill"], send=events.append, **kwargs)
+    pd.run_prefill(
+        generation_id,
+        "prefill-1",
+        enqueue_decode=lambda *task: enqueued.append(task),
+        load_engine=lambda model: engines["prefill"],
+        send=events.append,
+        **kwargs,
+    )
     return enqueued
 
 
-def run_decode(task: tuple[int, str], engines: dict[str, Engine], events: list[dict[str, Any]],
-               **kwargs: Any) -> None:
+def run_decode(task: tuple[int, str], engines: dict[str, Engine], events: list[dict[str, Any]], **kwargs: Any) -> None:
     pd.run_decode(*task, "decode-1", load_engine=lambda model: engines["decode"], send=events.append, **kwargs)
 
 
-def run_disaggregated(generation_id: int, engines: dict[str, Engine],
-                      before_decode: Callable[[str], None] = lambda blob_key: None) -> list[dict[str, Any]]:
+def run_disaggregated(
+    generation_id: int, engines: dict[str, Engine], before_decode: Callable[[str], None] = lambda blob_key: None
+) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     [task] = run_prefill(generation_id, engines, events)
     before_decode(task[1])
@@ -89,9 +103,11 @@ def blob_keys() -> list[bytes]:
 
 # ---- the same tokens, one stream ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_disaggregated_streams_exactly_the_tokens_of_colocated(session_key: str, engines: dict[str, Engine],
-                                                               params: dict[str, Any]) -> None:
+def test_disaggregated_streams_exactly_the_tokens_of_colocated(
+    session_key: str, engines: dict[str, Engine], params: dict[str, Any]
+) -> None:
     colocated = run_colocated(queue_completion(session_key, **params).pk, engines)
     disaggregated = run_disaggregated(queue_completion(session_key, **params).pk, engines)
 
@@ -103,8 +119,9 @@ def test_disaggregated_streams_exactly_the_tokens_of_colocated(session_key: str,
     assert [is_terminal(event) for event in disaggregated].count(True) == 1
 
 
-def test_the_stream_has_one_handoff_event_between_the_first_token_and_the_rest(session_key: str,
-                                                                              engines: dict[str, Engine]) -> None:
+def test_the_stream_has_one_handoff_event_between_the_first_token_and_the_rest(
+    session_key: str, engines: dict[str, Engine]
+) -> None:
     events = run_disaggregated(queue_completion(session_key, **GREEDY).pk, engines)
 
     types = types_of(events)
@@ -115,8 +132,9 @@ def test_the_stream_has_one_handoff_event_between_the_first_token_and_the_rest(s
     assert events[0]["worker"] == "prefill-1"
 
 
-def test_the_handoff_is_reported_in_the_event_the_stats_and_the_row(session_key: str,
-                                                                       engines: dict[str, Engine]) -> None:
+def test_the_handoff_is_reported_in_the_event_the_stats_and_the_row(
+    session_key: str, engines: dict[str, Engine]
+) -> None:
     generation = queue_completion(session_key, **GREEDY)
     events = run_disaggregated(generation.pk, engines)
     [handoff] = [event for event in events if event["type"] == "generation.handoff"]
@@ -131,19 +149,24 @@ def test_the_handoff_is_reported_in_the_event_the_stats_and_the_row(session_key:
     timeline = [stats["timeline"][name] for name in TIMELINE]
     assert timeline == sorted(timeline)
     assert {name: stats[name] for name in handoff if name not in ("type", "generation_id", "timeline")} == {
-        name: handoff[name] for name in handoff if name not in ("type", "generation_id", "timeline")}
+        name: handoff[name] for name in handoff if name not in ("type", "generation_id", "timeline")
+    }
     assert stats["worker"] == "decode-1" and stats["num_generated_tokens"] == GREEDY["max_new_tokens"]
 
     generation.refresh_from_db()
     assert (generation.status, generation.prefill_worker, generation.decode_worker) == (
-        "finished", "prefill-1", "decode-1")
+        "finished",
+        "prefill-1",
+        "decode-1",
+    )
     assert generation.stats == stats
     assert [step["index"] for step in generation.steps] == list(range(GREEDY["max_new_tokens"]))
     assert generation.text == events[-1]["text"] and generation.ttft_ms > 0
 
 
-def test_the_blob_is_stored_with_a_ttl_and_deleted_once_loaded(session_key: str, settings: Any,
-                                                               engines: dict[str, Engine]) -> None:
+def test_the_blob_is_stored_with_a_ttl_and_deleted_once_loaded(
+    session_key: str, settings: Any, engines: dict[str, Engine]
+) -> None:
     settings.PLAYGROUND_KV_TTL_S = 90
     generation = queue_completion(session_key, **GREEDY)
     events: list[dict[str, Any]] = []
@@ -165,8 +188,9 @@ def test_a_large_kv_cache_travels_in_chunks(session_key: str, engines: dict[str,
     assert events[-1]["type"] == "generation.finished" and blob_keys() == []
 
 
-def test_requests_that_cannot_be_handed_over_run_whole_on_the_prefill_worker(session_key: str,
-                                                                            engines: dict[str, Engine]) -> None:
+def test_requests_that_cannot_be_handed_over_run_whole_on_the_prefill_worker(
+    session_key: str, engines: dict[str, Engine]
+) -> None:
     events: list[dict[str, Any]] = []
     generation = queue_completion(session_key, **{**GREEDY, "num_beams": 2, "num_alternatives": 0})
     assert run_prefill(generation.pk, engines, events) == []
@@ -176,8 +200,10 @@ def test_requests_that_cannot_be_handed_over_run_whole_on_the_prefill_worker(ses
 
 # ---- liveness between the two workers --------------------------------------------------------
 
-def test_a_handed_over_generation_stays_alive_until_its_hold_expires(session_key: str,
-                                                                      engines: dict[str, Engine]) -> None:
+
+def test_a_handed_over_generation_stays_alive_until_its_hold_expires(
+    session_key: str, engines: dict[str, Engine]
+) -> None:
     generation = queue_completion(session_key, **GREEDY)
     events: list[dict[str, Any]] = []
     [task] = run_prefill(generation.pk, engines, events)
@@ -202,8 +228,9 @@ def test_a_decode_task_runs_once(session_key: str, engines: dict[str, Engine]) -
     assert len(events) == num_events
 
 
-def test_a_stop_while_waiting_for_the_decode_worker_ends_it_cancelled(session_key: str,
-                                                                      engines: dict[str, Engine]) -> None:
+def test_a_stop_while_waiting_for_the_decode_worker_ends_it_cancelled(
+    session_key: str, engines: dict[str, Engine]
+) -> None:
     generation = queue_completion(session_key, **GREEDY)
     events = run_disaggregated(generation.pk, engines, before_decode=lambda key: cancel.request_cancel(generation.pk))
     finished = events[-1]
@@ -213,6 +240,7 @@ def test_a_stop_while_waiting_for_the_decode_worker_ends_it_cancelled(session_ke
 
 
 # ---- a blob that cannot be loaded --------------------------------------------------------------
+
 
 def delete_blob(blob_key: str) -> None:
     pd.blob_store().delete(blob_key)
@@ -230,14 +258,17 @@ def truncate_blob(blob_key: str) -> None:
     blobs.put(blob_key, blobs.get(blob_key)[:-100])
 
 
-@pytest.mark.parametrize("damage, message", [
-    (delete_blob, "is gone: blob '\\d+' does not exist"),
-    (corrupt_blob, "checksum"),
-    (truncate_blob, "truncated"),
-])
-def test_a_missing_or_broken_blob_ends_with_one_kv_handoff_failed_error(session_key: str, engines: dict[str, Engine],
-                                                                       damage: Callable[[str], None],
-                                                                       message: str) -> None:
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (delete_blob, "is gone: blob '\\d+' does not exist"),
+        (corrupt_blob, "checksum"),
+        (truncate_blob, "truncated"),
+    ],
+)
+def test_a_missing_or_broken_blob_ends_with_one_kv_handoff_failed_error(
+    session_key: str, engines: dict[str, Engine], damage: Callable[[str], None], message: str
+) -> None:
     generation = queue_completion(session_key, **GREEDY)
     events = run_disaggregated(generation.pk, engines, before_decode=damage)
 
@@ -251,8 +282,9 @@ def test_a_missing_or_broken_blob_ends_with_one_kv_handoff_failed_error(session_
     assert blob_keys() == []
 
 
-def test_an_expired_file_blob_ends_with_kv_handoff_failed(session_key: str, settings: Any, tmp_path: Path,
-                                                          engines: dict[str, Engine]) -> None:
+def test_an_expired_file_blob_ends_with_kv_handoff_failed(
+    session_key: str, settings: Any, tmp_path: Path, engines: dict[str, Engine]
+) -> None:
     settings.PLAYGROUND_KV_STORE = f"file:{tmp_path}"
 
     def age_past_ttl(blob_key: str) -> None:
@@ -265,8 +297,9 @@ def test_an_expired_file_blob_ends_with_kv_handoff_failed(session_key: str, sett
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_file_store_hands_over_like_redis(session_key: str, settings: Any, tmp_path: Path,
-                                            engines: dict[str, Engine]) -> None:
+def test_a_file_store_hands_over_like_redis(
+    session_key: str, settings: Any, tmp_path: Path, engines: dict[str, Engine]
+) -> None:
     settings.PLAYGROUND_KV_STORE = f"file:{tmp_path}"
     colocated = run_colocated(queue_completion(session_key, **SEEDED).pk, engines)
     disaggregated = run_disaggregated(queue_completion(session_key, **SEEDED).pk, engines)
@@ -274,8 +307,9 @@ def test_a_file_store_hands_over_like_redis(session_key: str, settings: Any, tmp
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_store_that_fails_ends_the_generation_on_the_prefill_worker(session_key: str, engines: dict[str, Engine],
-                                                                       tmp_path: Path) -> None:
+def test_a_store_that_fails_ends_the_generation_on_the_prefill_worker(
+    session_key: str, engines: dict[str, Engine], tmp_path: Path
+) -> None:
     (tmp_path / "not-a-dir").write_text("")
     blobs = kv_store.FileBlobStore(tmp_path / "not-a-dir", ttl_s=60)
     generation = queue_completion(session_key, **GREEDY)
@@ -287,6 +321,7 @@ def test_a_store_that_fails_ends_the_generation_on_the_prefill_worker(session_ke
 
 # ---- which mode, and the tasks --------------------------------------------------------------------
 
+
 def test_the_pd_field_must_be_a_boolean() -> None:
     assert dispatch.pd_requested({}) is None and dispatch.pd_requested({"pd": True}) is True
     with pytest.raises(CommandError) as refused:
@@ -294,40 +329,59 @@ def test_the_pd_field_must_be_a_boolean() -> None:
     assert refused.value.code == "invalid_field"
 
 
-@pytest.mark.parametrize("mode, pd_requested, task", [
-    ("colocated", None, "run_generation"), ("colocated", True, "run_prefill"),
-    ("disaggregated", None, "run_prefill"), ("disaggregated", False, "run_generation"),
-])
-def test_enqueue_picks_the_queue_from_the_setting_and_the_request(settings: Any, monkeypatch: pytest.MonkeyPatch,
-                                                                   django_capture_on_commit_callbacks: Any,
-                                                                   mode: str, pd_requested: bool | None,
-                                                                   task: str) -> None:
+@pytest.mark.parametrize(
+    "mode, pd_requested, task",
+    [
+        ("colocated", None, "run_generation"),
+        ("colocated", True, "run_prefill"),
+        ("disaggregated", None, "run_prefill"),
+        ("disaggregated", False, "run_generation"),
+    ],
+)
+def test_enqueue_picks_the_queue_from_the_setting_and_the_request(
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
+    mode: str,
+    pd_requested: bool | None,
+    task: str,
+) -> None:
     settings.PLAYGROUND_PD_MODE = mode
     sent: list[tuple[str, int]] = []
     monkeypatch.setattr(tasks.run_prefill, "delay", lambda generation_id: sent.append(("run_prefill", generation_id)))
-    monkeypatch.setattr(tasks.run_generation, "apply_async",
-                        lambda args, **options: sent.append(("run_generation", args[0])))
+    monkeypatch.setattr(
+        tasks.run_generation, "apply_async", lambda args, **options: sent.append(("run_generation", args[0]))
+    )
     with django_capture_on_commit_callbacks(execute=True):
         dispatch.enqueue(42, pd_requested)
     assert sent == [(task, 42)]
 
 
 async def connect(session_key: str) -> WebsocketCommunicator:
-    ws = WebsocketCommunicator(application, "/ws/generate/", headers=[
-        (b"origin", b"http://localhost"), (b"cookie", f"sessionid={session_key}".encode())])
+    ws = WebsocketCommunicator(
+        application,
+        "/ws/generate/",
+        headers=[(b"origin", b"http://localhost"), (b"cookie", f"sessionid={session_key}".encode())],
+    )
     assert (await ws.connect(timeout=10))[0]
     return ws
 
 
 @pytest.mark.django_db(transaction=True, serialized_rollback=True)  # the consumer runs in other threads
-async def test_a_pd_request_streams_through_the_socket_with_its_handoff_event(session_key: str, engines: dict[str, Engine],
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_pd_request_streams_through_the_socket_with_its_handoff_event(
+    session_key: str, engines: dict[str, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def decode_now(generation_id: int, blob_key: str) -> None:
         pd.run_decode(generation_id, blob_key, "decode-1", load_engine=lambda model: engines["decode"])
 
     # "Eager" workers: the enqueued tasks run at once, the decode one inside the prefill one.
-    monkeypatch.setattr(tasks.run_prefill, "delay", lambda generation_id: pd.run_prefill(
-        generation_id, "prefill-1", enqueue_decode=decode_now, load_engine=lambda model: engines["prefill"]))
+    monkeypatch.setattr(
+        tasks.run_prefill,
+        "delay",
+        lambda generation_id: pd.run_prefill(
+            generation_id, "prefill-1", enqueue_decode=decode_now, load_engine=lambda model: engines["prefill"]
+        ),
+    )
     ws = await connect(session_key)
     await ws.send_json_to({"command": "complete", "text": PROMPT, "pd": True, "overrides": GREEDY})
     events = [await ws.receive_json_from(timeout=10)]
@@ -335,8 +389,12 @@ async def test_a_pd_request_streams_through_the_socket_with_its_handoff_event(se
         events.append(await ws.receive_json_from(timeout=10))
     await ws.disconnect()
 
-    assert types_of(events)[:4] == ["generation.queued", "generation.started", "generation.prefilled",
-                                    "generation.tokens"]
+    assert types_of(events)[:4] == [
+        "generation.queued",
+        "generation.started",
+        "generation.prefilled",
+        "generation.tokens",
+    ]
     assert "generation.handoff" in types_of(events) and events[-1]["type"] == "generation.finished"
     assert events[-1]["stats"]["decode_worker"] == "decode-1"
 
@@ -358,6 +416,7 @@ def test_the_tasks_are_routed_to_their_queues(settings: Any) -> None:
 
 
 # ---- the blob stores ------------------------------------------------------------------------------
+
 
 @pytest.fixture(params=["redis", "file"])
 def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> kv_store.BlobStore:

@@ -1,4 +1,5 @@
 """Step coalescing: a message every few steps or a few ms, whichever comes first."""
+
 from __future__ import annotations
 
 from playground.worker.publisher import StepCoalescer
@@ -15,8 +16,7 @@ class FakeClock:
 def make(max_steps: int = 3, max_delay_s: float = 0.05) -> tuple[StepCoalescer, list[list[int]], FakeClock]:
     batches: list[list[int]] = []
     clock = FakeClock()
-    coalescer = StepCoalescer(lambda steps: batches.append([s["index"] for s in steps]), max_steps, max_delay_s,
-                              clock)
+    coalescer = StepCoalescer(lambda steps: batches.append([s["index"] for s in steps]), max_steps, max_delay_s, clock)
     return coalescer, batches, clock
 
 

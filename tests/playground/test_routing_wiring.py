@@ -1,13 +1,14 @@
 """Cache-aware routing as the app uses it: where `enqueue` sends a turn, the worker-side claim
 that makes a re-sent copy a no-op, and the owner a finished chat turn leaves behind."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
 
-from playground.coord import store, worker_routing
 from playground import dispatch, tasks
+from playground.coord import store, worker_routing
 from playground.models import Generation
 
 from .fake_engine import FakeEngine
@@ -18,13 +19,15 @@ pytestmark = pytest.mark.django_db
 
 def sent_queues(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     sent: list[tuple[int, str]] = []
-    monkeypatch.setattr(tasks.run_generation, "apply_async",
-                        lambda args, queue=None, **options: sent.append((args[0], queue)))
+    monkeypatch.setattr(
+        tasks.run_generation, "apply_async", lambda args, queue=None, **options: sent.append((args[0], queue))
+    )
     return sent
 
 
-def test_a_chat_turn_records_its_worker_and_the_next_turn_goes_there(session_key: str, monkeypatch: pytest.MonkeyPatch,
-                                                                      django_capture_on_commit_callbacks: Any) -> None:
+def test_a_chat_turn_records_its_worker_and_the_next_turn_goes_there(
+    session_key: str, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+) -> None:
     first = queue_chat(session_key, "Hi!")
     run(first.generation_id, FakeEngine("Hello"))
     r = store.client()
@@ -47,8 +50,9 @@ def test_a_generation_claimed_elsewhere_is_not_run_twice(session_key: str) -> No
     assert Generation.objects.get(pk=queued.generation_id).status == Generation.Status.QUEUED
 
 
-def test_a_turn_stranded_on_a_dead_workers_queue_is_resent_once(session_key: str,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_turn_stranded_on_a_dead_workers_queue_is_resent_once(
+    session_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     queued = queue_chat(session_key, "Hi!")
     r = store.client()
     worker_routing.record_owner(r, queued.conversation_id, "gone")

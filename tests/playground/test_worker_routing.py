@@ -1,4 +1,5 @@
 """Cache-aware routing against a real Redis (the session's private server, its own DB)."""
+
 from __future__ import annotations
 
 import socket
@@ -126,8 +127,8 @@ def test_owner_dies_before_claiming_reroute_then_late_original_runs_once(r):
     assert wr.reroute_if_unclaimed(r, 1, lambda q: broker.send(q, 1), timeout_s=3600) is False  # once only
     assert broker.queues == {"gpu.w1@host": [1], "gpu": [1]}
 
-    broker.run_next(r, "gpu", "w2@host")            # the re-sent copy
-    broker.run_next(r, "gpu.w1@host", "w1@host")    # w1 restarts and finds the original: a no-op
+    broker.run_next(r, "gpu", "w2@host")  # the re-sent copy
+    broker.run_next(r, "gpu.w1@host", "w1@host")  # w1 restarts and finds the original: a no-op
     assert broker.runs == [(1, "w2@host")]
 
 

@@ -1,4 +1,5 @@
 """Fixtures for the end-to-end tests (the services themselves come from tests/conftest.py)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """docker-compose.yml cannot be run here (no Docker daemon), so check what it promises."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,8 +21,7 @@ def worker_queues(service: dict) -> str:
 
 
 def test_every_role_has_a_service(services: dict) -> None:
-    assert {"redis", "postgres", "web", "worker-gpu", "worker-cpu", "worker-prefill",
-            "worker-decode"} <= set(services)
+    assert {"redis", "postgres", "web", "worker-gpu", "worker-cpu", "worker-prefill", "worker-decode"} <= set(services)
     assert services["worker-cpu"]["profiles"] == ["cpu"]
     assert services["worker-prefill"]["profiles"] == services["worker-decode"]["profiles"] == ["pd"]
 

@@ -1,9 +1,10 @@
 """End to end over real processes: browser socket -> daphne -> Redis -> Celery worker ->
 engine -> Redis channel layer -> browser, plus stop and a killed worker."""
+
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -32,8 +33,8 @@ def streamed_enough(num_steps: int = 1, seconds: float = 0.0) -> Callable[[dict]
         num_seen = len(steps_of(seen))
         if num_seen and not first_step_at:
             first_step_at.append(time.monotonic())
-        return ends_request(event) or (
-            num_seen >= num_steps and time.monotonic() - first_step_at[0] >= seconds)
+        return ends_request(event) or (num_seen >= num_steps and time.monotonic() - first_step_at[0] >= seconds)
+
     return is_done
 
 
@@ -113,8 +114,7 @@ def test_stop_mid_generation_keeps_the_partial_answer(tab: BrowserTab, live_stac
         assert assistant["content"] == finished["text"]
         assert live_stack.worker.is_alive()
 
-        send(ws, "generate", content="And now say hi.", conversation_id=queued["conversation_id"],
-             overrides=SHORT)
+        send(ws, "generate", content="And now say hi.", conversation_id=queued["conversation_id"], overrides=SHORT)
         assert receive_until(ws, ends_request)[-1]["finish_reason"] == "length"
 
 
@@ -142,8 +142,7 @@ def test_killed_worker_ends_the_generation_with_one_worker_lost_error(tab: Brows
 
         live_stack.start_worker()
         with tab.connect() as ws:
-            send(ws, "generate", content="Still there?", conversation_id=queued["conversation_id"],
-                 overrides=SHORT)
+            send(ws, "generate", content="Still there?", conversation_id=queued["conversation_id"], overrides=SHORT)
             assert receive_until(ws, ends_request)[-1]["type"] == "generation.finished"
     finally:
         live_stack.ensure_worker()

@@ -1,10 +1,12 @@
 """Prefill/decode disaggregation over real processes: a prefill worker (`-Q prefill`) and a
 decode worker (`-Q decode`) next to the colocated `gpu` worker of `live_stack`, driven over
 the real WebSocket: the same tokens as colocated, a killed decode worker, a lost KV blob."""
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -46,6 +48,7 @@ def after_steps(num_steps: int) -> Callable[[dict[str, Any]], bool]:
     def is_done(event: dict[str, Any]) -> bool:
         seen.append(event)
         return ends_request(event) or len(steps_of(seen)) >= num_steps
+
     return is_done
 
 
@@ -65,8 +68,9 @@ def only(events: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("overrides", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_disaggregated_generates_the_tokens_of_colocated(tab: BrowserTab, workers: PDWorkers,
-                                                         overrides: dict[str, Any]) -> None:
+def test_disaggregated_generates_the_tokens_of_colocated(
+    tab: BrowserTab, workers: PDWorkers, overrides: dict[str, Any]
+) -> None:
     colocated = generate(tab, overrides)
     disaggregated = generate(tab, overrides, pd=True)
 
@@ -84,8 +88,9 @@ def test_disaggregated_generates_the_tokens_of_colocated(tab: BrowserTab, worker
     assert status == 200 and record["stats"]["decode_worker"] == handoff["decode_worker"]
 
 
-def test_a_decode_worker_killed_after_the_handoff_ends_with_one_worker_lost_error(tab: BrowserTab,
-                                                                                     workers: PDWorkers) -> None:
+def test_a_decode_worker_killed_after_the_handoff_ends_with_one_worker_lost_error(
+    tab: BrowserTab, workers: PDWorkers
+) -> None:
     with tab.connect() as ws:
         send(ws, "generate", content=QUESTION, overrides=ENDLESS, pd=True)
         events = receive_until(ws, after_steps(8))
@@ -101,9 +106,9 @@ def test_a_decode_worker_killed_after_the_handoff_ends_with_one_worker_lost_erro
     assert workers.services["prefill"].is_alive()
 
 
-def test_a_kv_blob_lost_before_the_decode_worker_came_ends_with_kv_handoff_failed(tab: BrowserTab,
-                                                                                   workers: PDWorkers,
-                                                                                   live_stack: LiveStack) -> None:
+def test_a_kv_blob_lost_before_the_decode_worker_came_ends_with_kv_handoff_failed(
+    tab: BrowserTab, workers: PDWorkers, live_stack: LiveStack
+) -> None:
     workers.services["decode"].kill()  # the handoff waits in the decode queue
     with tab.connect() as ws:
         send(ws, "generate", content=QUESTION, overrides=GREEDY, pd=True)

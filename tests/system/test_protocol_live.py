@@ -1,4 +1,5 @@
 """The WebSocket contract's refusals, over the real ASGI server (docs/protocol.md)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """scripts/run.py (`make run`): starts Redis, a worker and the web server; Ctrl-C or a dead
 child stops everything, leaving no process behind."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -31,8 +32,15 @@ class Supervised:
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "scripts/run.py"], cwd=REPO_DIR, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            [sys.executable, "scripts/run.py"],
+            cwd=REPO_DIR,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -52,8 +60,7 @@ class Supervised:
         raise AssertionError(f"no line matching {pattern!r}; output so far:\n" + "\n".join(self.output[-80:]))
 
     def child_pids(self) -> dict[str, int]:
-        return {m[1]: int(m[2]) for line in self.output
-                if (m := re.search(r"started (\w+) \(pid (\d+)\)", line))}
+        return {m[1]: int(m[2]) for line in self.output if (m := re.search(r"started (\w+) \(pid (\d+)\)", line))}
 
     def finish(self, timeout_s: float = 60) -> int:
         code = self.process.wait(timeout=timeout_s)
@@ -79,11 +86,21 @@ def is_running(pid: int) -> bool:
 def supervised(tmp_path: Path) -> Iterator[Supervised]:
     """run.py on free ports with a private data dir and DB (migrated), and no Redis running
     at REDIS_URL, so it must start its own."""
-    env = dict(os.environ, PORT=str(free_port()), PLAYGROUND_DATA_DIR=str(tmp_path / "data"),
-               DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
-               REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", DJANGO_SETTINGS_MODULE="playground.settings")
-    subprocess.run([sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"], cwd=REPO_DIR,
-                   env=env, check=True, timeout=300)
+    env = dict(
+        os.environ,
+        PORT=str(free_port()),
+        PLAYGROUND_DATA_DIR=str(tmp_path / "data"),
+        DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        DJANGO_SETTINGS_MODULE="playground.settings",
+    )
+    subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"],
+        cwd=REPO_DIR,
+        env=env,
+        check=True,
+        timeout=300,
+    )
     run = Supervised(env)
     try:
         yield run

@@ -4,6 +4,7 @@ Owns: speaking HTTP + WebSocket to a running server the way the page does (sessi
 cookies from the first page load, same-origin Origin header) and reading event streams.
 Must not know: app internals (only docs/protocol.md).
 """
+
 from __future__ import annotations
 
 import http.cookiejar
@@ -11,7 +12,8 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
@@ -43,8 +45,12 @@ class BrowserTab:
         return "; ".join(f"{cookie.name}={cookie.value}" for cookie in self.cookies)
 
     def connect(self, origin: str | None = None) -> ClientConnection:
-        return connect(self.ws_url, origin=origin or self.base_url,
-                       additional_headers={"Cookie": self.cookie_header()}, open_timeout=30)
+        return connect(
+            self.ws_url,
+            origin=origin or self.base_url,
+            additional_headers={"Cookie": self.cookie_header()},
+            open_timeout=30,
+        )
 
 
 def send(ws: ClientConnection, command: str, **fields: Any) -> None:
@@ -55,8 +61,9 @@ def receive(ws: ClientConnection, timeout_s: float = GENERATION_TIMEOUT_S) -> di
     return json.loads(ws.recv(timeout=timeout_s))
 
 
-def receive_until(ws: ClientConnection, is_done: Callable[[dict[str, Any]], bool],
-                  timeout_s: float = GENERATION_TIMEOUT_S) -> list[dict[str, Any]]:
+def receive_until(
+    ws: ClientConnection, is_done: Callable[[dict[str, Any]], bool], timeout_s: float = GENERATION_TIMEOUT_S
+) -> list[dict[str, Any]]:
     """Events up to and including the first for which `is_done(event)` holds."""
     deadline = time.monotonic() + timeout_s
     events: list[dict[str, Any]] = []
