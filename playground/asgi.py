@@ -11,14 +11,14 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
 django_asgi_app = get_asgi_application()  # sets Django up before the consumer's imports
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from channels.sessions import SessionMiddlewareStack  # noqa: E402
 
 from playground.routing import websocket_urlpatterns  # noqa: E402
+from playground.web.origin import SameOriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

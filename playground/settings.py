@@ -84,6 +84,14 @@ SECRET_KEY = load_secret_key(PLAYGROUND_DATA_DIR)
 DEBUG = env_bool("DEBUG", True)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+# Pages allowed to open the WebSocket (scheme://host[:port], compared exactly; see
+# playground/web/origin.py). Empty: only the origin the socket is opened at, for ALLOWED_HOSTS.
+PLAYGROUND_ALLOWED_ORIGINS = env_list("PLAYGROUND_ALLOWED_ORIGINS", "")
+for _origin in PLAYGROUND_ALLOWED_ORIGINS:
+    if not _origin.startswith(("http://", "https://")) or _origin.rstrip("/").count("/") != 2:
+        raise ValueError(
+            f"PLAYGROUND_ALLOWED_ORIGINS: {_origin!r} must be scheme://host[:port], e.g. https://chat.example"
+        )
 
 INSTALLED_APPS = [
     "daphne",  # first: its runserver serves ASGI (WebSockets) too

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)  
 
 TIMEOUT_S = 10  # generous: only a bound on a hang, never a measurement
 ORIGIN = (b"origin", b"http://localhost")
+HOST = (b"host", b"localhost")  # the page and its socket share one origin, as in a browser
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ async def ws(session_key: str, queued_ids: list[int]) -> AsyncIterator[Websocket
 
 
 def connect(session_key: str | None = None, origin: tuple[bytes, bytes] = ORIGIN) -> WebsocketCommunicator:
-    headers = [origin] + ([(b"cookie", f"sessionid={session_key}".encode())] if session_key else [])
+    headers = [HOST, origin] + ([(b"cookie", f"sessionid={session_key}".encode())] if session_key else [])
     return WebsocketCommunicator(application, "/ws/generate/", headers=headers)
 
 

@@ -361,7 +361,11 @@ async def connect(session_key: str) -> WebsocketCommunicator:
     ws = WebsocketCommunicator(
         application,
         "/ws/generate/",
-        headers=[(b"origin", b"http://localhost"), (b"cookie", f"sessionid={session_key}".encode())],
+        headers=[
+            (b"host", b"localhost"),
+            (b"origin", b"http://localhost"),
+            (b"cookie", f"sessionid={session_key}".encode()),
+        ],
     )
     assert (await ws.connect(timeout=10))[0]
     return ws

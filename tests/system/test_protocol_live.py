@@ -25,3 +25,15 @@ def test_a_foreign_origin_cannot_open_the_socket(tab: BrowserTab) -> None:
     with pytest.raises(InvalidStatus) as refused:
         tab.connect(origin="http://evil.example")
     assert refused.value.response.status_code == 403
+
+
+@pytest.mark.parametrize("scheme, port_offset", [("http", 1), ("https", 0)])
+def test_a_page_on_another_port_or_scheme_of_the_host_cannot_open_the_socket(
+    tab: BrowserTab, scheme: str, port_offset: int
+) -> None:
+    """Cross-site WebSocket hijacking: the session cookie would ride along from such a page."""
+    host, port = tab.base_url.split("//", 1)[1].rstrip("/").rsplit(":", 1)
+    tab.get("/")  # the session cookie exists, as in the attacked browser
+    with pytest.raises(InvalidStatus) as refused:
+        tab.connect(origin=f"{scheme}://{host}:{int(port) + port_offset}")
+    assert refused.value.response.status_code == 403
