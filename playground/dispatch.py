@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import transaction
 
 from playground import tasks
-from playground.coord import store, worker_routing
-from playground.protocol import get_field
+from playground.coord import liveness, store, worker_routing
+from playground.protocol import CommandError, get_field
+
+PD_QUEUES = ("prefill", "decode")
 
 
 def pd_requested(content: dict[str, Any]) -> bool | None:
@@ -27,6 +30,26 @@ def pd_requested(content: dict[str, Any]) -> bool | None:
 
 def is_disaggregated(pd_requested: bool | None) -> bool:
     return pd_requested if pd_requested is not None else settings.PLAYGROUND_PD_MODE == "disaggregated"
+
+
+def check_servable(pd_requested: bool | None) -> None:
+    """Refuses (`no_worker_for_mode`) a disaggregated request when no prefill or no decode
+    worker was seen recently: queued, it would wait forever and hold the client's slots.
+    Call before anything is written. If Redis cannot tell, the request goes on."""
+    if not is_disaggregated(pd_requested):
+        return
+    try:
+        missing = [queue for queue in PD_QUEUES if not liveness.queue_has_consumer(queue)]
+    except redis.RedisError:
+        return
+    if missing:
+        roles = " and ".join(f"a {queue} worker" for queue in missing)
+        raise CommandError(
+            "no_worker_for_mode",
+            f"prefill/decode disaggregation needs {roles}, and none has been running in the last "
+            f'{liveness.QUEUE_SEEN_TTL_S} s: run it colocated (untick PD, or send "pd": false) or start '
+            f"the missing worker (celery -A playground worker -Q {missing[0]}; see docs/running.md)",
+        )
 
 
 def enqueue(generation_id: int, pd_requested: bool | None = None, conversation_id: int | None = None) -> None:

@@ -24,6 +24,7 @@ ERROR_CODES = (
     "worker_lost",
     "internal_error",
     "kv_handoff_failed",
+    "no_worker_for_mode",
 )
 TERMINAL_TYPES = ("generation.finished", "generation.error")
 

@@ -46,7 +46,10 @@ def run_decode(self: Any, generation_id: int, blob_key: str) -> None:
 def _announce_worker(sender: str, instance: Any = None, **kwargs: Any) -> None:
     """A generation worker also consumes its own queue (cache-aware routing sends a
     conversation's next turn there), and beats so the web process can tell "no worker at all"
-    from "the worker is busy" (see liveness)."""
+    from "the worker is busy" (see liveness), and says which queues it serves, so a request
+    no live worker can serve (e.g. prefill/decode with no such worker) is refused at once."""
     if instance is not None and worker_routing.SHARED_QUEUE in instance.app.amqp.queues.consume_from:
         instance.app.amqp.queues.select_add(worker_routing.worker_queue(sender))
     liveness.start_worker_heartbeat(sender)
+    if instance is not None:
+        liveness.start_queue_heartbeat(sender, list(instance.app.amqp.queues.consume_from))

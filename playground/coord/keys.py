@@ -23,6 +23,13 @@ def worker_busy(worker_name: str) -> str:
     return f"{PREFIX}worker-busy:{worker_name}"
 
 
+def queue_consumer(queue: str, worker_name: str) -> str:
+    """Refreshed by a worker for each queue it consumes, with a longer TTL than `worker_alive`
+    ("seen recently"); dispatch reads it to refuse a request no live worker can serve. Not
+    under `WORKER_ALIVE_PREFIX`."""
+    return f"{PREFIX}queue-consumer:{queue}:{worker_name}"
+
+
 def generation_alive(generation_id: int | str) -> str:
     """Refreshed by the worker running a generation (the consumer's watchdog reads it)."""
     return f"{PREFIX}generation:{generation_id}"

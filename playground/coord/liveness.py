@@ -25,6 +25,10 @@ from playground.models import Generation
 logger = logging.getLogger(__name__)
 
 _WORKER_TTL_S = 5
+# A queue counts as served while a worker consuming it was seen this recently: long enough
+# that a worker restarting after a crash is not refused, short enough to fail fast under
+# `make run`, where no prefill/decode worker ever ran.
+QUEUE_SEEN_TTL_S = 30
 
 
 def generation_key(generation_id: int) -> str:
@@ -79,6 +83,44 @@ def start_worker_heartbeat(worker_name: str) -> Heartbeat:
     beat = Heartbeat(worker_routing.alive_key(worker_name), _WORKER_TTL_S, 1.0)
     beat.start()
     return beat
+
+
+class _QueueHeartbeat(Heartbeat):
+    """Refreshes one key per queue a worker consumes (in one round trip)."""
+
+    def __init__(self, queue_keys: list[str], ttl_s: float, interval_s: float) -> None:
+        super().__init__(queue_keys[0], ttl_s, interval_s)
+        self.queue_keys = queue_keys
+
+    def beat(self) -> None:
+        try:
+            with store.client().pipeline() as pipe:
+                for key in self.queue_keys:
+                    pipe.set(key, 1, px=self.ttl_ms)
+                pipe.execute()
+        except redis.RedisError as exc:
+            logger.warning("queue heartbeat %s failed: %s", self.queue_keys, exc)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+        with contextlib.suppress(redis.RedisError):
+            store.client().delete(*self.queue_keys)
+
+
+def start_queue_heartbeat(worker_name: str, queues: Iterable[str]) -> Heartbeat | None:
+    """Says which queues this worker serves (see `queue_has_consumer`) until it exits."""
+    queue_keys = [keys.queue_consumer(queue, worker_name) for queue in sorted(queues)]
+    if not queue_keys:
+        return None
+    beat = _QueueHeartbeat(queue_keys, QUEUE_SEEN_TTL_S, 1.0)
+    beat.start()
+    return beat
+
+
+def queue_has_consumer(queue: str) -> bool:
+    """Whether some worker consuming `queue` was alive in the last QUEUE_SEEN_TTL_S seconds."""
+    return next(store.client().scan_iter(match=keys.queue_consumer(queue, "*"), count=1000), None) is not None
 
 
 def _is_stale(generation: Generation) -> bool:

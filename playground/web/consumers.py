@@ -80,12 +80,12 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
 
     async def _start(self, command: str, content: dict[str, Any], request_id: str | None) -> None:
         pd_requested = dispatch.pd_requested(content)  # checked before anything is written
+        await database_sync_to_async(dispatch.check_servable)(pd_requested)
         queued = await database_sync_to_async(submit.submit)(command, self.session_key, content)
         generation_id = queued.generation_id
         # Join the group before the task exists, so no event of the worker can be missed; they
         # wait in this consumer's queue until `generation.queued` has gone out.
-        await self.channel_layer.group_add(protocol.group_name(generation_id), self.channel_name)
-        self.watchdogs[generation_id] = asyncio.create_task(self._watch(generation_id))
+        await self._follow(generation_id)
         try:
             await database_sync_to_async(dispatch.enqueue)(generation_id, pd_requested, queued.conversation_id)
             ended = None
@@ -104,6 +104,11 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
 
     async def _stop(self, content: dict[str, Any]) -> None:
         ended = await database_sync_to_async(submit.stop)(self.session_key, content)
+        generation_id = content["generation_id"]  # submit.stop checked it
+        if generation_id not in self.watchdogs and (ended is not None or await _is_active(generation_id)):
+            # Started by another socket of this session (e.g. before a reload): follow it, so
+            # its one terminal event reaches the socket that stopped it.
+            await self._follow(generation_id)
         if ended is not None:  # it was still queued: no worker will report it
             await self._deliver(await database_sync_to_async(ended.terminal_event)())
 
@@ -121,6 +126,10 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
     # Channel-layer handlers: `generation.tokens` -> `generation_tokens`, and so on.
     generation_started = generation_prefilled = generation_tokens = generation_beams = _deliver
     generation_handoff = generation_finished = generation_error = _deliver
+
+    async def _follow(self, generation_id: int) -> None:
+        await self.channel_layer.group_add(protocol.group_name(generation_id), self.channel_name)
+        self.watchdogs[generation_id] = asyncio.create_task(self._watch(generation_id))
 
     async def _unfollow(self, generation_id: int) -> None:
         watchdog = self.watchdogs.pop(generation_id)
@@ -143,6 +152,11 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
             if num_ended_checks >= NUM_ENDED_CHECKS:
                 await self._deliver(event)
                 return
+
+
+@database_sync_to_async
+def _is_active(generation_id: int) -> bool:
+    return Generation.objects.filter(pk=generation_id, status__in=Generation.ACTIVE_STATUSES).exists()
 
 
 def _ended_event(generation_id: int) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from inference.engine import Engine
 from inference.sampling_params import SamplingParams
 from playground import dispatch, tasks
 from playground.asgi import application
-from playground.coord import cancel, kv_store, liveness, store
+from playground.coord import cancel, keys, kv_store, liveness, store
 from playground.models import Generation
 from playground.protocol import CommandError, is_terminal
 from playground.worker import generation
@@ -386,6 +386,8 @@ async def test_a_pd_request_streams_through_the_socket_with_its_handoff_event(
             generation_id, "prefill-1", enqueue_decode=decode_now, load_engine=lambda model: engines["prefill"]
         ),
     )
+    for queue in ("prefill", "decode"):  # as the two workers announce themselves
+        store.client().set(keys.queue_consumer(queue, f"{queue}-1"), 1, ex=60)
     ws = await connect(session_key)
     await ws.send_json_to({"command": "complete", "text": PROMPT, "pd": True, "overrides": GREEDY})
     events = [await ws.receive_json_from(timeout=10)]
