@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.http import HttpRequest
 from django.utils.html import format_html
 
 from inference.text.chat_template import ChatTemplateError, validate_template
-from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
+from playground.models import ApiKey, ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
 
 
 def _pre(value: Any) -> str:
@@ -172,3 +173,21 @@ class GenerationAdmin(admin.ModelAdmin):
     @admin.display(description="steps")
     def num_steps(self, generation: Generation) -> int:
         return len(generation.steps)  # the records themselves are too long for a page
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys of the OpenAI-compatible API: created here (shown once), revoked by unticking is_active."""
+
+    list_display = ("name", "key_prefix", "max_concurrent", "is_active", "created_at", "last_used_at")
+    list_filter = ("is_active",)
+    list_editable = ("is_active",)
+    readonly_fields = ("key_prefix", "created_at", "last_used_at")
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        key = None if change else obj.set_new_key()
+        super().save_model(request, obj, form, change)
+        if key is not None:
+            messages.warning(
+                request, f"The new API key is {key} - copy it now: it is stored hashed and not shown again."
+            )

@@ -7,7 +7,9 @@ torch, transformers or `inference.engine`: this module loads in the web process.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import secrets
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
@@ -304,3 +306,40 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:50]}"
+
+
+class ApiKey(models.Model):
+    """A key of the OpenAI-compatible API (`Authorization: Bearer pg-...`), stored as its SHA-256
+    only: the admin shows the key once, when it is created."""
+
+    PREFIX = "pg-"
+
+    name = models.CharField(max_length=100, help_text="Who or what uses this key.")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    key_prefix = models.CharField(max_length=12, editable=False, help_text="The key's first characters.")
+    max_concurrent = models.PositiveIntegerField(default=2, help_text="Queued or running generations at once.")
+    is_active = models.BooleanField(default=True, help_text="Untick to revoke the key.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API key"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.key_prefix}...)"
+
+    @staticmethod
+    def hash(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    def set_new_key(self) -> str:
+        """Gives the row a fresh random key and returns it (the only time it is readable)."""
+        key = self.PREFIX + secrets.token_urlsafe(24)
+        self.key_hash, self.key_prefix = self.hash(key), key[:10]
+        return key
+
+    @property
+    def client_name(self) -> str:
+        """What the key's generations carry as their session key."""
+        return f"api-key-{self.pk}"

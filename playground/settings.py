@@ -69,6 +69,8 @@ PLAYGROUND_HEARTBEAT_TTL_S = 3
 # A queued generation is declared lost only when no worker at all is alive this long after
 # it was queued: a busy worker may take minutes to reach it.
 PLAYGROUND_QUEUE_TIMEOUT_S = env_int("PLAYGROUND_QUEUE_TIMEOUT_S", 15)
+# The OpenAI-compatible API (/v1/) answers local clients without a key (make run); keys: the admin.
+PLAYGROUND_API_KEYLESS_LOCALHOST = env_bool("PLAYGROUND_API_KEYLESS_LOCALHOST", True)
 
 # Prefill/decode disaggregation (see docs/pd-disaggregation.md): "colocated" (one worker does
 # both) or "disaggregated" (queue "prefill", then queue "decode"); a request's "pd" field wins.

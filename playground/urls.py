@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import path
 
 from playground.web import api, pages
+from playground.web.openai_api import views as openai_api
 
 urlpatterns = [
     path("", pages.chat, name="chat"),
@@ -12,4 +13,7 @@ urlpatterns = [
     path("api/conversations/", api.conversation_list, name="api-conversations"),
     path("api/conversations/<int:conversation_id>/", api.conversation_detail, name="api-conversation"),
     path("api/generations/<int:generation_id>/", api.generation_detail, name="api-generation"),
+    path("v1/models", openai_api.models, name="openai-models"),
+    path("v1/chat/completions", openai_api.chat_completions, name="openai-chat-completions"),
+    path("v1/completions", openai_api.completions, name="openai-completions"),
 ]

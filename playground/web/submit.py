@@ -147,12 +147,13 @@ def _queue_answer(
     model: LanguageModel,
     params: SamplingParams,
     user_message: Message | None,
+    max_concurrent: int | None = None,
 ) -> Queued:
     """Creates the queued chat generation and its (empty) assistant message at `position`.
 
     Runs inside the command's transaction, so a refusal here writes nothing.
     """
-    limits.check_concurrency(session_key)
+    limits.check_concurrency(session_key, max_concurrent)
     generation = Generation.objects.create(
         kind=Generation.Kind.CHAT,
         session_key=session_key,
@@ -272,3 +273,61 @@ def fail(generation_id: int, code: str, message: str) -> Generation | None:
 
 
 COMMANDS = {"generate": generate, "regenerate": regenerate, "edit": edit, "complete": complete}
+
+
+# The OpenAI-compatible API (web/openai_api) -----------------------------------------------
+#
+# An API client has no browser session: `client` (e.g. "api-key-3") stands in for the session
+# key, so the concurrency limit and the admin's records work as for the browser. A chat becomes
+# a conversation of its own whose messages are the request's, which the worker renders like any
+# other chat (no worker change), and the answer is saved as its assistant message.
+
+
+def api_chat(
+    client: str, content: dict[str, Any], messages: list[dict[str, str]], max_concurrent: int | None = None
+) -> Queued:
+    """A chat generation answering `messages` ({role, content}, roles system/user/assistant);
+    `content` holds model_id, preset_id and overrides as the WebSocket commands do."""
+    if not messages:
+        raise CommandError("invalid_field", "messages must not be empty")
+    first_user = next((m["content"] for m in messages if m["role"] == Message.Role.USER), "")
+    with transaction.atomic():
+        conversation = Conversation(session_key=client, title=first_user.strip()[:_TITLE_CHARS] or "API chat")
+        model, preset, params = _choices(content)
+        _check_chars(conversation, None, *(m["content"] for m in messages))
+        conversation.model, conversation.preset = model, preset
+        conversation.save()
+        for position, message in enumerate(messages):
+            Message.objects.create(
+                conversation=conversation, role=message["role"], content=message["content"], position=position
+            )
+        return _queue_answer(client, conversation, len(messages), model, params, None, max_concurrent)
+
+
+def api_complete(client: str, content: dict[str, Any], max_concurrent: int | None = None) -> Queued:
+    """A raw completion (`complete` without a browser session): text and/or token_ids as the prompt."""
+    text = get_field(content, "text", str, default="")
+    token_ids = get_id_list(content, "token_ids")
+    if not text and not token_ids:
+        raise CommandError("invalid_field", "prompt must not be empty")
+    limits.check_prompt_chars(len(text))
+    model, _, params = _choices(content)
+    with transaction.atomic():
+        limits.check_concurrency(client, max_concurrent)
+        generation = Generation.objects.create(
+            kind=Generation.Kind.COMPLETE,
+            session_key=client,
+            model=model,
+            chat_template=_template(model),
+            params=params.to_dict(),
+            inputs={"text": text, "chat": False, "token_ids": token_ids},
+        )
+    return Queued(generation.pk)
+
+
+def cancel_generation(generation_id: int) -> None:
+    """`stop` without the session check: the API client that started it went away."""
+    cancel.request_cancel(generation_id)
+    Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
+        status=Generation.Status.CANCELLED, finish_reason="cancelled", finished_at=timezone.now()
+    )

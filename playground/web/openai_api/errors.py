@@ -1,0 +1,78 @@
+"""OpenAI's error shape and HTTP statuses for everything the API refuses or that fails.
+
+Owns: `ApiError` (message, type, param, code, status), the mapping from the protocol's stable
+codes (`playground.protocol.ERROR_CODES`) and from `SamplingParams`' ValueErrors (which name
+their field) to it. Must not know: the channel layer, the ORM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from django.http import JsonResponse
+
+from playground.protocol import CommandError
+
+# (HTTP status, OpenAI error type) by protocol error code.
+_BY_CODE = {
+    "bad_json": (400, "invalid_request_error"),
+    "invalid_field": (400, "invalid_request_error"),
+    "invalid_params": (400, "invalid_request_error"),
+    "prompt_too_long": (400, "invalid_request_error"),
+    "not_found": (404, "invalid_request_error"),
+    "too_many_generations": (429, "rate_limit_error"),
+    "model_unavailable": (503, "server_error"),
+    "worker_lost": (503, "server_error"),
+    "kv_handoff_failed": (500, "server_error"),
+    "internal_error": (500, "server_error"),
+}
+# Our sampling settings' names -> the request field a client sent.
+_FIELD_NAMES = {"max_new_tokens": "max_tokens", "num_alternatives": "top_logprobs"}
+
+
+class ApiError(Exception):
+    """A refused or failed request, answered as `{"error": {message, type, param, code}}`."""
+
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None, status: int = 400, kind: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+        self.type = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JsonResponse:
+        return JsonResponse(self.body(), status=self.status)
+
+    def sse(self) -> bytes:
+        """The error as one server-sent event (after the stream's headers went out)."""
+        return f"data: {json.dumps(self.body())}\n\n".encode()
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(message, param=param, code=code)
+
+
+def from_command_error(exc: CommandError, param: str | None = None) -> ApiError:
+    """A refusal of `submit` or a worker's error event, with the field it names when it names one."""
+    status, kind = _BY_CODE.get(exc.code, (500, "server_error"))
+    return ApiError(exc.message, param=param or field_named(exc.message), code=exc.code, status=status, kind=kind)
+
+
+def from_event(event: dict[str, Any]) -> ApiError:
+    """A `generation.error` event."""
+    code = event.get("code", "internal_error")
+    return from_command_error(CommandError(code if code in _BY_CODE else "internal_error", event.get("message", "")))
+
+
+def field_named(message: str) -> str | None:
+    """The request field a message like "top_p=1.5 must be ..." is about, in the client's words."""
+    match = re.match(r"\s*(\w+)(=| is | must | exceeds)", message)
+    if match is None:
+        return None
+    name = match.group(1)
+    return _FIELD_NAMES.get(name, name)

@@ -1,0 +1,108 @@
+"""Follows one generation's events over the channel layer, like the WebSocket consumer does,
+for a request that holds no socket: its own channel in the generation's group, a watchdog,
+and the cancel when the client goes away.
+
+Owns: receiving (`generation.started/prefilled/tokens/finished/error`) until exactly one
+terminal event, the watchdog (a re-route of a stranded generation; a dead worker's
+generation declared lost by `liveness.mark_lost_if_stale`, so a stream ends with an error
+instead of hanging), and `close` (cancels the generation unless it ended). Must not know:
+OpenAI's shapes, HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from playground import dispatch, protocol
+from playground.coord import liveness
+from playground.models import Generation
+from playground.web import submit
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 1.0
+# The worker's own terminal event may still be on its way when the row says "ended".
+NUM_ENDED_CHECKS = 2
+
+
+class Follower:
+    def __init__(self, generation_id: int) -> None:
+        self.generation_id = generation_id
+        self.group = protocol.group_name(generation_id)
+        self.layer = get_channel_layer()
+        self.channel: str | None = None
+        self.ended = False
+        self._receiving: asyncio.Future[dict[str, Any]] | None = None
+
+    async def join(self) -> None:
+        """Joins the group; call before the task is queued so no event can be missed."""
+        self.channel = await self.layer.new_channel("openai-api.")
+        await self.layer.group_add(self.group, self.channel)
+
+    async def events(self, tick_s: float | None = None) -> AsyncIterator[dict[str, Any] | None]:
+        """The events up to and including the terminal one; None after each idle `tick_s`."""
+        idle_s, num_ended_checks = 0.0, 0
+        wait_s = min(tick_s or WATCH_INTERVAL_S, WATCH_INTERVAL_S)
+        while not self.ended:
+            if self._receiving is None:
+                self._receiving = asyncio.ensure_future(self.layer.receive(self.channel))
+            done, _ = await asyncio.wait({self._receiving}, timeout=wait_s)
+            if done:
+                event, self._receiving, idle_s = self._receiving.result(), None, 0.0
+            else:
+                event, idle_s = None, idle_s + wait_s
+                if idle_s >= WATCH_INTERVAL_S:
+                    idle_s = 0.0
+                    ended = await self._check()
+                    num_ended_checks = num_ended_checks + 1 if ended else 0
+                    if num_ended_checks >= NUM_ENDED_CHECKS:
+                        event = ended
+            if event is not None and event.get("generation_id") != self.generation_id:
+                continue
+            if event is not None and protocol.is_terminal(event):
+                self.ended = True
+            if event is not None or tick_s is not None:
+                yield event
+
+    async def close(self) -> None:
+        """Leaves the group; a generation that has not ended is cancelled (its client left)."""
+        if self._receiving is not None:
+            self._receiving.cancel()
+            self._receiving = None
+        if not self.ended:
+            self.ended = True
+            try:
+                await database_sync_to_async(submit.cancel_generation)(self.generation_id)
+                logger.info("generation %s cancelled: its API client went away", self.generation_id)
+            except Exception:
+                logger.exception("generation %s could not be cancelled", self.generation_id)
+        if self.channel is not None:
+            with contextlib.suppress(Exception):
+                await self.layer.group_discard(self.group, self.channel)
+
+    async def _check(self) -> dict[str, Any] | None:
+        try:
+            await database_sync_to_async(dispatch.reroute_if_stranded)(self.generation_id)
+            return await database_sync_to_async(_ended_event)(self.generation_id)
+        except Exception:
+            logger.exception("watchdog of generation %s failed; retrying", self.generation_id)
+            return None
+
+
+def _ended_event(generation_id: int) -> dict[str, Any] | None:
+    """The terminal event of a generation that has ended (or was just declared lost), else None."""
+    generation = Generation.objects.filter(pk=generation_id).first()
+    if generation is None:
+        return protocol.generation_error(generation_id, "not_found", f"generation {generation_id} was deleted")
+    if generation.is_active:
+        if not liveness.mark_lost_if_stale(generation):
+            return None
+        generation.refresh_from_db()
+    return generation.terminal_event()

@@ -1,0 +1,266 @@
+"""Reads and checks an OpenAI request body: every refusal is an `ApiError` naming its field.
+
+Owns: which request fields exist (OpenAI's, plus our extras `top_k`, `min_p`,
+`repetition_penalty`, `preset`, `ignore_eos`, `timings`, `raw_logprobs`), their types and
+ranges, and their translation into the `overrides` of `SamplingParams` (whose own checks
+then apply, in `submit`). Must not know: the ORM, the channel layer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from playground.web.openai_api.errors import ApiError, invalid
+
+MAX_TOP_LOGPROBS = 20
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Accepted and ignored: they change nothing an answer of this server could show.
+_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "tool_choice", "logit_bias"}
+_COMMON = {
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "preset",
+    "ignore_eos",
+    "timings",
+    "raw_logprobs",
+    *_IGNORED,
+}
+CHAT_FIELDS = {*_COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools", "response_format"}
+COMPLETION_FIELDS = {*_COMMON, "prompt", "echo", "suffix", "best_of"}
+
+
+@dataclass
+class ApiRequest:
+    """A checked request: what to generate, how, and what to send back."""
+
+    model: str
+    overrides: dict[str, Any]  # SamplingParams fields
+    preset: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    num_logprobs: int | None = None  # None: no logprobs; else the top alternatives per token
+    timings: bool = False
+    raw_logprobs: bool = False
+    messages: list[dict[str, str]] = field(default_factory=list)  # chat
+    prompt_text: str = ""  # completions
+    prompt_token_ids: list[int] = field(default_factory=list)
+    echo: bool = False
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"null")
+    except ValueError as exc:
+        raise ApiError(f"the body is not valid JSON: {exc}", code="bad_json") from exc
+    if not isinstance(data, dict):
+        raise ApiError("the body must be a JSON object", code="bad_json")
+    return data
+
+
+def chat_request(data: dict[str, Any]) -> ApiRequest:
+    fields = _Fields(data, CHAT_FIELDS)
+    request = _common(fields)
+    if fields.get("tools", list):
+        raise invalid("tools", "tools (function calling) are not supported by this server", "unsupported_parameter")
+    response_format = fields.get("response_format", dict)
+    if response_format and response_format.get("type", "text") != "text":
+        raise invalid("response_format", "only response_format {'type': 'text'} is supported", "unsupported_parameter")
+    max_tokens = fields.integer("max_completion_tokens", 1)
+    if max_tokens is not None:
+        request.overrides["max_new_tokens"] = max_tokens
+    if fields.get("logprobs", bool):
+        request.num_logprobs = fields.integer("top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+    elif fields.get("top_logprobs", int) is not None:
+        raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
+    request.messages = _messages(fields.get("messages", list, required=True))
+    request.overrides["num_alternatives"] = request.num_logprobs or 0
+    return request
+
+
+def completion_request(data: dict[str, Any]) -> ApiRequest:
+    fields = _Fields(data, COMPLETION_FIELDS)
+    request = _common(fields)
+    if fields.get("suffix", str):
+        raise invalid("suffix", "suffix (insertion) is not supported by this server", "unsupported_parameter")
+    if fields.integer("best_of", 1) not in (None, 1):
+        raise invalid("best_of", "only best_of=1 is supported", "unsupported_parameter")
+    request.num_logprobs = fields.integer("logprobs", 0, MAX_TOP_LOGPROBS)
+    request.echo = bool(fields.get("echo", bool))
+    if request.echo and request.num_logprobs is not None:
+        raise invalid(
+            "echo",
+            "echo with logprobs needs the prompt's logprobs, which this engine does not compute; "
+            "use echo without logprobs",
+            "unsupported_parameter",
+        )
+    request.prompt_text, request.prompt_token_ids = _prompt(data.get("prompt"))
+    request.overrides["num_alternatives"] = request.num_logprobs or 0
+    return request
+
+
+def _common(fields: _Fields) -> ApiRequest:
+    model = fields.get("model", str, required=True)
+    request = ApiRequest(model=model, overrides={}, preset=fields.get("preset", str))
+    request.stream = bool(fields.get("stream", bool))
+    options = fields.get("stream_options", dict)
+    if options is not None:
+        if not request.stream:
+            raise invalid("stream_options", "stream_options is only allowed with stream: true")
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise invalid("stream_options.include_usage", "stream_options.include_usage must be true or false")
+        request.include_usage = include_usage
+    if fields.integer("n", 1) not in (None, 1):
+        raise invalid("n", "only n=1 is supported: send one request per choice", "unsupported_parameter")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if fields.number(name, -2.0, 2.0):
+            raise invalid(
+                name, f"{name} is not supported by this engine; use repetition_penalty", "unsupported_parameter"
+            )
+    request.timings = bool(fields.get("timings", bool))
+    request.raw_logprobs = bool(fields.get("raw_logprobs", bool))
+    _sampling(fields, request.overrides)
+    return request
+
+
+def _sampling(fields: _Fields, overrides: dict[str, Any]) -> None:
+    """The sampling fields the client sent (absent ones keep the preset's values)."""
+    values = {
+        "max_new_tokens": fields.integer("max_tokens", 1),
+        "temperature": fields.number("temperature", 0.0, 2.0),
+        "top_p": fields.number("top_p", 0.0, 1.0),
+        "seed": fields.integer("seed"),
+        "top_k": fields.integer("top_k", 0),
+        "min_p": fields.number("min_p", 0.0, 1.0),
+        "repetition_penalty": fields.number("repetition_penalty"),
+        "ignore_eos": fields.get("ignore_eos", bool),
+        "stop": _stop(fields.data.get("stop")),
+    }
+    overrides.update({name: value for name, value in values.items() if value is not None})
+    if values["temperature"] is not None:  # a temperature asks for sampling even under a greedy preset
+        overrides["greedy"] = False
+
+
+def _stop(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise invalid("stop", "stop must be a non-empty string or a list of non-empty strings")
+    return stops
+
+
+def _messages(raw: list[Any]) -> list[dict[str, str]]:
+    if not raw:
+        raise invalid("messages", "messages must hold at least one message")
+    messages = []
+    for i, message in enumerate(raw):
+        if not isinstance(message, dict):
+            raise invalid(f"messages[{i}]", f"messages[{i}] must be an object with role and content")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise invalid(
+                f"messages[{i}].role",
+                f"messages[{i}].role={role!r} must be one of {', '.join(_ROLES)} (tool messages are not supported)",
+            )
+        messages.append({"role": _ROLES[role], "content": _content(message.get("content"), i, role)})
+    return messages
+
+
+def _content(content: Any, i: int, role: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":
+        return ""
+    if not isinstance(content, list):
+        raise invalid(f"messages[{i}].content", f"messages[{i}].content must be a string or a list of text parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise invalid(
+                f"messages[{i}].content[{j}]",
+                f"messages[{i}].content[{j}] must be a text part ({{'type': 'text', 'text': ...}}); "
+                f"{kind or 'this'} parts are not supported",
+            )
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _prompt(prompt: Any) -> tuple[str, list[int]]:
+    """(text, token ids): a string, a list of token ids, or a list of one of either."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise invalid("prompt", "prompt must not be empty")
+        return prompt, []
+    if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
+        return "", prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise invalid("prompt", "only one prompt per request is supported", "unsupported_parameter")
+    raise invalid("prompt", "prompt must be a non-empty string or a list of token ids")
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class _Fields:
+    """Typed access to a request body; a wrong type or range is an `ApiError` naming the field."""
+
+    _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object", list: "a list"}
+
+    def __init__(self, data: dict[str, Any], known: set[str]) -> None:
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise invalid(unknown[0], f"unrecognized request argument: {', '.join(unknown)}", "unknown_parameter")
+        self.data = data
+
+    def get(self, name: str, kind: type, *, required: bool = False) -> Any:
+        value = self.data.get(name)
+        if value is None:
+            if required:
+                raise invalid(name, f"{name} is required", "missing_required_parameter")
+            return None
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise invalid(name, f"{name}={value!r} must be {self._TYPE_NAMES[kind]}", "invalid_type")
+        return value
+
+    def integer(self, name: str, low: int | None = None, high: int | None = None) -> int | None:
+        value = self.get(name, int)
+        if value is not None and ((low is not None and value < low) or (high is not None and value > high)):
+            raise invalid(name, f"{name}={value} must be {_range(low, high)}")
+        return value
+
+    def number(self, name: str, low: float | None = None, high: float | None = None) -> float | None:
+        value = self.data.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise invalid(name, f"{name}={value!r} must be a number", "invalid_type")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise invalid(name, f"{name}={value} must be {_range(low, high)}")
+        return float(value)
+
+
+def _range(low: float | None, high: float | None) -> str:
+    if high is None:
+        return f"at least {low}"
+    return f"at most {high}" if low is None else f"between {low} and {high}"

@@ -1,0 +1,126 @@
+"""OpenAI's response shapes, built from our step records and stats (pure functions).
+
+Owns: logprobs (chat: `{token, logprob, bytes, top_logprobs}`; legacy: `tokens`,
+`token_logprobs`, `top_logprobs`, `text_offset`), `usage`, the `timings` extra, finish
+reasons, and the completion / chunk objects. A step record is `inference.Step.to_dict()`
+after `protocol.json_safe`: `token_bytes` in hex, `top_processed` the alternatives of the
+distribution the token was sampled from, a filtered token's logprob None (-inf).
+Must not know: HTTP, the channel layer, the ORM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# OpenAI's stand-in for a probability that is (numerically) zero.
+MIN_LOGPROB = -9999.0
+_FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "cancelled": "stop", "length": "length", "context": "length"}
+
+
+def finish_reason(ours: str | None) -> str:
+    return _FINISH_REASONS.get(ours or "", "stop")
+
+
+def _logprob(value: float | None) -> float:
+    return MIN_LOGPROB if value is None else max(value, MIN_LOGPROB)
+
+
+def _token_bytes(step: dict[str, Any]) -> list[int]:
+    return list(bytes.fromhex(step["token_bytes"]))
+
+
+def _alternatives(step: dict[str, Any], k: int) -> list[dict[str, Any]]:
+    return [
+        {"token": alt["piece"], "logprob": _logprob(alt["logprob"]), "bytes": list(alt["piece"].encode())}
+        for alt in step.get("top_processed", [])[:k]
+    ]
+
+
+def chat_logprob(step: dict[str, Any], k: int, raw: bool = False) -> dict[str, Any]:
+    """One token of `choices[].logprobs.content`; `raw` adds our pre-sampler extras."""
+    entry = {
+        "token": step["piece"],
+        "logprob": _logprob(step["logprob"]),
+        "bytes": _token_bytes(step),
+        "top_logprobs": _alternatives(step, k),
+    }
+    if raw:
+        entry.update(raw_logprob=_logprob(step["raw_logprob"]), rank=step["rank"], entropy=step["entropy"])
+    return entry
+
+
+def chat_logprobs(
+    content_steps: list[dict[str, Any]], reasoning_steps: list[dict[str, Any]], k: int, raw: bool = False
+) -> dict[str, Any]:
+    """`choices[].logprobs`; the reasoning's tokens go apart, under `reasoning_content`."""
+    logprobs: dict[str, Any] = {"content": [chat_logprob(s, k, raw) for s in content_steps], "refusal": None}
+    if reasoning_steps:
+        logprobs["reasoning_content"] = [chat_logprob(s, k, raw) for s in reasoning_steps]
+    return logprobs
+
+
+def completion_logprobs(steps: list[dict[str, Any]], k: int, text_offset: int, raw: bool = False) -> dict[str, Any]:
+    """The legacy `choices[].logprobs`; `text_offset` is where the first step's text starts."""
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    for step in steps:
+        tokens.append(step["piece"])
+        token_logprobs.append(_logprob(step["logprob"]))
+        top.append({alt["token"]: alt["logprob"] for alt in _alternatives(step, k)})
+        offsets.append(text_offset)
+        text_offset += len(step.get("text_delta") or "")
+    logprobs = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+    if raw:
+        logprobs["raw_logprobs"] = [_logprob(s["raw_logprob"]) for s in steps]
+        logprobs["ranks"] = [s["rank"] for s in steps]
+        logprobs["entropies"] = [s["entropy"] for s in steps]
+    return logprobs
+
+
+def usage(stats: dict[str, Any], num_reasoning_tokens: int = 0) -> dict[str, Any]:
+    prompt = stats.get("num_prompt_tokens") or 0
+    completion = stats.get("num_generated_tokens") or 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": stats.get("num_cached_tokens") or 0},
+        "completion_tokens_details": {"reasoning_tokens": num_reasoning_tokens},
+    }
+
+
+def timings(stats: dict[str, Any], queue_ms: float | None) -> dict[str, Any]:
+    """In the spirit of llama.cpp's `timings`: prompt = prefill, predicted = decode."""
+    prompt_n = (stats.get("num_prompt_tokens") or 0) - (stats.get("num_cached_tokens") or 0)
+    prompt_ms = stats.get("prefill_ms") or 0.0
+    return {
+        "queue_ms": queue_ms,
+        "cache_n": stats.get("num_cached_tokens") or 0,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms else None,
+        "predicted_n": stats.get("num_generated_tokens") or 0,
+        "predicted_ms": stats.get("decode_ms"),
+        "predicted_per_second": stats.get("decode_tok_s"),
+        "ttft_ms": stats.get("ttft_ms"),
+        "worker": stats.get("worker"),
+    }
+
+
+def envelope(object_type: str, completion_id: str, created: int, model: str) -> dict[str, Any]:
+    return {"id": completion_id, "object": object_type, "created": created, "model": model, "system_fingerprint": None}
+
+
+def chat_message(content: str, reasoning: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message
+
+
+def chunk_delta(delta_content: str | None, delta_reasoning: str | None, role: bool = False) -> dict[str, Any]:
+    delta: dict[str, Any] = {"role": "assistant"} if role else {}
+    if delta_reasoning:
+        delta["reasoning_content"] = delta_reasoning
+    if delta_content or role:
+        delta["content"] = delta_content or ""
+    return delta

@@ -1,0 +1,85 @@
+"""The `/v1/` endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`.
+
+Async views (served by daphne under ASGI); a stream is a `StreamingHttpResponse` over an async
+iterator of server-sent events. Owns: methods, authentication, and the choice between a JSON
+answer and a stream. Must not know: the shapes of events or of answers (`run`, `shapes`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from playground.models import LanguageModel
+from playground.web.openai_api import auth
+from playground.web.openai_api.errors import ApiError
+from playground.web.openai_api.request import ApiRequest, chat_request, completion_request, parse_body
+from playground.web.openai_api.run import ApiRun
+
+AsyncView = Callable[..., Awaitable[HttpResponse]]
+
+
+def endpoint(method: str) -> Callable[[AsyncView], AsyncView]:
+    """Allows `method` only, authenticates, and answers an `ApiError` in OpenAI's shape."""
+
+    def decorate(view: AsyncView) -> AsyncView:
+        @csrf_exempt
+        @functools.wraps(view)
+        async def wrapper(request: HttpRequest, *args: Any) -> HttpResponse:
+            try:
+                if request.method != method:
+                    raise ApiError(
+                        f"{request.method} is not allowed here; use {method}", code="method_not_allowed", status=405
+                    )
+                client = await database_sync_to_async(auth.authenticate)(request)
+                return await view(request, client, *args)
+            except ApiError as exc:
+                return exc.response()
+
+        return wrapper
+
+    return decorate
+
+
+@endpoint("GET")
+async def models(request: HttpRequest, client: auth.Client) -> HttpResponse:
+    return JsonResponse({"object": "list", "data": await database_sync_to_async(_model_list)()})
+
+
+def _model_list() -> list[dict[str, Any]]:
+    return [
+        {"id": model.name, "object": "model", "created": int(model.created_at.timestamp()), "owned_by": "playground"}
+        for model in LanguageModel.objects.filter(is_enabled=True)
+    ]
+
+
+@endpoint("POST")
+async def chat_completions(request: HttpRequest, client: auth.Client) -> HttpResponse:
+    return await _answer(chat_request(parse_body(request.body)), client, is_chat=True)
+
+
+@endpoint("POST")
+async def completions(request: HttpRequest, client: auth.Client) -> HttpResponse:
+    return await _answer(completion_request(parse_body(request.body)), client, is_chat=False)
+
+
+async def _answer(api_request: ApiRequest, client: auth.Client, is_chat: bool) -> HttpResponse:
+    run = ApiRun(api_request, client.name, client.max_concurrent, is_chat)
+    is_streaming = False
+    try:
+        await run.start()
+        if api_request.stream:
+            response = StreamingHttpResponse(run.stream(), content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # a proxy in front must not buffer the events
+            is_streaming = True  # the stream closes the run now
+            return response
+        return JsonResponse(await run.collect())
+    finally:  # also when the client went away: Django then cancels the view, and this cancels the generation
+        if not is_streaming:
+            await run.close()
