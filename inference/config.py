@@ -40,9 +40,14 @@ class EngineConfig:
     data_dir: str | None = None
     prefix_cache_bytes: int = 256 * 1024 * 1024
     num_threads: int | None = None
+    kv_cache_bytes: int = 512 * 1024 * 1024  # the paged KV pool of continuous batching
+    block_size: int = 16  # tokens per KV block (the unit of allocation and prefix sharing)
+    max_num_seqs: int = 16  # sequences sharing one step
+    max_num_batched_tokens: int = 512  # tokens (prefill chunks + decodes) in one step
     runner: str = (
         "auto"  # "auto": the lean Llama-family runner when it supports the model; "transformers": always generic
     )
+    eos_token_ids: tuple[int, ...] | None = None  # None: the model's own stop ids (see models.loader)
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -55,8 +60,19 @@ class EngineConfig:
             raise ValueError(f"max_context={self.max_context} must be at least 2")
         if self.prefix_cache_bytes < 0:
             raise ValueError(f"prefix_cache_bytes={self.prefix_cache_bytes} must be >= 0")
+        for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.runner not in ("auto", "transformers"):
             raise ValueError(f"runner={self.runner!r} is not 'auto' or 'transformers'")
+        if self.eos_token_ids is not None and (
+            not self.eos_token_ids
+            or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.eos_token_ids)
+        ):
+            raise ValueError(f"eos_token_ids={self.eos_token_ids!r} must be a non-empty list of token ids (>= 0)")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads={self.num_threads} must be >= 1")
 

