@@ -49,6 +49,8 @@ class SamplingParams:
     num_return_sequences: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.stop, (list, tuple, str)):  # a dict would iterate its keys
+            raise ValueError(f"stop={self.stop!r} must be a string or a list of strings")
         if isinstance(self.stop, (list, str)):
             object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         _check_int("max_new_tokens", self.max_new_tokens, 1, 1_000_000)

@@ -25,6 +25,9 @@ ERROR_CODES = (
     "internal_error",
     "kv_handoff_failed",
     "no_worker_for_mode",
+    "message_too_large",
+    "nesting_too_deep",
+    "invalid_unicode",
 )
 TERMINAL_TYPES = ("generation.finished", "generation.error")
 

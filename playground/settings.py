@@ -59,6 +59,9 @@ PLAYGROUND_MAX_PROMPT_CHARS = env_int("PLAYGROUND_MAX_PROMPT_CHARS", 32_000)
 PLAYGROUND_MAX_PROMPT_TOKENS = env_int("PLAYGROUND_MAX_PROMPT_TOKENS", 8_192)
 PLAYGROUND_MAX_NEW_TOKENS = env_int("PLAYGROUND_MAX_NEW_TOKENS", 2_048)
 PLAYGROUND_MAX_CONCURRENT_PER_CLIENT = env_int("PLAYGROUND_MAX_CONCURRENT_PER_CLIENT", 2)
+# One WebSocket message; larger ones are refused (`message_too_large`) and the socket stays
+# open. Keep it below daphne's --websocket_max_message_size (1 MiB), which drops the connection.
+PLAYGROUND_MAX_MESSAGE_BYTES = env_int("PLAYGROUND_MAX_MESSAGE_BYTES", 512 * 1024)
 # KV reuse across turns and branches, per worker process (0 disables it).
 PLAYGROUND_PREFIX_CACHE_MB = env_int("PLAYGROUND_PREFIX_CACHE_MB", 256)
 

@@ -10,7 +10,6 @@ or the engine.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -21,7 +20,7 @@ from playground import dispatch, protocol
 from playground.coord import liveness
 from playground.models import Generation
 from playground.protocol import CommandError, get_field
-from playground.web import submit
+from playground.web import frames, submit
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +48,9 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         try:
-            content = json.loads(text_data if text_data is not None else bytes_data)
-        except (TypeError, ValueError) as exc:
-            await self.send_json(protocol.error("bad_json", f"not valid JSON: {exc}"))
-            return
-        if not isinstance(content, dict):
-            await self.send_json(protocol.error("bad_json", "each message must be a JSON object"))
+            content = frames.parse(text_data, bytes_data)
+        except frames.FrameError as exc:
+            await self.send_json(protocol.error(exc.code, exc.message, exc.request_id))
             return
         await self.receive_json(content)
 

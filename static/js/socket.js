@@ -3,6 +3,9 @@
 // `GenerationHandle` per command and never parse routing fields themselves.
 
 const RECONNECT_MAX_MS = 8000;
+// The server's PLAYGROUND_MAX_MESSAGE_BYTES default: a bigger message is refused here, with a
+// clear message, instead of being sent (past 1 MiB the server would drop the connection).
+const MAX_MESSAGE_BYTES = 512 * 1024;
 
 const HANDLER_BY_TYPE = {
   "generation.queued": "onQueued",
@@ -67,8 +70,16 @@ export class GenerationSocket {
   start(command, handlers) {
     const requestId = `r${this.nextRequest++}`;
     const handle = new GenerationHandle(this, requestId, handlers);
+    const message = { ...command, request_id: requestId };
+    const size = new TextEncoder().encode(JSON.stringify(message)).length;
+    if (size > MAX_MESSAGE_BYTES) {
+      handle.isDone = true;
+      const text = `This message is ${Math.ceil(size / 1024)} KiB; the limit is ${MAX_MESSAGE_BYTES / 1024} KiB. Nothing was sent.`;
+      queueMicrotask(() => handlers.onError?.({ code: "message_too_large", message: text, isRefused: true }));
+      return handle;
+    }
     this.byRequest.set(requestId, handle);
-    this.sendRaw({ ...command, request_id: requestId });
+    this.sendRaw(message);
     return handle;
   }
 

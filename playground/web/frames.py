@@ -1,0 +1,75 @@
+"""One incoming WebSocket frame -> one command object, or a refusal with a stable code.
+
+Owns: what a frame must be before any command logic sees it: at most
+`PLAYGROUND_MAX_MESSAGE_BYTES`, valid JSON, an object, nested at most `MAX_DEPTH` levels, and
+text that is valid Unicode (JSON may spell a lone surrogate, `"\\ud800"`, which no database
+or encoder accepts). Every refusal leaves the socket usable. Must not know: the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+
+from playground.protocol import CommandError
+
+MAX_DEPTH = 16  # the deepest real command is 3 levels (command -> overrides -> stop list)
+
+
+class FrameError(CommandError):
+    """A refused frame; `request_id` when the frame was readable enough to have one."""
+
+    def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
+        super().__init__(code, message)
+        self.request_id = request_id
+
+
+def parse(text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
+    """The command object of one frame; raises FrameError."""
+    raw: str | bytes = text_data if text_data is not None else (bytes_data or b"")
+    size = len(raw.encode("utf-8", "surrogatepass")) if isinstance(raw, str) else len(raw)
+    limit = settings.PLAYGROUND_MAX_MESSAGE_BYTES
+    if size > limit:
+        raise FrameError("message_too_large", f"the message has {size} bytes; the limit is {limit}")
+    try:
+        content = json.loads(raw)
+    except RecursionError:
+        raise FrameError("nesting_too_deep", f"the message nests deeper than {MAX_DEPTH} levels") from None
+    except (TypeError, ValueError) as exc:
+        raise FrameError("bad_json", f"not valid JSON: {exc}") from None
+    if not isinstance(content, dict):
+        raise FrameError("bad_json", "each message must be a JSON object")
+    request_id = content.get("request_id")
+    request_id = request_id if isinstance(request_id, str) and _is_unicode(request_id) else None
+    if _depth(content) > MAX_DEPTH:
+        raise FrameError("nesting_too_deep", f"the message nests deeper than {MAX_DEPTH} levels", request_id)
+    if not _is_unicode(json.dumps(content, ensure_ascii=False)):
+        raise FrameError(
+            "invalid_unicode", "the message holds a lone surrogate (e.g. \\ud800), which is not valid text", request_id
+        )
+    return content
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _depth(value: Any) -> int:
+    """Levels of objects and lists (iterative: the parser already bounded the recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            return depth
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
