@@ -9,6 +9,7 @@ to `beam`. Must not know: Django, Celery, Channels, sockets.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -16,7 +17,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from inference.batching import BatchStep, ContinuousBatcher
 from inference.config import EngineConfig
+from inference.core.sequence import Sequence as CoreSequence
 from inference.events import Alternative, Event, Finished, Prefilled, Step
 from inference.kv.cache import KVCache, LayerKV
 from inference.kv.prefix_cache import PrefixCache
@@ -52,6 +55,7 @@ class _Run:
     prefilled: Prefilled | None = None
     ttft_ms: float = 0.0
     decode_ms: float = 0.0
+    seq: CoreSequence | None = None  # batched requests: the scheduler's view (its KV is in the paged pool)
 
 
 class Engine:
@@ -68,6 +72,10 @@ class Engine:
         self.prefix_cache = PrefixCache(config.prefix_cache_bytes)
         self.token_table = token_table(self.tokenizer)
         self.template_tokens = TemplateTokens.from_tokenizer(self.tokenizer)
+        self.batcher = ContinuousBatcher(self, self.runner, config) if use_lean else None
+        self._request_ids = itertools.count()
+        self._alone: dict[int, Iterator[Event]] = {}  # requests that run alone, one event per step
+        self._cancelled: set[int] = set()
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Engine":
@@ -140,6 +148,52 @@ class Engine:
 
     def prefix_cache_stats(self) -> dict:
         return self.prefix_cache.stats()
+
+    # ---- many requests at once: add_request(), then step() until none is unfinished --------
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, handoff: Handoff | None = None) -> int:
+        """Queue a request; its events come out of `step()`. Bad input raises `ValueError` here.
+
+        Requests share each forward pass (continuous batching) on the lean runner's models; beam
+        search, the no-KV-cache mode, handoffs and other models run alone, advanced one event
+        per step between the batch's steps.
+        """
+        prompt_ids = self._check_prompt(prompt_ids)
+        request_id = next(self._request_ids)
+        if self.batcher is not None and handoff is None and self.batcher.accepts(params):
+            self.batcher.add(request_id, prompt_ids, params)
+        else:
+            self._alone[request_id] = self.generate(
+                prompt_ids, params, handoff=handoff, should_cancel=lambda: request_id in self._cancelled
+            )
+        return request_id
+
+    def cancel(self, request_id: int) -> None:
+        """The request ends with finish reason "cancelled" at its next step (unknown ids are ignored)."""
+        if not (self.batcher is not None and self.batcher.cancel(request_id)) and request_id in self._alone:
+            self._cancelled.add(request_id)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._alone) or (self.batcher is not None and self.batcher.has_unfinished)
+
+    @property
+    def last_batch_step(self) -> BatchStep | None:
+        return self.batcher.last_step if self.batcher is not None else None
+
+    def step(self) -> list[tuple[int, Event]]:
+        """One step for every unfinished request: (request_id, event) pairs in order."""
+        events: list[tuple[int, Event]] = []
+        for request_id, alone in list(self._alone.items()):
+            event = next(alone, None)
+            if event is not None:
+                events.append((request_id, event))
+            if event is None or isinstance(event, Finished):
+                del self._alone[request_id]
+                self._cancelled.discard(request_id)
+        if self.batcher is not None:
+            events += self.batcher.step()
+        return events
 
     # ---- generation ------------------------------------------------------------------
 
@@ -271,7 +325,7 @@ class Engine:
             num_cached_tokens=num_cached,
             num_prefilled_tokens=len(run.prompt_ids) - num_cached,
             prefill_ms=prefill_ms,
-            kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
+            kv_cache_bytes=self._kv_bytes(run),
         )
         return logits
 
@@ -313,7 +367,7 @@ class Engine:
             latency_ms=forward_ms + (time.perf_counter() - t0) * 1000,
             top_raw=self._alternatives(raw_logprobs, k),
             top_processed=self._alternatives(logprobs, k),
-            kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
+            kv_cache_bytes=self._kv_bytes(run),
         )
         if phase == "prefill":
             run.ttft_ms = (time.perf_counter() - run.started_at) * 1000
@@ -372,8 +426,14 @@ class Engine:
             ttft_ms=run.ttft_ms,
             decode_ms=run.decode_ms,
             decode_tok_s=num_decoded / (run.decode_ms / 1000) if run.decode_ms else 0.0,
-            kv_cache_bytes=run.cache.nbytes if run.cache is not None else 0,
+            kv_cache_bytes=self._kv_bytes(run),
+            queue_ms=prefilled.queue_ms,
         )
+
+    def _kv_bytes(self, run: _Run) -> int:
+        if run.cache is not None:
+            return run.cache.nbytes
+        return self.batcher.kv_bytes(run.seq) if run.seq is not None and self.batcher is not None else 0
 
     def _remember(self, run: _Run, layers: LayerKV) -> None:
         """Prompt and answer are the next turn's prompt: keep the KV the cache holds (all but the

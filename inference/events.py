@@ -33,6 +33,7 @@ class Prefilled:
     num_prefilled_tokens: int  # actually run through the model in this request
     prefill_ms: float
     kv_cache_bytes: int
+    queue_ms: float = 0.0  # arrival -> first scheduled (waiting for a place in the batch)
     type: str = "prefilled"
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,10 +107,11 @@ class Finished:
     num_cached_tokens: int
     num_generated_tokens: int
     prefill_ms: float
-    ttft_ms: float  # request start -> first token available
+    ttft_ms: float  # request start -> first token available (queue time included)
     decode_ms: float
     decode_tok_s: float
     kv_cache_bytes: int
+    queue_ms: float = 0.0
     sequences: tuple[Beam, ...] = ()  # beam search: the returned sequences, best first
     error: str | None = None
     type: str = "finished"

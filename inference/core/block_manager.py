@@ -1,0 +1,155 @@
+"""KV blocks: which fixed-size blocks of the KV pool hold which sequence's tokens, and which
+full blocks can be shared because an earlier request computed the same prefix.
+
+Owns: the free list (least recently freed first out, so a freed conversation's blocks stay
+reusable as long as possible), reference counts (a block shared by several sequences is
+freed when the last one lets go), and a hash per full block chained from its parent's, so
+equal hashes mean equal prefixes (the prefix cache). A block is hashed only once its KV is
+computed, so nobody can reuse a block that is still being prefilled.
+Must not know: tensors (the pool is the model runner's), sampling, Django.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from inference.core.sequence import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None  # set once the block is full and its KV computed
+    token_ids: tuple[int, ...] = ()  # the tokens it holds, to rule out hash collisions
+
+
+def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    """Hash of a full block given its parent's: equal only for equal prefixes (up to collisions,
+    which `Block.token_ids` rules out). Python hashes int tuples the same in every process."""
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be >= 1")
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU order
+        self.hash_to_block: dict[int, int] = {}
+        self.num_hashed: dict[int, int] = {}  # seq_id -> how many of its leading blocks are hashed
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
+
+    # ---- sizes ---------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def stats(self) -> dict[str, int | float]:
+        return {
+            "num_blocks": self.num_blocks,
+            "block_size": self.block_size,
+            "num_used_blocks": self.num_used_blocks,
+            "num_free_blocks": self.num_free_blocks,
+            "num_shared_blocks": sum(1 for b in self.blocks if b.ref_count > 1),
+            "num_cached_free_blocks": sum(1 for i in self.free if self.blocks[i].hash is not None),
+            "num_queried_tokens": self.num_queried_tokens,
+            "num_hit_tokens": self.num_hit_tokens,
+            "hit_rate": self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0,
+        }
+
+    # ---- admission -----------------------------------------------------------------------
+
+    def _prefix_hits(self, seq: Sequence) -> list[int]:
+        """Cached blocks equal to the sequence's leading full blocks, never covering its last
+        token: that one must be computed, its logits give the next token."""
+        hits, parent = [], None
+        for start in range(0, seq.num_tokens - 1 - self.block_size + 1, self.block_size):
+            tokens = tuple(seq.token_ids[start : start + self.block_size])
+            h = chain_hash(parent, tokens)
+            block_id = self.hash_to_block.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+            parent = h
+        return hits
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        hits = self._prefix_hits(seq) if seq.params.use_prefix_cache else []
+        num_hits_in_use = sum(1 for i in hits if self.blocks[i].ref_count > 0)
+        return seq.num_blocks_needed(self.block_size) - num_hits_in_use <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence) -> None:
+        """Blocks for all of the sequence's tokens; a cached prefix is shared, not recomputed."""
+        assert not seq.block_table, f"sequence {seq.seq_id} already holds blocks"
+        hits = self._prefix_hits(seq) if seq.params.use_prefix_cache else []
+        for block_id in hits:
+            if self.blocks[block_id].ref_count == 0:
+                del self.free[block_id]
+            self.blocks[block_id].ref_count += 1
+        seq.block_table = list(hits)
+        self._grow(seq, seq.num_blocks_needed(self.block_size))
+        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
+        self.num_hashed[seq.seq_id] = len(hits)
+        self.num_queried_tokens += seq.num_tokens
+        self.num_hit_tokens += seq.num_cached_tokens
+
+    # ---- growth --------------------------------------------------------------------------
+
+    def can_append(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether blocks for the first `num_tokens` tokens fit (growing by what is missing)."""
+        return seq.num_blocks_needed(self.block_size, num_tokens) - len(seq.block_table) <= self.num_free_blocks
+
+    def append_slots(self, seq: Sequence, num_tokens: int) -> None:
+        self._grow(seq, seq.num_blocks_needed(self.block_size, num_tokens))
+
+    def _grow(self, seq: Sequence, num_blocks: int) -> None:
+        while len(seq.block_table) < num_blocks:
+            block_id, _ = self.free.popitem(last=False)  # least recently freed: evict its old prefix
+            block = self.blocks[block_id]
+            if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
+                del self.hash_to_block[block.hash]
+            block.hash, block.token_ids, block.ref_count = None, (), 1
+            seq.block_table.append(block_id)
+
+    def mark_computed(self, seq: Sequence) -> None:
+        """After a step: hash the blocks that are now full and computed, so later requests may share them."""
+        if not seq.params.use_prefix_cache:
+            return
+        done = self.num_hashed.get(seq.seq_id, 0)
+        parent = self.blocks[seq.block_table[done - 1]].hash if done else None
+        while (done + 1) * self.block_size <= seq.num_computed_tokens:
+            block = self.blocks[seq.block_table[done]]
+            tokens = tuple(seq.token_ids[done * self.block_size : (done + 1) * self.block_size])
+            h = chain_hash(parent, tokens)
+            if block.hash is None and h not in self.hash_to_block:
+                block.hash, block.token_ids = h, tokens
+                self.hash_to_block[h] = block.block_id
+            parent, done = h, done + 1
+        self.num_hashed[seq.seq_id] = done
+
+    # ---- release -------------------------------------------------------------------------
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Lets go of the sequence's blocks; a block nobody holds goes to the free list, keeping
+        its hash (a later request with the same prefix takes it back) until it is reused."""
+        for block_id in reversed(seq.block_table):  # the tail is evicted before the shared head
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        self.num_hashed.pop(seq.seq_id, None)

@@ -1,0 +1,143 @@
+"""What runs in the next step: continuous batching under a token budget (vLLM v1's shape).
+
+Each step the scheduler picks, within `max_num_batched_tokens` tokens and `max_num_seqs`
+sequences: first the running sequences' decodes (one token each, so time between tokens
+stays short), then the next prefill chunks of running sequences, then new sequences from the
+waiting queue in arrival order. A long prompt is split across steps (chunked prefill) and
+shares each step with the decodes. When a running sequence needs a KV block and none is
+free, the newest running sequence is preempted: its blocks are freed and it goes back to the
+front of the queue, to recompute its tokens later (its full blocks may still be in the
+prefix cache then). Must not know: tensors, models, sampling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from inference.core.block_manager import BlockManager
+from inference.core.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """`seq.token_ids[start:start + num_tokens]` go through the model in this step.
+    `is_last`: the chunk reaches the sequence's last token, so its logits give the next token."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    is_last: bool
+    kind: str  # "prefill" (the prompt, or a preempted sequence's recompute) or "decode"
+
+    @classmethod
+    def next_of(cls, seq: Sequence, num_tokens: int) -> Chunk:
+        start = seq.num_computed_tokens
+        is_decode = num_tokens == 1 and start >= seq.num_prompt_tokens
+        return cls(seq, start, num_tokens, start + num_tokens == seq.num_tokens, "decode" if is_decode else "prefill")
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[Chunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs} must be >= 1")
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= 1")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence. One whose tokens could never fit the whole KV pool is refused."""
+        if seq.num_blocks_needed(self.block_manager.block_size) > self.block_manager.num_blocks:
+            raise ValueError(
+                f"{seq.num_tokens} tokens need more KV blocks than the pool has "
+                f"({self.block_manager.num_blocks} x {self.block_manager.block_size} tokens)"
+            )
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        # Decodes first, then prefill chunks; each group oldest first.
+        for seq in sorted(self.running, key=lambda s: s.is_prefilling):
+            budget = self.max_num_batched_tokens - out.num_batched_tokens  # a preempted chunk gives its share back
+            if budget == 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:
+                continue  # preempted by an older sequence earlier in this loop
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if self._make_room(seq, seq.num_computed_tokens + num_tokens, out):
+                out.chunks.append(Chunk.next_of(seq, num_tokens))
+        budget = self.max_num_batched_tokens - out.num_batched_tokens
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            seq.first_scheduled_at = seq.first_scheduled_at or time.perf_counter()
+            self.running.append(seq)
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            out.chunks.append(Chunk.next_of(seq, num_tokens))
+            budget -= num_tokens
+        return out
+
+    def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Blocks for `seq`'s first `num_tokens` tokens, preempting the newest running sequences
+        as needed; False when `seq` itself had to go."""
+        while not self.block_manager.can_append(seq, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            out.preempted.append(victim)
+            out.chunks = [c for c in out.chunks if c.seq is not victim]
+            if victim is seq:
+                return False
+        self.block_manager.append_slots(seq, num_tokens)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def update(self, out: SchedulerOutput) -> None:
+        """After the forward pass: the chunks' KV is in the cache now."""
+        for chunk in out.chunks:
+            chunk.seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            self.block_manager.mark_computed(chunk.seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """The sequence ended (any reason, including cancel): free its blocks, forget it."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.block_manager.deallocate(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED

@@ -1,0 +1,76 @@
+"""One request's state as the scheduler and block manager see it: token ids, how many of them
+have KV in the cache, which KV blocks hold them, and where it is in its life.
+
+Owns: counts and status only (no tensors, no text). The engine keeps the rest of a request
+(sampler, detokenizer, stop strings) beside it. Must not know: torch, models, Django.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from inference.sampling_params import SamplingParams
+
+_next_id = itertools.count()
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to recompute
+    RUNNING = "running"  # holds KV blocks; prefilling in chunks or decoding
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """`token_ids` = prompt + generated. The KV of `token_ids[:num_computed_tokens]` is in
+    the cache; the next forward pass computes from there. While running, the last token never
+    has KV yet: it is the input of the next step."""
+
+    token_ids: list[int]
+    params: SamplingParams
+    num_prompt_tokens: int = 0
+    seq_id: int = field(default_factory=lambda: next(_next_id))
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt, reused from the prefix cache at admission
+    block_table: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    arrived_at: float = field(default_factory=time.perf_counter)
+    first_scheduled_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError("a sequence needs at least one token")
+        self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than one token lacks KV: the prompt (or a preempted request's recompute)."""
+        return self.num_uncomputed_tokens > 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def num_blocks_needed(self, block_size: int, num_tokens: int | None = None) -> int:
+        """Blocks that hold the KV of the first `num_tokens` tokens (default: all of them)."""
+        n = self.num_tokens if num_tokens is None else num_tokens
+        return -(-n // block_size)
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)

@@ -1,0 +1,137 @@
+"""One forward pass for a whole continuous-batching step of a Llama-family model.
+
+Owns: turning a step's chunks (prefill chunks and decodes of many sequences) into one pass:
+the projections and the MLP run over all new tokens at once (so each weight is read once per
+step, whoever shares it), attention reads each sequence's keys and values from the paged
+pool (decodes padded together with a mask, prefill chunks one by one), and logits are
+computed only at the positions that sample. The weights, rotary tables and math are the lean
+runner's (`llama.LlamaRunner`), so a sequence alone gets the same numbers.
+Must not know: sampling, requests, the scheduler's policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (torch's own convention)
+
+from inference.core.scheduler import Chunk
+from inference.kv.paged import PagedKVPool
+from inference.models.llama import LlamaRunner, _linear
+
+
+@dataclass
+class _Prefill:
+    row: int  # first row of the chunk in the step's token rows
+    num_tokens: int
+    start: int  # position of its first token in the sequence
+    context_slots: torch.Tensor  # (start + num_tokens,) slots of every position it attends to
+
+
+@dataclass
+class StepInput:
+    input_ids: torch.Tensor  # (T,) every new token of the step
+    positions: torch.Tensor  # (T,)
+    slots: torch.Tensor  # (T,) where each new token's KV goes
+    decode_rows: torch.Tensor  # (B,) rows of single-token chunks
+    decode_slots: torch.Tensor  # (B, max_context) their context's slots, padded
+    decode_mask: torch.Tensor | None  # (B, 1, 1, max_context); None when no padding
+    prefills: list[_Prefill]
+    logit_rows: torch.Tensor  # (S,) rows whose logits are needed, in chunk order
+
+
+class BatchedLlamaRunner:
+    name = "lean-llama-batched"
+
+    def __init__(self, lean: LlamaRunner, pool: PagedKVPool) -> None:
+        self.lean, self.pool = lean, pool
+        self.device = lean.device
+
+    def prepare(self, chunks: list[Chunk]) -> StepInput:
+        """Host-side bookkeeping of a step, moved to the device once."""
+        ids, positions, slots, prefills, logit_rows = [], [], [], [], []
+        decode_rows, decode_slots = [], []
+        row = 0
+        for chunk in chunks:
+            seq, end = chunk.seq, chunk.start + chunk.num_tokens
+            ids += seq.token_ids[chunk.start : end]
+            positions += range(chunk.start, end)
+            context = self.pool.slots(seq.block_table, 0, end)  # (end,)
+            slots.append(context[chunk.start :])
+            if chunk.num_tokens == 1:
+                decode_rows.append(row)
+                decode_slots.append(context)
+            else:
+                prefills.append(_Prefill(row, chunk.num_tokens, chunk.start, context))
+            if chunk.is_last:
+                logit_rows.append(row + chunk.num_tokens - 1)
+            row += chunk.num_tokens
+        to = self.device
+        padded = torch.nn.utils.rnn.pad_sequence(decode_slots, batch_first=True) if decode_slots else None
+        lengths = [len(s) for s in decode_slots]
+        mask = None
+        if decode_slots and min(lengths) != max(lengths):
+            mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None])[:, None, None].to(to)
+        return StepInput(
+            input_ids=torch.tensor(ids, device=to),
+            positions=torch.tensor(positions, device=to),
+            slots=torch.cat(slots).to(to),
+            decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=to),
+            decode_slots=padded.to(to) if padded is not None else None,
+            decode_mask=mask,
+            prefills=[_Prefill(p.row, p.num_tokens, p.start, p.context_slots.to(to)) for p in prefills],
+            logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=to),
+        )
+
+    @torch.inference_mode()
+    def forward(self, step: StepInput) -> torch.Tensor:
+        """float32 logits (S, vocab) at `step.logit_rows`; writes every new token's KV to the pool."""
+        lean = self.lean
+        h = F.embedding(step.input_ids, lean.embed)  # (T, hidden)
+        cos, sin = lean.cos[step.positions][:, None], lean.sin[step.positions][:, None]  # (T, 1, D)
+        for i, layer in enumerate(lean.layers):
+            x = lean._rms_norm(h, layer.input_norm)
+            h = h + _linear(self._attention(i, layer, x, cos, sin, step), layer.o_weight)
+            x = lean._rms_norm(h, layer.post_norm)
+            gate, up = _linear(x, layer.gate_up_weight).split(lean.intermediate_size, dim=-1)
+            h = h + _linear(F.silu(gate) * up, layer.down_weight)
+        last = lean._rms_norm(h[step.logit_rows], lean.final_norm)  # (S, hidden)
+        return _linear(last, lean.lm_head).float()  # (S, vocab)
+
+    def _attention(
+        self, i: int, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: StepInput
+    ) -> torch.Tensor:
+        lean, num_rows = self.lean, x.shape[0]
+        q, k, v = _linear(x, layer.qkv_weight, layer.qkv_bias).split([lean.q_size, lean.kv_size, lean.kv_size], -1)
+        q = lean._rotate(q.view(num_rows, lean.num_heads, lean.head_dim), cos, sin)  # (T, H, D)
+        k = lean._rotate(k.view(num_rows, lean.num_kv_heads, lean.head_dim), cos, sin)  # (T, KVH, D)
+        self.pool.write(i, step.slots, k, v.view(num_rows, lean.num_kv_heads, lean.head_dim))
+        out = torch.empty(num_rows, lean.num_heads, lean.head_dim, dtype=x.dtype, device=x.device)
+        is_gqa = lean.num_heads != lean.num_kv_heads
+        if step.decode_slots is not None:
+            keys, values = self.pool.gather(i, step.decode_slots)  # (B, L, KVH, D)
+            attended = F.scaled_dot_product_attention(
+                q[step.decode_rows][:, :, None],
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
+                attn_mask=step.decode_mask,
+                enable_gqa=is_gqa,
+            )  # (B, H, 1, D)
+            out[step.decode_rows] = attended[:, :, 0]
+        for p in step.prefills:
+            keys, values = self.pool.gather(i, p.context_slots)  # (L, KVH, D)
+            mask = None
+            if p.start:  # queries see the cached prefix plus their own causal part
+                key_pos = torch.arange(p.start + p.num_tokens, device=x.device)
+                mask = key_pos[None] <= torch.arange(p.start, p.start + p.num_tokens, device=x.device)[:, None]
+            attended = F.scaled_dot_product_attention(
+                q[p.row : p.row + p.num_tokens].transpose(0, 1)[None],
+                keys.transpose(0, 1)[None],
+                values.transpose(0, 1)[None],
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=is_gqa,
+            )
+            out[p.row : p.row + p.num_tokens] = attended[0].transpose(0, 1)
+        return out.view(num_rows, lean.q_size)

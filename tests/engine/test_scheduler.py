@@ -1,0 +1,185 @@
+"""inference.core: the scheduler and block manager as plain bookkeeping, no device.
+
+A tiny driver plays the model runner: each step it marks the scheduled chunks computed and
+appends one token to every sequence whose chunk reached its last token."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.core.block_manager import BlockManager
+from inference.core.scheduler import Scheduler, SchedulerOutput
+from inference.core.sequence import Sequence, SequenceStatus
+from inference.sampling_params import SamplingParams
+
+PARAMS = SamplingParams(greedy=True)
+
+
+def seq(num_tokens: int, first: int = 0, **params) -> Sequence:
+    return Sequence(list(range(first, first + num_tokens)), SamplingParams(greedy=True, **params))
+
+
+def step(scheduler: Scheduler, next_token: int = 7) -> SchedulerOutput:
+    out = scheduler.schedule()
+    scheduler.update(out)
+    for chunk in out.chunks:
+        if chunk.is_last:
+            chunk.seq.append_token(next_token)
+    return out
+
+
+def test_prompt_is_chunked_under_the_token_budget_and_decodes_go_first() -> None:
+    bm = BlockManager(num_blocks=64, block_size=4)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=10)
+    short, long = seq(3), seq(25, first=100)
+    s.add(short)
+    s.add(long)
+    out = step(s)
+    assert [(c.seq, c.start, c.num_tokens) for c in out.chunks] == [(short, 0, 3), (long, 0, 7)]
+    out = step(s)  # short decodes (1 token) before long's next chunk (9 tokens)
+    assert [(c.seq, c.kind, c.num_tokens) for c in out.chunks] == [(short, "decode", 1), (long, "prefill", 9)]
+    assert not out.chunks[1].is_last
+    out = step(s)
+    assert [(c.seq, c.num_tokens, c.is_last) for c in out.chunks] == [(short, 1, True), (long, 9, True)]
+    assert long.num_tokens == 26 and long.num_computed_tokens == 25
+
+
+def test_sequence_limit_keeps_the_rest_waiting_in_arrival_order() -> None:
+    s = Scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100)
+    seqs = [seq(5, first=10 * i) for i in range(4)]
+    for x in seqs:
+        s.add(x)
+    out = step(s)
+    assert [c.seq for c in out.chunks] == seqs[:2]
+    assert list(s.waiting) == seqs[2:]
+    s.finish(seqs[0])
+    out = step(s)
+    assert [c.seq for c in out.chunks] == [seqs[1], seqs[2]]
+
+
+def test_finishing_frees_blocks_and_a_later_request_shares_the_prefix() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=100)
+    first = seq(10)
+    s.add(first)
+    step(s)
+    assert bm.num_used_blocks == 3
+    s.finish(first)
+    assert bm.num_used_blocks == 0 and bm.stats()["num_cached_free_blocks"] == 2  # two full blocks hashed
+    again = seq(10)
+    s.add(again)
+    out = step(s)
+    assert again.num_cached_tokens == 8 and out.chunks[0].start == 8 and out.chunks[0].num_tokens == 2
+
+
+def test_concurrent_requests_share_blocks_by_reference_count() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=100)
+    a = seq(9)
+    s.add(a)
+    step(s)
+    b = seq(9)
+    s.add(b)
+    step(s)
+    assert b.block_table[:2] == a.block_table[:2]
+    assert bm.stats()["num_shared_blocks"] == 2
+    s.finish(a)
+    assert all(bm.blocks[i].ref_count == 1 for i in b.block_table[:2])  # still held by b
+    s.finish(b)
+    assert bm.num_used_blocks == 0
+
+
+def test_the_last_prompt_token_is_never_taken_from_the_cache() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=100)
+    first = seq(8)
+    s.add(first)
+    step(s)
+    s.finish(first)
+    again = seq(8)  # both blocks are cached, but the last token's logits are needed
+    s.add(again)
+    out = step(s)
+    assert again.num_cached_tokens == 4 and out.chunks[0].num_tokens == 4
+
+
+def test_a_block_being_prefilled_is_not_shared_before_it_is_computed() -> None:
+    bm = BlockManager(num_blocks=32, block_size=4)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=6)
+    a = seq(20)
+    s.add(a)
+    step(s)  # a holds 5 blocks, but only tokens 0..5 are computed: block 0 alone is full and computed
+    b = seq(20)
+    bm.allocate(b)
+    assert b.num_cached_tokens == 4 and b.block_table[0] == a.block_table[0]
+
+
+def test_no_prefix_cache_means_no_sharing() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=100)
+    a = seq(9, use_prefix_cache=False)
+    s.add(a)
+    step(s)
+    s.finish(a)
+    b = seq(9, use_prefix_cache=False)
+    s.add(b)
+    step(s)
+    assert b.num_cached_tokens == 0
+
+
+def test_out_of_blocks_preempts_the_newest_which_recomputes_later() -> None:
+    bm = BlockManager(num_blocks=4, block_size=4)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=100)
+    old, new = seq(7, use_prefix_cache=False), seq(7, first=50, use_prefix_cache=False)
+    s.add(old)
+    s.add(new)
+    step(s)
+    step(s)
+    assert bm.num_free_blocks == 0
+    step(s)  # old: token 9 needs a third block: new is preempted
+    assert new.status == SequenceStatus.WAITING and new.num_preemptions == 1 and new.num_computed_tokens == 0
+    assert s.waiting[0] is new and s.num_preemptions == 1
+    assert old.num_computed_tokens == 9
+    s.finish(old)
+    out = step(s)  # new comes back and recomputes prompt + its generated tokens
+    assert [(c.seq, c.start, c.num_tokens, c.kind) for c in out.chunks] == [(new, 0, 9, "prefill")]
+
+
+def test_a_sequence_that_can_never_fit_is_refused() -> None:
+    s = Scheduler(BlockManager(num_blocks=2, block_size=4), max_num_seqs=4, max_num_batched_tokens=100)
+    with pytest.raises(ValueError, match="more KV blocks than the pool has"):
+        s.add(seq(9))
+
+
+def test_cancel_of_a_waiting_sequence_frees_nothing_and_forgets_it() -> None:
+    s = Scheduler(BlockManager(8, 4), max_num_seqs=1, max_num_batched_tokens=100)
+    a, b = seq(3), seq(3)
+    s.add(a)
+    s.add(b)
+    step(s)
+    s.finish(b)
+    assert b.is_finished and not s.waiting and s.running == [a]
+
+
+def test_lru_evicts_the_least_recently_freed_prefix_first() -> None:
+    bm = BlockManager(num_blocks=4, block_size=2)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=100)
+    x, y = seq(3, first=0), seq(3, first=10)
+    for one in (x, y):
+        s.add(one)
+        step(s)
+        s.finish(one)
+    z = seq(5, first=20)  # needs 3 blocks: takes the 2 never-hashed ones and x's old block
+    s.add(z)
+    step(s)
+    s.finish(z)
+    w = seq(3, first=10)  # y's prefix survived
+    s.add(w)
+    step(s)
+    assert w.num_cached_tokens == 2
+
+
+@pytest.mark.parametrize("bad", [dict(max_num_seqs=0), dict(max_num_batched_tokens=0)])
+def test_invalid_limits_name_the_value(bad: dict) -> None:
+    args = {"max_num_seqs": 1, "max_num_batched_tokens": 1, **bad}
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        Scheduler(BlockManager(4, 4), **args)
