@@ -10,11 +10,22 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import transaction
 from django.http import HttpRequest
 from django.utils.html import format_html
 
 from inference.text.chat_template import ChatTemplateError, validate_template
-from playground.models import ApiKey, ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
+from playground.models import (
+    ApiKey,
+    ChatTemplate,
+    Conversation,
+    Generation,
+    LanguageModel,
+    LoadReportStatus,
+    Message,
+    SamplingPreset,
+    resolve_source,
+)
 
 
 def _pre(value: Any) -> str:
@@ -33,11 +44,59 @@ class LanguageModelAdmin(admin.ModelAdmin):
         "default_chat_template",
         "is_enabled",
         "is_default",
+        "test_load_status",
         "updated_at",
     )
-    list_filter = ("is_enabled", "is_default", "dtype", "device", "trust_remote_code")
+    list_filter = ("is_enabled", "is_default", "dtype", "device", "trust_remote_code", "test_load_status")
     list_editable = ("is_enabled",)
     search_fields = ("name", "source")
+    actions = ("test_load",)
+    readonly_fields = ("resolved_source", "stop_ids", "test_load_status", "test_load_at", "test_load_report")
+    fieldsets = (
+        (None, {"fields": ("name", "source", "resolved_source", "is_enabled", "is_default")}),
+        ("Engine", {"fields": ("dtype", "device", "max_context", "trust_remote_code", "default_chat_template")}),
+        ("Stopping", {"fields": ("stop_ids", "eos_token_ids")}),
+        ("Test load", {"fields": ("test_load_status", "test_load_at", "test_load_report")}),
+    )
+
+    @admin.action(description="Test load on a worker (load time, memory, a one-line answer)")
+    def test_load(self, request: HttpRequest, queryset: Any) -> None:
+        from playground import tasks
+        from playground.coord.worker_routing import SHARED_QUEUE
+
+        ids = list(queryset.values_list("pk", flat=True))
+        queryset.update(test_load_status=LoadReportStatus.QUEUED, test_load_error="", test_load_result={})
+        for model_id in ids:
+            # on commit: the worker must see the "queued" row it replaces
+            transaction.on_commit(lambda pk=model_id: tasks.run_test_load.apply_async((pk,), queue=SHARED_QUEUE))
+        self.message_user(
+            request,
+            f"Test load queued for {len(ids)} model(s) on queue {SHARED_QUEUE!r}; reload the model's page "
+            "to follow it (a busy worker takes it after its current generation).",
+            messages.INFO,
+        )
+
+    @admin.display(description="resolved source (what the workers load)")
+    def resolved_source(self, model: LanguageModel) -> str:
+        return resolve_source(model.source) if model.source else "-"
+
+    @admin.display(description="stop ids (from the last test load)")
+    def stop_ids(self, model: LanguageModel) -> str:
+        result = model.test_load_result or {}
+        ids, pieces = result.get("eos_token_ids"), result.get("eos_tokens") or []
+        if not ids:
+            return "Unknown until a test load succeeds."
+        listed = ", ".join(f"{i} {piece!r}" for i, piece in zip(ids, pieces, strict=False))
+        where = (
+            "the override below" if model.eos_token_ids else "generation config, tokenizer EOS, template end of turn"
+        )
+        return f"{listed} ({where})"
+
+    @admin.display(description="report")
+    def test_load_report(self, model: LanguageModel) -> str:
+        if model.test_load_status == LoadReportStatus.ERROR:
+            return format_html("<strong>Failed:</strong> {}{}", model.test_load_error, _pre(model.test_load_result))
+        return _pre(model.test_load_result) if model.test_load_result else "No test load yet: use the action."
 
 
 @admin.register(SamplingPreset)

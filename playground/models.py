@@ -11,13 +11,14 @@ import hashlib
 import re
 import secrets
 from dataclasses import fields as dataclass_fields
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
-from inference.config import VALID_DTYPES, EngineConfig
+from inference.config import BUNDLED_MODEL, VALID_DTYPES, EngineConfig
 from inference.sampling_params import SamplingParams
 from playground import protocol
 
@@ -78,12 +79,34 @@ class ChatTemplate(models.Model):
             raise ValidationError({"source": str(exc)}) from exc
 
 
+class LoadReportStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    OK = "ok"
+    ERROR = "error"
+
+
+def resolve_source(source: str) -> str:
+    """`source` as the workers get it: relative paths are resolved against PLAYGROUND_DATA_DIR
+    (never the current folder, which differs between processes); "bundled", absolute paths and
+    hub ids ("name" or "org/name") are kept. A relative "org/name" that exists under the data
+    dir is a path."""
+    if source == BUNDLED_MODEL or not source:
+        return source
+    path = Path(source).expanduser()
+    if path.is_absolute():
+        return str(path)
+    under_data = Path(settings.PLAYGROUND_DATA_DIR) / path
+    is_path = source.lower().endswith(".gguf") or source.startswith(".") or source.count("/") > 1
+    return str(under_data.resolve()) if is_path or under_data.exists() else source
+
+
 class LanguageModel(DefaultFlagModel):
     name = models.CharField(max_length=100, unique=True)
     source = models.CharField(
         max_length=500,
         help_text="A Hugging Face model folder, a hub id already in the local cache, a .gguf file, "
-        'or "bundled" (SmolLM2-135M-Instruct).',
+        'or "bundled" (SmolLM2-135M-Instruct). Relative paths are resolved against PLAYGROUND_DATA_DIR.',
     )
     dtype = models.CharField(
         max_length=16,
@@ -104,6 +127,16 @@ class LanguageModel(DefaultFlagModel):
     trust_remote_code = models.BooleanField(
         default=False, help_text="Runs Python code shipped with the model. Only for sources you trust."
     )
+    eos_token_ids = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Stop token ids, e.g. [2, 7], replacing the model's own (its generation config, tokenizer EOS "
+        "and the chat template's end-of-turn token; a test load shows them). Empty: the model's own.",
+    )
+    test_load_status = models.CharField(max_length=16, blank=True, choices=LoadReportStatus.choices)
+    test_load_result = models.JSONField(default=dict, blank=True)
+    test_load_error = models.TextField(blank=True)
+    test_load_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -121,20 +154,38 @@ class LanguageModel(DefaultFlagModel):
 
     def to_engine_config(self) -> EngineConfig:
         return EngineConfig(
-            source=self.source,
+            source=resolve_source(self.source),
             dtype=settings.PLAYGROUND_DTYPE if self.dtype == "auto" else self.dtype,
             device=settings.PLAYGROUND_DEVICE if self.device == "auto" else self.device,
             max_context=self.max_context,
             trust_remote_code=self.trust_remote_code,
             data_dir=str(settings.PLAYGROUND_DATA_DIR),
             prefix_cache_bytes=settings.PLAYGROUND_PREFIX_CACHE_MB * 2**20,
+            eos_token_ids=tuple(self.eos_token_ids) if isinstance(self.eos_token_ids, list) else None,
         )
 
     def clean(self) -> None:
+        if self.eos_token_ids == []:
+            self.eos_token_ids = None
+        if self.eos_token_ids is not None and not isinstance(self.eos_token_ids, list):
+            raise ValidationError({"eos_token_ids": f"{self.eos_token_ids!r} must be a list of token ids, e.g. [2]"})
         try:
-            self.to_engine_config()
+            config = self.to_engine_config()
         except ValueError as exc:
-            raise validation_error(exc, ("source", "dtype", "device", "max_context")) from exc
+            raise validation_error(exc, ("source", "dtype", "device", "max_context", "eos_token_ids")) from exc
+        self._check_source(config.source)
+
+    def _check_source(self, source: str) -> None:
+        """What the web host can check: the file or folder exists and looks like a model (the
+        workers must see the same paths). Hub ids are checked by a test load."""
+        from inference.sources import SourceError, check_local_source
+
+        if source == BUNDLED_MODEL or not Path(source).is_absolute():
+            return
+        try:
+            check_local_source(Path(source), trust_remote_code=self.trust_remote_code)
+        except SourceError as exc:
+            raise ValidationError({"source": f"{exc} (checked on the web host)"}) from exc
 
 
 class SamplingPreset(DefaultFlagModel):

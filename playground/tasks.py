@@ -53,3 +53,11 @@ def _announce_worker(sender: str, instance: Any = None, **kwargs: Any) -> None:
     liveness.start_worker_heartbeat(sender)
     if instance is not None:
         liveness.start_queue_heartbeat(sender, list(instance.app.amqp.queues.consume_from))
+
+
+@shared_task(bind=True, name="playground.tasks.run_test_load")
+def run_test_load(self: Any, model_id: int) -> None:
+    """The admin's "test load": loads the model on a worker and stores the report on its record."""
+    from playground.worker import test_load
+
+    test_load.run_test_load(model_id, worker=_worker_name(self))
