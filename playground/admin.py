@@ -30,11 +30,18 @@ from playground.models import (
 
 def _pre(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
-    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
+    return format_html('<pre class="pg-pre">{}</pre>', text)
+
+
+class _PlaygroundAdmin(admin.ModelAdmin):
+    """Loads the admin additions' stylesheet (`_pre`'s class)."""
+
+    class Media:
+        css = {"all": ("css/admin.css",)}
 
 
 @admin.register(LanguageModel)
-class LanguageModelAdmin(admin.ModelAdmin):
+class LanguageModelAdmin(_PlaygroundAdmin):
     list_display = (
         "name",
         "source",
@@ -126,7 +133,7 @@ class SamplingPresetAdmin(admin.ModelAdmin):
 
 
 @admin.register(ChatTemplate)
-class ChatTemplateAdmin(admin.ModelAdmin):
+class ChatTemplateAdmin(_PlaygroundAdmin):
     list_display = ("name", "description", "updated_at")
     search_fields = ("name", "description", "source")
     readonly_fields = ("preview",)
@@ -167,7 +174,7 @@ class MessageAdmin(admin.ModelAdmin):
 
 
 @admin.register(Generation)
-class GenerationAdmin(admin.ModelAdmin):
+class GenerationAdmin(_PlaygroundAdmin):
     """Inspect-only: generations are written by the worker."""
 
     list_display = (

@@ -112,6 +112,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "playground.web.middleware.ContentSecurityPolicyMiddleware",
+    "playground.web.middleware.ApiNotFoundMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "playground.web.middleware.EnsureSessionMiddleware",
@@ -203,6 +205,14 @@ WHITENOISE_USE_FINDERS = DEBUG
 WHITENOISE_AUTOREFRESH = DEBUG
 
 CSRF_FAILURE_VIEW = "playground.web.api.csrf_failure"
+# Every response (see playground/web/middleware.py): nothing inline, nothing from elsewhere;
+# images from this origin or data: URLs only (model output never loads one: markdown.js).
+PLAYGROUND_CSP = os.environ.get(
+    "PLAYGROUND_CSP",
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+    "connect-src 'self' {ws_origin}; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'",
+)
 SESSION_COOKIE_AGE = 60 * 60 * 24 * 365  # conversations belong to the session: keep it a year
 
 LOGGING = {

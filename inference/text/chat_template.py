@@ -11,8 +11,12 @@ special-token strings), Django.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import re
+import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,6 +41,11 @@ _SAMPLE_CONVERSATION = (
     {"role": "user", "content": "What is 2 + 2?"},
 )
 _PLACEHOLDER_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+# A template is user code run in the web process (admin validation) and the worker: one render
+# may take at most this long and produce at most this many characters (a real prompt renders
+# in milliseconds and is bounded by the token limit long before this).
+MAX_RENDER_SECONDS = 2.0
+MAX_RENDER_CHARS = 2_000_000
 
 
 class ChatTemplateError(ValueError):
@@ -177,14 +186,118 @@ class _TemplateRaised(jinja2.TemplateError):
     """`raise_exception(...)` called by the template itself."""
 
 
+class _TemplateTooBig(jinja2.TemplateError):
+    """The template exceeded a resource limit (time, output size, one value's size)."""
+
+
 class _StrictSandbox(ImmutableSandboxedEnvironment):
     """The transformers sandbox, except that touching an unsafe attribute fails at once
-    (the stock sandbox renders `{{ ''.__class__ }}` as an empty string)."""
+    (the stock sandbox renders `{{ ''.__class__ }}` as an empty string), and no single
+    operation may build a value larger than MAX_RENDER_CHARS (`'x' * 10**9`, `'x'.center(10**9)`,
+    `10 ** 10**9`): these run in C, where the time limit cannot interrupt them."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise jinja2.exceptions.SecurityError(
             f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
         )
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _check_binop(operator, left, right)
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's signature)
+        _check_sizes(args, kwargs.values())
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """`'...'.format` / `format_map` (the sandbox wraps them; checked as they are looked up)."""
+        spec = getattr(value, "__self__", None)
+        if isinstance(spec, str):
+            _check_format(spec)
+        return super().wrap_str_format(value)
+
+
+def _too_big(what: str) -> _TemplateTooBig:
+    return _TemplateTooBig(f"{what} exceeds the limit of {MAX_RENDER_CHARS:,} characters")
+
+
+def _size(value: Any) -> int:
+    return len(value) if isinstance(value, (str, list, tuple)) else 0
+
+
+def _check_binop(operator: str, left: Any, right: Any) -> None:
+    if operator == "*":
+        for seq, times in ((left, right), (right, left)):
+            if _size(seq) and isinstance(times, int) and _size(seq) * times > MAX_RENDER_CHARS:
+                raise _too_big(f"repeating a value {times:,} times")
+        if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > 100_000:
+            raise _too_big("the product")
+    elif operator == "+" and _size(left) + _size(right) > MAX_RENDER_CHARS:
+        raise _too_big("the concatenation")
+    elif operator == "%" and isinstance(left, str):
+        _check_format(left)
+        _check_sizes(right if isinstance(right, tuple) else (right,))
+    elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
+        if right * math.log2(abs(left)) > 100_000:
+            raise _too_big(f"{left} ** {right}")
+
+
+def _check_format(spec: str) -> None:
+    """A width in a format string (`'%999999999d'`, `'{:>999999999}'`) builds the value in C."""
+    if any(len(digits) > 6 and int(digits) > MAX_RENDER_CHARS for digits in re.findall(r"\d+", spec)):
+        raise _too_big("a width in the format string")
+
+
+def _check_sizes(*groups: Any) -> None:
+    """Arguments of a call or filter: a width or count beyond the output limit can only build
+    a value too large to keep (`center`, `ljust`, `indent`, `wordwrap`, ...)."""
+    for group in groups:
+        for value in group:
+            if isinstance(value, int) and not isinstance(value, bool) and value > MAX_RENDER_CHARS:
+                raise _too_big(f"the argument {value:,}")
+
+
+def _bounded_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)  # keeps jinja's pass_context/pass_eval_context markers
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        _check_sizes(args, kwargs.values())
+        return fn(*args, **kwargs)
+
+    return bounded
+
+
+class _Deadline:
+    """Interrupts a render that runs longer than `seconds`: a line tracer on the template's
+    own frames (Jinja compiles a template to Python code named "<template>"; a loop's every
+    iteration is a line event there). Other frames keep whatever tracer they had."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.outer = sys.gettrace()
+
+    def __enter__(self) -> "_Deadline":
+        sys.settrace(self._on_call)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.settrace(self.outer)
+
+    def _on_call(self, frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename == "<template>":
+            self._check()
+            return self._on_line
+        return self.outer(frame, event, arg) if self.outer else None
+
+    def _on_line(self, frame: Any, event: str, arg: Any) -> Any:
+        self._check()
+        return self._on_line
+
+    def _check(self) -> None:
+        if time.monotonic() > self.at:
+            raise _TemplateTooBig(f"rendering took longer than {self.seconds:g} s (a loop that runs too long?)")
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -256,6 +369,7 @@ def _compile(source: str) -> jinja2.Template:
         raise ChatTemplateError("the chat template is empty")
     env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters.update({name: _bounded_filter(fn) for name, fn in env.filters.items()})
     env.globals.update(
         raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(), namespace=_TemplateNamespace
     )
@@ -267,9 +381,21 @@ def _compile(source: str) -> jinja2.Template:
 
 def _render(compiled: jinja2.Template, context: dict[str, Any]) -> str:
     try:
-        return compiled.render(context)
+        return _bounded_render(compiled, context)
     except Exception as error:  # a template is user code: any failure is its failure
         raise ChatTemplateError(_describe_render_error(error)) from error
+
+
+def _bounded_render(compiled: jinja2.Template, context: dict[str, Any]) -> str:
+    """`compiled.render(context)` within MAX_RENDER_SECONDS and MAX_RENDER_CHARS."""
+    parts, size = [], 0
+    with _Deadline(MAX_RENDER_SECONDS):
+        for part in compiled.generate(context):
+            size += len(part)
+            if size > MAX_RENDER_CHARS:
+                raise _too_big("the rendered prompt")
+            parts.append(part)
+    return "".join(parts)
 
 
 def _describe_render_error(error: Exception) -> str:
@@ -277,6 +403,10 @@ def _describe_render_error(error: Exception) -> str:
     where = f" on line {where}" if where else ""
     if isinstance(error, _TemplateRaised):
         return f"the template raised an error{where}: {error}"
+    if isinstance(error, _TemplateTooBig):
+        return f"the template is too expensive{where}: {error}"
+    if isinstance(error, OverflowError):  # the sandbox's range() bound
+        return f"the template is too expensive{where}: {error}"
     if isinstance(error, jinja2.exceptions.SecurityError):
         return f"forbidden by the sandbox{where}: {error}"
     if isinstance(error, jinja2.UndefinedError):
@@ -329,8 +459,8 @@ def _locate_contents(
     """(start, end, message index) of every rendered content, in order, or None."""
     sentinels = [f"{_SENTINEL_OPEN}{i}{_SENTINEL_CLOSE}" for i in range(len(chat))]
     try:
-        skeleton = compiled.render(
-            {**context, "messages": [{"role": m["role"], "content": s} for m, s in zip(chat, sentinels)]}
+        skeleton = _bounded_render(
+            compiled, {**context, "messages": [{"role": m["role"], "content": s} for m, s in zip(chat, sentinels)]}
         )
     except Exception:  # e.g. a template that inspects content; the real render worked
         return None

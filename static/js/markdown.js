@@ -7,6 +7,7 @@ import { Marked } from "../vendor/marked/marked.esm.js";
 import DOMPurify from "../vendor/dompurify/purify.es.mjs";
 
 const escapeHtml = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+const escapeAttr = (s) => escapeHtml(s).replace(/"/g, "&quot;").replace(/'/g, "&#39;");
 
 const markdown = new Marked({
   gfm: true,
@@ -14,6 +15,12 @@ const markdown = new Marked({
     html(token) {
       const text = escapeHtml(token.text);
       return token.block ? `<p>${text}</p>\n` : text;
+    },
+    // An image in model output would make the browser fetch any URL the model (or a prompt
+    // injection) names: show it as a link the user may choose to follow instead.
+    image({ href, text }) {
+      const label = escapeHtml(text || href || "image");
+      return `<a href="${escapeAttr(href || "")}" class="md-image-link" title="image (not loaded)">🖼 ${label}</a>`;
     },
   },
 });
@@ -25,9 +32,16 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
   }
 });
 
+// Nothing in an answer may load a resource: no media, frames or forms even if markup got through.
+const SANITIZE = {
+  RETURN_DOM_FRAGMENT: true,
+  FORBID_TAGS: ["img", "picture", "source", "video", "audio", "iframe", "object", "embed", "form", "input", "style", "link", "svg", "math"],
+  FORBID_ATTR: ["style", "srcset", "background", "poster"],
+};
+
 /** Sanitized Markdown as a DocumentFragment. */
 export function renderMarkdown(text) {
-  return DOMPurify.sanitize(markdown.parse(text), { RETURN_DOM_FRAGMENT: true });
+  return DOMPurify.sanitize(markdown.parse(text), SANITIZE);
 }
 
 /**

@@ -68,9 +68,25 @@ def chromium() -> Iterator[object]:
 
 @pytest.fixture
 def page(chromium, live_stack) -> Iterator[object]:
-    """A new page in its own context, pointed at the live stack (relative URLs work)."""
+    """A new page in its own context, pointed at the live stack (relative URLs work).
+
+    The site's Content-Security-Policy is bypassed here only because Playwright's own
+    `wait_for_function` evaluates strings (eval); `csp_page` keeps it, to show the pages
+    work under it."""
+    yield from _new_page(chromium, live_stack, bypass_csp=True)
+
+
+@pytest.fixture
+def csp_page(chromium, live_stack) -> Iterator[object]:
+    """`page` with the site's CSP enforced (no `wait_for_function` with a string)."""
+    yield from _new_page(chromium, live_stack, bypass_csp=False)
+
+
+def _new_page(chromium, live_stack, bypass_csp: bool) -> Iterator[object]:
     live_stack.ensure_worker()
-    context = chromium.new_context(base_url=live_stack.base_url, viewport={"width": 1400, "height": 900})
+    context = chromium.new_context(
+        base_url=live_stack.base_url, viewport={"width": 1400, "height": 900}, bypass_csp=bypass_csp
+    )
     context.set_default_timeout(WAIT_MS)
     context.add_init_script(RECORD_EVENTS)
     page = context.new_page()

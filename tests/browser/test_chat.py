@@ -177,12 +177,14 @@ def test_edit_regenerate_and_manage_conversations(page):
     expect(page.locator(".empty-state")).to_be_visible()
 
 
-def test_model_markdown_is_rendered_safely_with_token_spans(page):
+def test_model_markdown_is_rendered_safely_with_token_spans(csp_page):
+    page = csp_page
     page.goto("/")
     result = page.evaluate("""async () => {
         const { renderAnswer } = await import("/static/js/markdown.js");
         const deltas = ["<think>", "plan", "</think>", "**Hi**", " <script>window.__pwned = 1</script>",
-                        " <img src=x onerror='window.__pwned = 2'>", " [link](javascript:window.__pwned=3)"];
+                        " <img src=x onerror='window.__pwned = 2'>", " [link](javascript:window.__pwned=3)",
+                        " ![a cat](http://127.0.0.1:9/cat.png)"];
         const text = deltas.join("");
         const charTokens = deltas.flatMap((d, i) => Array.from(d, () => i));
         const box = document.createElement("div");
@@ -200,6 +202,8 @@ def test_model_markdown_is_rendered_safely_with_token_spans(page):
             bold: box.querySelector("strong")?.textContent,
             boldStep: box.querySelector("strong .tok")?.dataset.step,
             href: box.querySelector("a")?.getAttribute("href") ?? null,
+            imageLink: [...box.querySelectorAll("a.md-image-link")].map((a) => [a.getAttribute("href"), a.textContent]),
+            fetchedImages: performance.getEntriesByType("resource").filter((r) => r.name.includes("cat.png")).length,
         };
     }""")
     assert result["pwned"] is None
@@ -208,6 +212,31 @@ def test_model_markdown_is_rendered_safely_with_token_spans(page):
     assert result["reasoning"].strip() == "plan"
     assert result["bold"] == "Hi" and result["boldStep"] == "3"
     assert result["href"] is None or not result["href"].startswith("javascript:")
+    # A Markdown image is a link the user may follow, never fetched by the page.
+    assert result["imageLink"] == [["http://127.0.0.1:9/cat.png", "🖼 a cat"]]
+    assert result["fetchedImages"] == 0
+
+
+# Runs before the page's scripts: records every Content-Security-Policy violation.
+RECORD_CSP_VIOLATIONS = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => window.__cspViolations.push(
+  `${e.violatedDirective} ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`));
+"""
+
+
+def test_the_pages_work_under_the_strict_csp(csp_page):
+    page = csp_page
+    page.add_init_script(RECORD_CSP_VIOLATIONS)
+    open_chat(page, max_tokens=4)
+    response = page.request.get("/")
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    send(page, "Hi")
+    expect(page.locator(".msg-assistant .finish")).to_be_visible()
+    assert page.evaluate("window.__cspViolations") == []
+    page.goto("/explorer/")
+    expect(page.locator("#conn")).to_have_attribute("data-state", "open")
+    assert page.evaluate("window.__cspViolations") == []
 
 
 def test_phone_width_layout(page, screenshot_dir):
