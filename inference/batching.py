@@ -96,6 +96,28 @@ class ContinuousBatcher:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def abort_all(self) -> None:
+        for request in list(self.requests.values()):
+            self._forget(request.seq)
+
+    def prefix_cache_stats(self) -> dict[str, Any]:
+        """The block-based prefix cache in the shape of the radix cache's stats (`kind` tells them apart)."""
+        bm = self.block_manager
+        num_hashed = len(bm.hash_to_block)
+        num_lookups = bm.num_hits + bm.num_misses
+        return {
+            "kind": "blocks",
+            "hits": bm.num_hits,
+            "misses": bm.num_misses,
+            "hit_rate": bm.num_hits / num_lookups if num_lookups else 0.0,
+            "num_entries": num_hashed,
+            "num_stored_tokens": num_hashed * bm.block_size,
+            "num_bytes": num_hashed * bm.block_size * self.pool.bytes_per_token,
+            "max_bytes": self.pool.nbytes,
+            "num_evictions": bm.num_evictions,
+            "num_cached_tokens": bm.num_hit_tokens,
+        }
+
     def kv_bytes(self, seq: Sequence) -> int:
         return seq.num_computed_tokens * self.pool.bytes_per_token
 

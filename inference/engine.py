@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from inference.alone import AloneRequests
 from inference.batching import BatchStep, ContinuousBatcher
 from inference.config import EngineConfig
 from inference.core.sequence import Sequence as CoreSequence
@@ -74,8 +75,7 @@ class Engine:
         self.template_tokens = TemplateTokens.from_tokenizer(self.tokenizer)
         self.batcher = ContinuousBatcher(self, self.runner, config) if use_lean else None
         self._request_ids = itertools.count()
-        self._alone: dict[int, Iterator[Event]] = {}  # requests that run alone, one event per step
-        self._cancelled: set[int] = set()
+        self.alone = AloneRequests()
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Engine":
@@ -147,7 +147,8 @@ class Engine:
         return self.token_table.piece_of(token_id)
 
     def prefix_cache_stats(self) -> dict:
-        return self.prefix_cache.stats()
+        """The batched path's block cache when there is one (it serves most requests), else the radix cache."""
+        return self.batcher.prefix_cache_stats() if self.batcher is not None else self.prefix_cache.stats()
 
     # ---- many requests at once: add_request(), then step() until none is unfinished --------
 
@@ -163,19 +164,27 @@ class Engine:
         if self.batcher is not None and handoff is None and self.batcher.accepts(params):
             self.batcher.add(request_id, prompt_ids, params)
         else:
-            self._alone[request_id] = self.generate(
-                prompt_ids, params, handoff=handoff, should_cancel=lambda: request_id in self._cancelled
-            )
+            self.alone.add(request_id, lambda is_cancelled: self.generate(prompt_ids, params, is_cancelled, handoff))
         return request_id
 
     def cancel(self, request_id: int) -> None:
         """The request ends with finish reason "cancelled" at its next step (unknown ids are ignored)."""
-        if not (self.batcher is not None and self.batcher.cancel(request_id)) and request_id in self._alone:
-            self._cancelled.add(request_id)
+        if not (self.batcher is not None and self.batcher.cancel(request_id)):
+            self.alone.cancel(request_id)
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self._alone) or (self.batcher is not None and self.batcher.has_unfinished)
+        return bool(self.alone) or (self.batcher is not None and self.batcher.has_unfinished)
+
+    def waiting_request_ids(self) -> list[int]:
+        """Requests queued for room in the batch, next first."""
+        return [seq.seq_id for seq in self.batcher.scheduler.waiting] if self.batcher is not None else []
+
+    def abort_all(self) -> None:
+        """Forget every request (after a failed step, whose state cannot be trusted)."""
+        self.alone.clear()
+        if self.batcher is not None:
+            self.batcher.abort_all()
 
     @property
     def last_batch_step(self) -> BatchStep | None:
@@ -183,14 +192,7 @@ class Engine:
 
     def step(self) -> list[tuple[int, Event]]:
         """One step for every unfinished request: (request_id, event) pairs in order."""
-        events: list[tuple[int, Event]] = []
-        for request_id, alone in list(self._alone.items()):
-            event = next(alone, None)
-            if event is not None:
-                events.append((request_id, event))
-            if event is None or isinstance(event, Finished):
-                del self._alone[request_id]
-                self._cancelled.discard(request_id)
+        events = self.alone.step()
         if self.batcher is not None:
             events += self.batcher.step()
         return events

@@ -1,9 +1,9 @@
 """The Celery app (Celery's Django recipe). Settings come from `CELERY_*` in settings.py.
 
-Start a worker (one per GPU; the solo pool keeps one model per process, and the stop flag
-lives in Redis, so the pool needs no control channel):
+Start a worker (one per GPU: one model per process; its thread pool feeds the one engine loop
+that batches every generation it runs, see playground/worker/serve_loop.py):
 
-    celery -A playground worker -Q gpu -P solo -n gpu@%h
+    celery -A playground worker -Q gpu -P threads --concurrency 16 -n gpu@%h
 """
 
 import os

@@ -128,9 +128,27 @@ def prompt_record(text: str, spans: list[dict[str, Any]], tokens: list[dict[str,
     return {"text": text, "spans": spans, "tokens": tokens}
 
 
+def generation_waiting(generation_id: int, position: int, num_waiting: int, waited_ms: float) -> dict[str, Any]:
+    """The worker's batch has no room for the generation yet: its place (1 = next) and wait so far."""
+    return {
+        "type": "generation.waiting",
+        "generation_id": generation_id,
+        "position": position,
+        "num_waiting": num_waiting,
+        "waited_ms": waited_ms,
+    }
+
+
 def generation_prefilled(generation_id: int, prefilled: dict[str, Any]) -> dict[str, Any]:
     """`prefilled` is `inference.Prefilled.to_dict()`."""
-    fields = ("num_prompt_tokens", "num_cached_tokens", "num_prefilled_tokens", "prefill_ms", "kv_cache_bytes")
+    fields = (
+        "num_prompt_tokens",
+        "num_cached_tokens",
+        "num_prefilled_tokens",
+        "prefill_ms",
+        "kv_cache_bytes",
+        "queue_ms",
+    )
     return {
         "type": "generation.prefilled",
         "generation_id": generation_id,
@@ -205,6 +223,7 @@ _STATS_FIELDS = (
     "decode_ms",
     "decode_tok_s",
     "kv_cache_bytes",
+    "queue_ms",
     "finish_reason",
 )
 
@@ -217,6 +236,15 @@ def stats_record(finished: dict[str, Any], worker: str) -> dict[str, Any]:
     if finished.get("sequences"):
         stats["sequences"] = finished["sequences"]
     return stats
+
+
+SERVING_GROUP = "serving"  # every worker's batch steps, for the serving page
+
+
+def serving_step(worker: str, step: dict[str, Any], num_skipped: int) -> dict[str, Any]:
+    """One engine step of a worker's continuous batch (`inference.batching.BatchStep.to_dict()`,
+    request ids mapped to generation ids); `num_skipped` steps since the last one were not sent."""
+    return {"type": "serving.step", "worker": worker, "step": step, "num_skipped": num_skipped}
 
 
 def group_name(generation_id: int) -> str:

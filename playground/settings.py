@@ -62,8 +62,15 @@ PLAYGROUND_MAX_CONCURRENT_PER_CLIENT = env_int("PLAYGROUND_MAX_CONCURRENT_PER_CL
 # One WebSocket message; larger ones are refused (`message_too_large`) and the socket stays
 # open. Keep it below daphne's --websocket_max_message_size (1 MiB), which drops the connection.
 PLAYGROUND_MAX_MESSAGE_BYTES = env_int("PLAYGROUND_MAX_MESSAGE_BYTES", 512 * 1024)
-# KV reuse across turns and branches, per worker process (0 disables it).
+# KV reuse across turns and branches, per worker process (0 disables it): the radix cache of
+# the requests that run alone (beam search, other architectures).
 PLAYGROUND_PREFIX_CACHE_MB = env_int("PLAYGROUND_PREFIX_CACHE_MB", 256)
+# Continuous batching, per worker process: how many generations share its engine's steps (also
+# the Celery thread pool's size), and the paged KV pool they share (its full blocks are the
+# prefix cache of the batched requests).
+PLAYGROUND_WORKER_SLOTS = env_int("PLAYGROUND_WORKER_SLOTS", 16)
+PLAYGROUND_KV_CACHE_MB = env_int("PLAYGROUND_KV_CACHE_MB", 512)
+PLAYGROUND_MAX_BATCHED_TOKENS = env_int("PLAYGROUND_MAX_BATCHED_TOKENS", 512)
 
 # Liveness (see playground/liveness.py): a worker refreshes a per-generation key every
 # HEARTBEAT_INTERVAL; the key lives HEARTBEAT_TTL, so a missing key means a dead worker.

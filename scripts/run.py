@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO_DIR))  # run as a script: make `scripts.*` importabl
 from scripts.net import http_status  # noqa: E402
 from scripts.processes import Service  # noqa: E402
 from scripts.redis_server import DEFAULT_REDIS_URL, find_or_start_redis  # noqa: E402
+from scripts.worker import worker_argv  # noqa: E402
 
 POLL_S = 0.2
 
@@ -73,24 +74,6 @@ def child_env(redis_url: str, data_dir: Path) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "playground.settings"),
         "PYTHONUNBUFFERED": "1",
     }
-
-
-def worker_argv(queues: str, name: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "playground",
-        "worker",
-        "-Q",
-        queues,
-        "-P",
-        "solo",
-        "-n",
-        name,
-        "--loglevel=info",
-    ]
 
 
 def web_argv(host: str, port: int) -> list[str]:

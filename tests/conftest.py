@@ -27,6 +27,7 @@ if str(REPO_DIR) not in sys.path:  # `scripts` is a top-level package of the rep
 from scripts.net import free_port, http_status  # noqa: E402
 from scripts.processes import Service  # noqa: E402
 from scripts.redis_server import start_redis  # noqa: E402
+from scripts.worker import worker_argv  # noqa: E402
 
 ARTIFACTS_DIR = REPO_DIR / "test-artifacts" / "services"
 PREPARE_TIMEOUT_S = 600  # first run converts the bundled model (about 30 s, slower on a busy box)
@@ -98,21 +99,7 @@ class LiveStack:
         """Start a fresh worker (the old one should be dead) and wait until it answers."""
         self.num_workers_started += 1
         node_name = f"e2e-gpu{self.num_workers_started}@{socket.gethostname()}"
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "playground",
-            "worker",
-            "-Q",
-            "gpu,celery",
-            "-P",
-            "solo",
-            "-n",
-            node_name,
-            "--loglevel=info",
-        ]
+        argv = worker_argv("gpu,celery", node_name)
         log_path = ARTIFACTS_DIR / f"worker-{self.num_workers_started}.log"
         self.worker = Service(
             f"worker-{self.num_workers_started}", argv, env=self.env, cwd=REPO_DIR, log_path=log_path
@@ -221,21 +208,7 @@ class PDWorkers:
     def start(self, role: str) -> Service:
         self.num_started += 1
         node = f"e2e-{role}{self.num_started}@{socket.gethostname()}"
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "playground",
-            "worker",
-            "-Q",
-            role,
-            "-P",
-            "solo",
-            "-n",
-            node,
-            "--loglevel=info",
-        ]
+        argv = worker_argv(role, node)
         service = Service(
             f"worker-{role}-{self.num_started}",
             argv,

@@ -42,6 +42,9 @@ class BlockManager:
         self.num_hashed: dict[int, int] = {}  # seq_id -> how many of its leading blocks are hashed
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        self.num_hits = 0  # admissions that reused at least one cached block
+        self.num_misses = 0
+        self.num_evictions = 0  # cached blocks reused for other tokens
 
     # ---- sizes ---------------------------------------------------------------------------
 
@@ -105,6 +108,9 @@ class BlockManager:
         self.num_hashed[seq.seq_id] = len(hits)
         self.num_queried_tokens += seq.num_tokens
         self.num_hit_tokens += seq.num_cached_tokens
+        if seq.params.use_prefix_cache:
+            self.num_hits += bool(hits)
+            self.num_misses += not hits
 
     # ---- growth --------------------------------------------------------------------------
 
@@ -121,6 +127,7 @@ class BlockManager:
             block = self.blocks[block_id]
             if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
                 del self.hash_to_block[block.hash]
+                self.num_evictions += 1
             block.hash, block.token_ids, block.ref_count = None, (), 1
             seq.block_table.append(block_id)
 

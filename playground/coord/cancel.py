@@ -1,8 +1,8 @@
 """Cancel requests (a user's stop, not a stop string): a flag in Redis that the consumer sets
-and the worker's `should_cancel` reads.
+and the worker's engine loop reads once per step for its whole batch (`cancelled_among`).
 
-A flag rather than a Celery revoke: the solo pool runs the generation in the process that
-would have to receive the control message, and the engine checks the flag each step.
+A flag rather than a Celery revoke: the generation runs inside the engine loop, which checks
+the flags between steps, so a stop takes effect within one step.
 """
 
 from __future__ import annotations
@@ -26,3 +26,13 @@ def is_cancel_requested(generation_id: int) -> bool:
 
 def clear(generation_id: int) -> None:
     store.client().delete(_key(generation_id))
+
+
+def cancelled_among(generation_ids: list[int]) -> set[int]:
+    """Which of these generations a user asked to cancel: one round trip for a whole batch."""
+    if not generation_ids:
+        return set()
+    with store.client().pipeline(transaction=False) as pipe:
+        for generation_id in generation_ids:
+            pipe.exists(_key(generation_id))
+        return {g for g, exists in zip(generation_ids, pipe.execute()) if exists}

@@ -158,7 +158,7 @@ def mark_lost_if_stale(generation: Generation) -> bool:
         return False
     was_queued = generation.status == Generation.Status.QUEUED
     message = (
-        "no worker picked up this generation; is a worker running (celery -A playground worker -Q gpu -P solo)?"
+        "no worker picked up this generation; is a worker running (celery -A playground worker -Q gpu -P threads)?"
         if was_queued
         else "the worker running this generation stopped responding; the partial answer was kept"
     )

@@ -121,7 +121,7 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
 
     # Channel-layer handlers: `generation.tokens` -> `generation_tokens`, and so on.
     generation_started = generation_prefilled = generation_tokens = generation_beams = _deliver
-    generation_handoff = generation_finished = generation_error = _deliver
+    generation_handoff = generation_finished = generation_error = generation_waiting = _deliver
 
     async def _follow(self, generation_id: int) -> None:
         await self.channel_layer.group_add(protocol.group_name(generation_id), self.channel_name)

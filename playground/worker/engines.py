@@ -1,38 +1,79 @@
-"""The loaded engine of this worker process: one model at a time, loaded lazily on first use.
+"""The loaded engine of this worker process and the loop that steps it: one model at a time,
+loaded lazily on first use, shared by every generation the process runs at once.
 
 Owns: the model cache keyed by (record id, engine settings), so a changed admin record loads
-anew and the previous model's memory is freed first. `inference.engine` (torch) is imported
-only when a model is first loaded, so importing this module stays cheap.
+anew; a switch to another model waits until the current one's requests have finished, then
+frees its memory before loading the next. `inference.engine` (torch) is imported only when a
+model is first loaded, so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import threading
+import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
+from playground.coord import cancel
 from playground.models import LanguageModel
+from playground.worker import serving_view
+from playground.worker.serve_loop import ServeLoop
 
 if TYPE_CHECKING:
     from inference.engine import Engine
 
 logger = logging.getLogger(__name__)
 
+SWITCH_TIMEOUT_S = 600.0  # how long a request for another model waits for the current one's to finish
+
+_lock = threading.Lock()
 _loaded: tuple[tuple[Any, ...], Engine] | None = None
+_loops: dict[int, ServeLoop] = {}  # id(engine) -> its loop
 
 
 def get_engine(model: LanguageModel) -> Engine:
     """The engine for `model`, loading it (and dropping the previous one) when needed."""
     global _loaded
-    config = model.to_engine_config()
+    config = replace(
+        model.to_engine_config(),
+        max_num_seqs=settings.PLAYGROUND_WORKER_SLOTS,
+        kv_cache_bytes=settings.PLAYGROUND_KV_CACHE_MB * 1024 * 1024,
+        max_num_batched_tokens=settings.PLAYGROUND_MAX_BATCHED_TOKENS,
+    )
     key = (model.pk, config)
-    if _loaded is not None and _loaded[0] == key:
-        return _loaded[1]
-    _loaded = None
-    gc.collect()  # free the previous model's memory before loading the next
-    from inference.engine import Engine
+    with _lock:
+        if _loaded is not None and _loaded[0] == key:
+            return _loaded[1]
+        if _loaded is not None:
+            _wait_until_idle(_loaded[1])
+            _loops.pop(id(_loaded[1]), None)
+        _loaded = None
+        gc.collect()  # free the previous model's memory before loading the next
+        from inference.engine import Engine
 
-    logger.info("loading model %r (%s)", model.name, config)
-    engine = Engine.load(config, progress=lambda message: logger.info("%s: %s", model.name, message))
-    _loaded = (key, engine)
-    return engine
+        logger.info("loading model %r (%s)", model.name, config)
+        engine = Engine.load(config, progress=lambda message: logger.info("%s: %s", model.name, message))
+        _loaded = (key, engine)
+        return engine
+
+
+def loop_for(engine: Engine) -> ServeLoop:
+    """The loop that owns `engine` (started on first use)."""
+    with _lock:
+        loop = _loops.get(id(engine))
+        if loop is None or loop.engine is not engine:
+            loop = _loops[id(engine)] = ServeLoop(engine, cancel.cancelled_among, serving_view.publish)
+        return loop
+
+
+def _wait_until_idle(engine: Engine) -> None:
+    loop = _loops.get(id(engine))
+    deadline = time.monotonic() + SWITCH_TIMEOUT_S
+    while loop is not None and loop.num_requests and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if loop is not None and loop.num_requests:
+        raise RuntimeError("this worker is busy with another model; try again when its requests have finished")

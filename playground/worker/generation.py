@@ -9,10 +9,12 @@ terminal event (a `finally` path). Must not know: sockets. The engine comes from
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from inference.events import BeamStep, Event, Finished, Prefilled, Step
@@ -22,11 +24,13 @@ from playground import limits, protocol
 from playground.coord import cancel, liveness, store, worker_routing
 from playground.models import Generation, LanguageModel, Message
 from playground.protocol import CommandError
-from playground.worker.engines import get_engine
+from playground.worker.engines import get_engine, loop_for
 from playground.worker.publisher import StepCoalescer, send_to_group
+from playground.worker.serve_loop import ServeLoop, Waiting
 
 if TYPE_CHECKING:
     from inference.engine import Engine
+    from inference.kv.transfer import Handoff
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ def run_generation(
             "generation %s was claimed by %s; skipped", generation_id, worker_routing.claimed_by(r, generation_id)
         )
         return
-    worker_routing.set_busy(r, worker, True)
+    _count_active(r, worker, +1)
     try:
         with liveness.generation_heartbeat(generation_id):  # beats before the row says "running"
             generation = start_queued(generation_id, worker)
@@ -57,8 +61,22 @@ def run_generation(
         if generation.conversation_id is not None and generation.params.get("use_prefix_cache", True):
             worker_routing.record_owner(r, generation.conversation_id, worker)  # its KV is here now
     finally:
-        worker_routing.set_busy(r, worker, False)
+        _count_active(r, worker, -1)
     cancel.clear(generation_id)
+
+
+_active_lock = threading.Lock()
+_num_active = 0
+
+
+def _count_active(r: Any, worker: str, delta: int) -> None:
+    """Cache-aware routing sends a conversation's next turn here only while this worker has a
+    free place in its batch: it counts as busy when all its places are taken."""
+    global _num_active
+    with _active_lock:
+        _num_active += delta
+        is_busy = _num_active >= settings.PLAYGROUND_WORKER_SLOTS
+    worker_routing.set_busy(r, worker, is_busy)
 
 
 def start_queued(generation_id: int, worker: str) -> Generation | None:
@@ -81,6 +99,7 @@ class GenerationRun:
         self.generation = generation
         self.send = send
         self.engine: Engine | None = None
+        self.loop: ServeLoop | None = None  # the worker's engine loop: every engine call goes through it
         self.answer_id: int | None = None  # the assistant message (chat only)
         self.is_beam_search = False
         self.text = ""
@@ -104,8 +123,14 @@ class GenerationRun:
     # ---- the generation ----------------------------------------------------------------
 
     def _generate(self, load_engine: Callable[[LanguageModel], Engine]) -> Finished:
-        engine, params, prompt_ids = self._start(load_engine)
-        return self._stream(engine.generate(prompt_ids, params, should_cancel=self._should_cancel))
+        _, params, prompt_ids = self._start(load_engine)
+        return self._stream(self._submit(prompt_ids, params))
+
+    def _submit(self, prompt_ids: list[int], params: SamplingParams, handoff: Handoff | None = None):
+        try:
+            return self.loop.submit(prompt_ids, params, self.generation.pk, handoff=handoff)
+        except ValueError as exc:  # the engine refused the request (e.g. it could never fit the KV pool)
+            raise CommandError("invalid_params", str(exc)) from exc
 
     def _start(self, load_engine: Callable[[LanguageModel], Engine]) -> tuple[Engine, SamplingParams, list[int]]:
         """Loads the model, builds and saves the prompt, announces `generation.started`."""
@@ -138,21 +163,23 @@ class GenerationRun:
             raise CommandError("model_unavailable", "the generation's model was deleted")
         try:
             self.engine = load_engine(model)
+            self.loop = loop_for(self.engine)
             return self.engine
         except Exception as exc:
             logger.exception("loading model %r failed", model.name)
             raise CommandError("model_unavailable", f"model {model.name!r} could not be loaded: {exc}") from exc
 
-    def _should_cancel(self) -> bool:
-        return cancel.is_cancel_requested(self.generation.pk)
-
-    def _stream(self, events: Iterator[Event]) -> Finished:
+    def _stream(self, events: Iterator[Event | Waiting]) -> Finished:
         """Sends the engine's records on until its `Finished`, which it returns."""
         generation = self.generation
         for event in events:
             if isinstance(event, Finished):
                 return event
-            if isinstance(event, Prefilled):
+            if isinstance(event, Waiting):
+                self.send(
+                    protocol.generation_waiting(generation.pk, event.position, event.num_waiting, event.waited_ms)
+                )
+            elif isinstance(event, Prefilled):
                 self.send(protocol.generation_prefilled(generation.pk, event.to_dict()))
             elif isinstance(event, (Step, BeamStep)):
                 self._on_step(event)
@@ -178,7 +205,8 @@ class GenerationRun:
             except ValueError as exc:  # includes ChatTemplateError
                 raise CommandError("invalid_params", f"the prompt could not be built: {exc}") from exc
             text, spans = rendered.text, [span.to_dict() for span in rendered.spans]
-        tokens = engine.tokenize(text) + engine.token_infos(inputs.get("token_ids", []))
+        # On the loop thread: the tokenizer is not safe to share between threads.
+        tokens = self.loop.call(lambda: engine.tokenize(text) + engine.token_infos(inputs.get("token_ids", [])))
         limits.check_prompt_tokens(len(tokens), max_context)
         return [t.id for t in tokens], protocol.prompt_record(text, spans, [t.to_dict() for t in tokens])
 

@@ -117,9 +117,9 @@ class PrefillRun(GenerationRun):
         engine, params, prompt_ids = self._start(load_engine)
         if params.is_beam_search or not params.use_kv_cache:
             # Beam search keeps several caches and no-KV-cache mode none: nothing to hand over.
-            return self._stream(engine.generate(prompt_ids, params, should_cancel=self._should_cancel))
+            return self._stream(self._submit(prompt_ids, params))
         prefill_start = _now_ms()
-        handoff = engine.prefill_for_handoff(prompt_ids, params)
+        handoff = self.loop.call(lambda: engine.prefill_for_handoff(prompt_ids, params))
         prefill_end = _now_ms()
         self.send(protocol.generation_prefilled(self.generation.pk, handoff.prefilled.to_dict()))
         self._on_step(handoff.first_step)
@@ -236,7 +236,7 @@ class DecodeRun(GenerationRun):
         t0 = time.perf_counter()
         handoff = self._verify(blob, engine)
         del blob  # the KV cache may be large: keep one copy only
-        events = engine.generate(handoff.prompt_ids, handoff.params, should_cancel=self._should_cancel, handoff=handoff)
+        events = self._submit(handoff.prompt_ids, handoff.params, handoff=handoff)
         next(events)  # the Prefilled record (the prefill worker announced it): the KV cache is now in place
         self.handoff_record["load_ms"] = _ms_since(t0)
         self.handoff_record["transfer_ms"] = self.handoff_record.get("store_ms", 0.0) + self.handoff_record["fetch_ms"]

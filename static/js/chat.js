@@ -130,8 +130,13 @@ function startGeneration(command, answer, { onQueued = () => {}, onRefused }) {
       answer.modelName = event.model?.name ?? event.model ?? answer.modelName;
       scheduleUpdate(answer);
     },
+    onWaiting(event) {
+      answer.waiting = event;
+      scheduleUpdate(answer);
+    },
     onPrefilled(event) {
       answer.prefilled = event;
+      answer.waiting = null;
       scheduleUpdate(answer);
     },
     onHandoff(event) {

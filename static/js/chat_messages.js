@@ -122,6 +122,8 @@ function statBadges(message) {
   if (!stats) return [];
   const badges = [];
   const add = (title, text, extraClass = "") => badges.push(h("span", { class: `badge ${extraClass}`, title }, text));
+  if (stats.waiting) add("every place in the worker's batch is taken: this request runs when one frees up", stats.waiting, "waiting");
+  if (stats.queue_ms) add("time spent waiting for a place in the batch (counted in the TTFT)", `queued ${fmtMs(stats.queue_ms)}`);
   if (stats.num_prompt_tokens != null) add("tokens in the prompt", `${stats.num_prompt_tokens} prompt tok`);
   if (stats.num_cached_tokens != null) add("prompt tokens reused from the prefix cache", `${stats.num_cached_tokens} cached`);
   if (stats.num_prompt_tokens != null && stats.num_cached_tokens != null) {
@@ -137,7 +139,11 @@ function statBadges(message) {
 }
 
 function liveStats(message) {
+  if (message.waiting && !message.prefilled) {
+    const w = message.waiting;
+    return { waiting: `waiting for a place in the batch: ${w.position} of ${w.num_waiting} (${fmtMs(w.waited_ms)})` };
+  }
   if (!message.prefilled) return null;
   return { num_prompt_tokens: message.prefilled.num_prompt_tokens, num_cached_tokens: message.prefilled.num_cached_tokens,
-    prefill_ms: message.prefilled.prefill_ms, num_generated_tokens: message.steps.length };
+    prefill_ms: message.prefilled.prefill_ms, queue_ms: message.prefilled.queue_ms, num_generated_tokens: message.steps.length };
 }

@@ -84,8 +84,11 @@ export function prefixCacheLine(counters) {
     [`${num(counters.hits)} hits / ${num(counters.misses)} misses (${rate})`, "lookups that reused a cached prefix, over all lookups"],
     [`${num(counters.num_stored_tokens)} tokens held`, "tokens whose KV the cache holds now"],
     [`${fmtBytes(counters.num_bytes)} / ${fmtBytes(counters.max_bytes)}`, "memory used / the cache's budget"],
-    [`${num(counters.num_entries)} nodes`, "nodes of the radix tree"],
-    [`${num(counters.num_evictions)} evicted`, "leaves evicted to stay within the budget"],
+    counters.kind === "blocks"
+      ? [`${num(counters.num_entries)} blocks`, "full KV blocks kept by hash, shared by requests with the same prefix"]
+      : [`${num(counters.num_entries)} nodes`, "nodes of the radix tree"],
+    [`${num(counters.num_evictions)} evicted`, counters.kind === "blocks"
+      ? "cached blocks reused for other tokens (least recently freed first)" : "leaves evicted to stay within the budget"],
   ];
   if (counters.num_cached_tokens != null) parts.push([`${num(counters.num_cached_tokens)} reused`, "prompt tokens served from the cache since the worker started"]);
   return h("div", { class: "prefix-cache", title: "this worker's prefix cache after the request (docs/prefix-cache.md)" },

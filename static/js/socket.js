@@ -10,6 +10,7 @@ const MAX_MESSAGE_BYTES = 512 * 1024;
 const HANDLER_BY_TYPE = {
   "generation.queued": "onQueued",
   "generation.started": "onStarted",
+  "generation.waiting": "onWaiting",
   "generation.prefilled": "onPrefilled",
   "generation.tokens": "onTokens",
   "generation.beams": "onBeams",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from inference.alone import AloneRequests
 from inference.events import Alternative, Beam, BeamStep, Event, Finished, Prefilled, Step
 from inference.sampling_params import SamplingParams
 from inference.text.chat_template import RenderedPrompt, render_chat
@@ -35,6 +36,7 @@ class FakeEngine:
         self.on_step = on_step  # called with each step's index before it is yielded
         self.prompt_ids: list[int] | None = None
         self.rendered: list[tuple[list[dict], str | None]] = []
+        self.alone = AloneRequests()
 
     def model_info(self) -> dict[str, Any]:
         return {
@@ -67,6 +69,30 @@ class FakeEngine:
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
+
+    # The engine's many-requests API: every request runs alone, one event per step.
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, handoff: Any = None) -> int:
+        self.num_requests = getattr(self, "num_requests", 0) + 1
+        self.alone.add(self.num_requests, lambda is_cancelled: self.generate(prompt_ids, params, is_cancelled))
+        return self.num_requests
+
+    def cancel(self, request_id: int) -> None:
+        self.alone.cancel(request_id)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.alone)
+
+    def step(self) -> list[tuple[int, Event]]:
+        return self.alone.step()
+
+    def waiting_request_ids(self) -> list[int]:
+        return []
+
+    def abort_all(self) -> None:
+        self.alone.clear()
+
+    last_batch_step = None
 
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, should_cancel: Callable[[], bool] | None = None

@@ -1,0 +1,185 @@
+"""The engine loop of a worker process: one thread owns the engine and steps it; the Celery
+task threads (one per generation) hand requests in and read their events out.
+
+Owns: the only thread that touches the engine (so the engine needs no locks), the per-request
+outboxes, the cancel check (one Redis round trip per step for the whole batch), the waiting
+position of requests the batch has no room for yet, and the live view of each step (a
+callback, throttled). Must not know: sockets, the ORM.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from inference.events import Event, Finished
+
+if TYPE_CHECKING:
+    from inference.batching import BatchStep
+    from inference.engine import Engine
+    from inference.kv.transfer import Handoff
+    from inference.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+PollCancelled = Callable[[list[int]], set[int]]  # generation ids -> those whose user pressed stop
+EVENT_TIMEOUT_S = 600.0  # a request that gets no event for this long: the loop is stuck
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Not an engine event: the request waits for room in the batch (`position` 1 is next)."""
+
+    position: int
+    num_waiting: int
+    waited_ms: float
+
+
+class LoopFailed(RuntimeError):
+    """The engine raised inside a step: every request of that step ends with this error."""
+
+
+class ServeLoop:
+    def __init__(
+        self,
+        engine: Engine,
+        poll_cancelled: PollCancelled,
+        on_batch_step: Callable[[BatchStep, dict[int, int]], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.poll_cancelled = poll_cancelled
+        self.on_batch_step = on_batch_step
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue]] = queue.SimpleQueue()
+        self._outboxes: dict[int, queue.SimpleQueue] = {}
+        self._generation_of: dict[int, int] = {}  # request id -> generation id (for the cancel check)
+        self._waiting_since: dict[int, float] = {}
+        self._positions: dict[int, int] = {}
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._outboxes)
+
+    # ---- called from task threads ------------------------------------------------------
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Runs `fn` on the loop thread between two steps and returns its result (or raises)."""
+        reply: queue.SimpleQueue = queue.SimpleQueue()
+        self._commands.put((fn, reply))
+        ok, value = reply.get()
+        if not ok:
+            raise value
+        return value
+
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, generation_id: int, handoff: Handoff | None = None
+    ) -> Iterator[Event | Waiting]:
+        """Adds a request (a `ValueError` for bad input is raised here) and yields its events
+        up to its `Finished`."""
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+
+        def add() -> int:
+            request_id = self.engine.add_request(prompt_ids, params, handoff=handoff)
+            self._outboxes[request_id] = outbox
+            self._generation_of[request_id] = generation_id
+            self._waiting_since[request_id] = time.perf_counter()
+            return request_id
+
+        self.call(add)
+        return self._events(outbox)
+
+    def _events(self, outbox: queue.SimpleQueue) -> Iterator[Event | Waiting]:
+        while True:
+            try:
+                item = outbox.get(timeout=EVENT_TIMEOUT_S)
+            except queue.Empty:
+                raise LoopFailed(f"the engine loop sent nothing for {EVENT_TIMEOUT_S:.0f} s") from None
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if isinstance(item, Finished):
+                return
+
+    # ---- the loop thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._run_commands(block=not self.engine.has_unfinished)
+            if not self.engine.has_unfinished:
+                continue
+            self._cancel_requested()
+            generation_of = dict(self._generation_of)  # finished requests are forgotten as they are delivered
+            try:
+                events = self.engine.step()
+            except Exception as exc:
+                logger.exception("engine step failed; ending every request of this worker's batch")
+                self._fail_all(LoopFailed(f"the engine failed: {type(exc).__name__}: {exc}"))
+                continue
+            for request_id, event in events:
+                self._deliver(request_id, event)
+            self._report_waiting()
+            step = self.engine.last_batch_step
+            if self.on_batch_step is not None and step is not None and events:
+                self.on_batch_step(step, generation_of)
+
+    def _run_commands(self, block: bool) -> None:
+        try:
+            fn, reply = self._commands.get(timeout=1.0) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            try:
+                reply.put((True, fn()))
+            except Exception as exc:
+                reply.put((False, exc))
+            try:
+                fn, reply = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _cancel_requested(self) -> None:
+        try:
+            cancelled = self.poll_cancelled(list(self._generation_of.values()))
+        except Exception:
+            logger.warning("cancel check failed; trying again next step", exc_info=True)
+            return
+        for request_id, generation_id in self._generation_of.items():
+            if generation_id in cancelled:
+                self.engine.cancel(request_id)
+
+    def _deliver(self, request_id: int, event: Event) -> None:
+        outbox = self._outboxes.get(request_id)
+        if outbox is None:
+            return
+        self._waiting_since.pop(request_id, None)
+        self._positions.pop(request_id, None)
+        outbox.put(event)
+        if isinstance(event, Finished):
+            self._forget(request_id)
+
+    def _report_waiting(self) -> None:
+        """Tells each request still waiting for room in the batch its place, when it changes."""
+        waiting = self.engine.waiting_request_ids()
+        for position, request_id in enumerate(waiting, start=1):
+            if request_id in self._waiting_since and self._positions.get(request_id) != position:
+                self._positions[request_id] = position
+                waited_ms = (time.perf_counter() - self._waiting_since[request_id]) * 1000
+                self._outboxes[request_id].put(Waiting(position, len(waiting), waited_ms))
+
+    def _fail_all(self, error: LoopFailed) -> None:
+        self.engine.abort_all()
+        for request_id in list(self._outboxes):
+            self._outboxes[request_id].put(error)
+            self._forget(request_id)
+
+    def _forget(self, request_id: int) -> None:
+        self._outboxes.pop(request_id, None)
+        self._generation_of.pop(request_id, None)
+        self._waiting_since.pop(request_id, None)
+        self._positions.pop(request_id, None)
