@@ -6,6 +6,7 @@ change forms refuse bad values with the dataclass's own message on the right fie
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -149,6 +150,12 @@ class ChatTemplateAdmin(_PlaygroundAdmin):
             return format_html("<strong>This template fails:</strong> {}", str(exc))
 
 
+def session_ref(session_key: str) -> str:
+    """What staff see instead of a session key (the cookie value, which would let them act as
+    that browser): a short hash, equal for all records of one session."""
+    return "session " + hashlib.sha256(session_key.encode()).hexdigest()[:12] if session_key else "-"
+
+
 class MessageInline(admin.TabularInline):
     model = Message
     fields = ("position", "role", "content", "is_active", "generation")
@@ -159,10 +166,16 @@ class MessageInline(admin.TabularInline):
 
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "model", "preset", "session_key", "created_at", "updated_at")
+    list_display = ("__str__", "model", "preset", "session", "created_at", "updated_at")
     list_filter = ("model", "preset")
-    search_fields = ("title", "system_prompt", "session_key")
+    search_fields = ("title", "system_prompt")
     inlines = (MessageInline,)
+    exclude = ("session_key",)
+    readonly_fields = ("session",)
+
+    @admin.display(description="session (hashed)")
+    def session(self, conversation: Conversation) -> str:
+        return session_ref(conversation.session_key)
 
 
 @admin.register(Message)
@@ -193,10 +206,10 @@ class GenerationAdmin(_PlaygroundAdmin):
         "created_at",
     )
     list_filter = ("status", "kind", "finish_reason", "error_code", "model")
-    search_fields = ("=id", "prompt_text", "text", "error_message", "worker", "session_key")
+    search_fields = ("=id", "prompt_text", "text", "error_message", "worker")
     date_hierarchy = "created_at"
     fieldsets = (
-        (None, {"fields": ("status", "kind", "model", "chat_template", "conversation", "session_key")}),
+        (None, {"fields": ("status", "kind", "model", "chat_template", "conversation", "session")}),
         ("Outcome", {"fields": ("finish_reason", "error_code", "error_message", "text")}),
         (
             "Timings",
@@ -223,6 +236,10 @@ class GenerationAdmin(_PlaygroundAdmin):
 
     def has_add_permission(self, request: Any) -> bool:
         return False
+
+    @admin.display(description="session (hashed)")
+    def session(self, generation: Generation) -> str:
+        return session_ref(generation.session_key)
 
     @admin.display(description="params")
     def params_display(self, generation: Generation) -> str:

@@ -26,6 +26,12 @@ SAMPLING_FIELDS = tuple(f.name for f in dataclass_fields(SamplingParams))
 _SAMPLING_DEFAULTS = SamplingParams()
 
 
+def _field_named(exc: ValueError) -> str | None:
+    """The SamplingParams field a ValueError starts with ("top_p=1.5 must be ..."), if any."""
+    match = re.match(r"\s*(\w+)", str(exc))
+    return match.group(1) if match and match.group(1) in SAMPLING_FIELDS else None
+
+
 def validation_error(exc: ValueError, field_names: tuple[str, ...]) -> ValidationError:
     """The dataclass's ValueError ("top_p=1.5 must be ...") as an error on the field it names."""
     match = re.match(r"\s*(\w+)", str(exc))
@@ -235,12 +241,31 @@ class SamplingPreset(DefaultFlagModel):
         return SamplingParams.from_dict(data)
 
     def clean(self) -> None:
+        """Every bad value at once (not only the first), and the server's limits: a preset
+        that can never run is refused here rather than at every request."""
+        errors: dict[str, list[str]] = {}
+        data = {name: getattr(self, name) for name in SAMPLING_FIELDS}
         if not isinstance(self.stop, list):
-            raise ValidationError({"stop": f"stop={self.stop!r} must be a list of strings"})
-        try:
-            self.to_sampling_params()
-        except ValueError as exc:
-            raise validation_error(exc, SAMPLING_FIELDS) from exc
+            errors["stop"] = [f"stop={self.stop!r} must be a list of strings"]
+            data["stop"] = []
+        limit = settings.PLAYGROUND_MAX_NEW_TOKENS
+        if isinstance(self.max_new_tokens, int) and self.max_new_tokens > limit:
+            errors["max_new_tokens"] = [f"max_new_tokens={self.max_new_tokens} exceeds this server's limit of {limit}"]
+            data["max_new_tokens"] = limit
+        # SamplingParams stops at its first bad value: note it, put the default there, go on.
+        for _ in SAMPLING_FIELDS:
+            try:
+                SamplingParams.from_dict(data)
+                break
+            except ValueError as exc:
+                name = _field_named(exc)
+                if name is None or name in errors:
+                    errors.setdefault("__all__", []).append(str(exc))
+                    break
+                errors[name] = [str(exc)]
+                data[name] = getattr(_SAMPLING_DEFAULTS, name)
+        if errors:
+            raise ValidationError(errors)
 
 
 class Conversation(models.Model):

@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.csrf import csrf_failure as html_csrf_failure
 
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
+from playground import limits
 from playground.coord import cancel, liveness
 from playground.models import Conversation, Generation, LanguageModel, Message, SamplingPreset
 from playground.protocol import CommandError, get_field, prompt_record
@@ -160,6 +161,10 @@ def _apply_fields(conversation: Conversation, body: dict[str, Any]) -> None:
     for name in ("title", "system_prompt"):
         if name in body:
             setattr(conversation, name, get_field(body, name, str, default=""))
+    max_title = Conversation._meta.get_field("title").max_length
+    if len(conversation.title) > max_title:
+        raise CommandError("invalid_field", f"title has {len(conversation.title)} characters; at most {max_title}")
+    limits.check_prompt_chars(len(conversation.system_prompt))
     if "model_id" in body:
         model_id = get_field(body, "model_id", int)
         conversation.model = None if model_id is None else resolve_model(model_id)

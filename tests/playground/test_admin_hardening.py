@@ -1,0 +1,97 @@
+"""The admin never shows session keys (the cookie values); presets are checked against the
+server's limits with every bad value reported at once; the API bounds titles."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from playground.models import Conversation, Generation, LanguageModel, SamplingPreset
+
+from .test_admin import PRESET_ADD_URL, preset_form
+from .test_api import csrf, send
+
+pytestmark = pytest.mark.django_db
+
+SESSION_KEY = "k" * 32
+
+
+@pytest.fixture
+def staff_client(client: Client) -> Client:
+    client.force_login(User.objects.create_superuser("staff", "staff@example.com", "pw"))
+    return client
+
+
+def test_the_admin_shows_a_hash_of_the_session_never_the_key(staff_client: Client) -> None:
+    conversation = Conversation.objects.create(session_key=SESSION_KEY, title="secret-owner")
+    generation = Generation.objects.create(
+        session_key=SESSION_KEY, model=LanguageModel.default(), conversation=conversation, params={}
+    )
+    digest = hashlib.sha256(SESSION_KEY.encode()).hexdigest()[:12]
+    for path in [
+        "/admin/playground/conversation/",
+        f"/admin/playground/conversation/{conversation.pk}/change/",
+        "/admin/playground/generation/",
+        f"/admin/playground/generation/{generation.pk}/change/",
+    ]:
+        html = staff_client.get(path).content.decode()
+        assert SESSION_KEY not in html, path
+    assert (
+        f"session {digest}"
+        in staff_client.get(f"/admin/playground/conversation/{conversation.pk}/change/").content.decode()
+    )
+    assert (
+        f"session {digest}"
+        in staff_client.get(f"/admin/playground/generation/{generation.pk}/change/").content.decode()
+    )
+    # Searching by a key finds nothing: a key is not something to look records up by.
+    listing = staff_client.get("/admin/playground/conversation/", {"q": SESSION_KEY}).content.decode()
+    assert "secret-owner" not in listing
+    # Editing a conversation keeps its owner.
+    conversation.refresh_from_db()
+    assert conversation.session_key == SESSION_KEY
+
+
+def test_a_preset_over_the_servers_token_limit_is_refused(staff_client: Client, settings: Any) -> None:
+    settings.PLAYGROUND_MAX_NEW_TOKENS = 2048
+    response = staff_client.post(PRESET_ADD_URL, preset_form(max_new_tokens=100000))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert "max_new_tokens=100000 exceeds this server's limit of 2048" in " ".join(errors["max_new_tokens"])
+    assert not SamplingPreset.objects.filter(name="Mine").exists()
+
+
+def test_an_invalid_preset_shows_every_error_at_once(staff_client: Client) -> None:
+    response = staff_client.post(
+        PRESET_ADD_URL,
+        preset_form(top_p="1.5", temperature="-1", num_alternatives="999", stop='{"a": 1}', length_penalty="50"),
+    )
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert {"top_p", "temperature", "num_alternatives", "stop", "length_penalty"} <= set(errors), errors
+    assert "top_p=1.5" in " ".join(errors["top_p"]) and "temperature=-1" in " ".join(errors["temperature"])
+
+
+def test_a_valid_beam_preset_still_saves(staff_client: Client) -> None:
+    response = staff_client.post(PRESET_ADD_URL, preset_form(num_beams="4", num_return_sequences="3"))
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert SamplingPreset.objects.get(name="Mine").to_sampling_params().num_return_sequences == 3
+
+
+def test_the_api_refuses_a_title_longer_than_the_field() -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.get("/api/models/")
+    headers = csrf(client)
+    response = send(client, "post", "/api/conversations/", {"title": "t" * 5000}, **headers)
+    assert response.status_code == 400
+    assert response.json()["error"] == {"code": "invalid_field", "message": "title has 5000 characters; at most 200"}
+    assert not Conversation.objects.exists()
+    created = send(client, "post", "/api/conversations/", {"title": "t" * 200}, **headers)
+    assert created.status_code in (200, 201), created.content
+    patched = send(client, "patch", f"/api/conversations/{created.json()['id']}/", {"title": "x" * 201}, **headers)
+    assert patched.status_code == 400
+    assert Conversation.objects.get().title == "t" * 200
