@@ -51,3 +51,23 @@ def check_concurrency(session_key: str, limit: int | None = None) -> None:
             "too_many_generations",
             f"{num_active} generations are already running for this client; the limit is {limit}",
         )
+    check_server_queue()
+
+
+def check_server_queue() -> None:
+    """At most `PLAYGROUND_MAX_QUEUED` generations waiting for a worker, over all clients: the
+    per-client limit alone lets a crowd (or one client with many sessions) queue without end."""
+    limit = settings.PLAYGROUND_MAX_QUEUED
+    if not limit:
+        return
+    queued = Generation.objects.filter(status=Generation.Status.QUEUED)
+    if queued.count() < limit:
+        return
+    liveness.reconcile(queued.all())  # only when full: those of a dead worker must not block everyone
+    num_queued = queued.count()
+    if num_queued >= limit:
+        raise CommandError(
+            "server_busy",
+            f"the server is busy: {num_queued} requests are waiting for a worker (the limit is {limit}); "
+            "try again in a moment",
+        )

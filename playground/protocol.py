@@ -28,6 +28,7 @@ ERROR_CODES = (
     "message_too_large",
     "nesting_too_deep",
     "invalid_unicode",
+    "server_busy",
 )
 TERMINAL_TYPES = ("generation.finished", "generation.error")
 

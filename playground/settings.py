@@ -59,6 +59,8 @@ PLAYGROUND_MAX_PROMPT_CHARS = env_int("PLAYGROUND_MAX_PROMPT_CHARS", 32_000)
 PLAYGROUND_MAX_PROMPT_TOKENS = env_int("PLAYGROUND_MAX_PROMPT_TOKENS", 8_192)
 PLAYGROUND_MAX_NEW_TOKENS = env_int("PLAYGROUND_MAX_NEW_TOKENS", 2_048)
 PLAYGROUND_MAX_CONCURRENT_PER_CLIENT = env_int("PLAYGROUND_MAX_CONCURRENT_PER_CLIENT", 2)
+# Generations waiting for a worker, over all clients; more are refused with `server_busy` (0: no bound).
+PLAYGROUND_MAX_QUEUED = env_int("PLAYGROUND_MAX_QUEUED", 200)
 # One WebSocket message; larger ones are refused (`message_too_large`) and the socket stays
 # open. Keep it below daphne's --websocket_max_message_size (1 MiB), which drops the connection.
 PLAYGROUND_MAX_MESSAGE_BYTES = env_int("PLAYGROUND_MAX_MESSAGE_BYTES", 512 * 1024)

@@ -22,7 +22,7 @@ from playground.models import Conversation, Generation, LanguageModel, Message, 
 from playground.protocol import CommandError, get_field, prompt_record
 from playground.web.submit import owned_conversation, owned_generation, resolve_model, resolve_preset
 
-_STATUS_BY_CODE = {"not_found": 404, "too_many_generations": 429}
+_STATUS_BY_CODE = {"not_found": 404, "too_many_generations": 429, "server_busy": 503}
 
 View = Callable[..., HttpResponse]
 

@@ -32,10 +32,9 @@ NUM_ENDED_CHECKS = 2
 
 class GenerationConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
-        session = self.scope["session"]
-        if not session.session_key:  # a client that never loaded a page: give it a session
-            await database_sync_to_async(session.save)()
-        self.session_key: str = session.session_key
+        # A client that never loaded a page has no session: it gets one with its first
+        # generating command, not here (a socket that does nothing creates no row).
+        self.session_key: str | None = self.scope["session"].session_key
         self.watchdogs: dict[int, asyncio.Task[None]] = {}  # the generations this socket follows
         await self.accept()
 
@@ -77,6 +76,10 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
     async def _start(self, command: str, content: dict[str, Any], request_id: str | None) -> None:
         pd_requested = dispatch.pd_requested(content)  # checked before anything is written
         await database_sync_to_async(dispatch.check_servable)(pd_requested)
+        if self.session_key is None:
+            session = self.scope["session"]
+            await database_sync_to_async(session.save)()
+            self.session_key = session.session_key
         queued = await database_sync_to_async(submit.submit)(command, self.session_key, content)
         generation_id = queued.generation_id
         # Join the group before the task exists, so no event of the worker can be missed; they
