@@ -62,7 +62,7 @@ PLAYGROUND_MAX_CONCURRENT_PER_CLIENT = env_int("PLAYGROUND_MAX_CONCURRENT_PER_CL
 # Generations waiting for a worker, over all clients; more are refused with `server_busy` (0: no bound).
 PLAYGROUND_MAX_QUEUED = env_int("PLAYGROUND_MAX_QUEUED", 200)
 # One WebSocket message; larger ones are refused (`message_too_large`) and the socket stays
-# open. Keep it below daphne's --websocket_max_message_size (1 MiB), which drops the connection.
+# open. Keep it below daphne's --websocket-max-message-size (16 MiB in scripts/run.py), which drops the connection.
 PLAYGROUND_MAX_MESSAGE_BYTES = env_int("PLAYGROUND_MAX_MESSAGE_BYTES", 512 * 1024)
 # KV reuse across turns and branches, per worker process (0 disables it): the radix cache of
 # the requests that run alone (beam search, other architectures).

@@ -51,6 +51,9 @@ def _announce_worker(sender: str, instance: Any = None, **kwargs: Any) -> None:
     if instance is not None and worker_routing.SHARED_QUEUE in instance.app.amqp.queues.consume_from:
         instance.app.amqp.queues.select_add(worker_routing.worker_queue(sender))
     liveness.start_worker_heartbeat(sender)
+    from playground.worker import observer  # the live view and metrics name this worker as Celery does
+
+    observer.set_worker_name(sender)
     if instance is not None:
         liveness.start_queue_heartbeat(sender, list(instance.app.amqp.queues.consume_from))
 

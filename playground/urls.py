@@ -1,12 +1,14 @@
 from django.contrib import admin
 from django.urls import path
 
-from playground.web import api, pages
+from playground.web import api, metrics, pages
 from playground.web.openai_api import views as openai_api
 
 urlpatterns = [
     path("", pages.chat, name="chat"),
     path("explorer/", pages.explorer, name="explorer"),
+    path("serving/", pages.serving, name="serving"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/models/", api.model_list, name="api-models"),
     path("api/presets/", api.preset_list, name="api-presets"),

@@ -76,8 +76,13 @@ def child_env(redis_url: str, data_dir: Path) -> dict[str, str]:
     }
 
 
+# Frames up to 16 MiB reach the consumer, which refuses those over PLAYGROUND_MAX_MESSAGE_BYTES
+# with `message_too_large` and keeps the socket; daphne's own 1 MiB limit would drop it.
+DAPHNE_OPTIONS = ["--websocket-max-message-size", str(16 * 1024 * 1024)]
+
+
 def web_argv(host: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "playground.asgi:application"]
+    return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *DAPHNE_OPTIONS, "playground.asgi:application"]
 
 
 def supervise(supervisor: Supervisor, host: str, port: int) -> int:

@@ -27,6 +27,7 @@ if str(REPO_DIR) not in sys.path:  # `scripts` is a top-level package of the rep
 from scripts.net import free_port, http_status  # noqa: E402
 from scripts.processes import Service  # noqa: E402
 from scripts.redis_server import start_redis  # noqa: E402
+from scripts.run import DAPHNE_OPTIONS  # noqa: E402
 from scripts.worker import worker_argv  # noqa: E402
 
 ARTIFACTS_DIR = REPO_DIR / "test-artifacts" / "services"
@@ -165,7 +166,17 @@ def live_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     port = free_port()
     web = Service(
         "web",
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "playground.asgi:application"],
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            *DAPHNE_OPTIONS,
+            "playground.asgi:application",
+        ],
         env=env,
         cwd=REPO_DIR,
         log_path=ARTIFACTS_DIR / "web.log",

@@ -1,7 +1,8 @@
 """Benchmarks, printed side by side in one run: `python -m inference.bench [mode] [--quick]`.
 
 Modes: `decode` (default: our prefill/decode vs `model.generate`, and decode speed as a
-fraction of the memory-bandwidth bound), `prefix` (prefix-cache time to first token), `pd`
+fraction of the memory-bandwidth bound), `batch` (continuous batching: N streams at once vs one
+by one), `prefix` (prefix-cache time to first token), `pd`
 (colocated vs disaggregated prefill/decode). The last line printed is `key=value` pairs.
 Ratios, not absolute numbers, are the point: both sides run in the same process,
 interleaved, best of N, so machine noise hits both.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 
-MODES = ("decode", "prefix", "pd")
+MODES = ("decode", "batch", "prefix", "pd")
 
 
 def format_keys(results: dict) -> str:

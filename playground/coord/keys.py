@@ -63,3 +63,11 @@ def prefix_owner(conversation_id: int | str) -> str:
 def kv_blob(name: str) -> str:
     """A KV blob's manifest; its chunks are `kv_blob(name) + ":<n>"` (prefill -> decode handoff)."""
     return KV_BLOB_PREFIX + name
+
+
+def worker_metrics(worker_name: str) -> str:
+    """A worker's metrics snapshot (JSON), refreshed about once a second; /metrics reads them all."""
+    return f"{PREFIX}metrics:{worker_name}"
+
+
+WORKER_METRICS_PATTERN = f"{PREFIX}metrics:*"

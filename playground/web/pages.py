@@ -1,4 +1,5 @@
-"""The two HTML pages: the chat UI at `/` and the token-probability explorer at `/explorer/`.
+"""The HTML pages: the chat UI at `/`, the token-probability explorer at `/explorer/` and the
+live view of continuous batching at `/serving/`.
 
 Owns: which template each page renders. The pages are static shells; everything they show
 comes from the JSON API and the `/ws/generate/` socket (docs/protocol.md), so these views
@@ -20,3 +21,8 @@ def chat(request: HttpRequest) -> HttpResponse:
 @ensure_csrf_cookie
 def explorer(request: HttpRequest) -> HttpResponse:
     return render(request, "explorer.html", {"page": "explorer"})
+
+
+def serving(request: HttpRequest) -> HttpResponse:
+    """Continuous batching, live: every worker's steps from the `/ws/serving/` socket."""
+    return render(request, "serving.html", {"page": "serving"})

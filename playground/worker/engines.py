@@ -20,7 +20,7 @@ from django.conf import settings
 
 from playground.coord import cancel
 from playground.models import LanguageModel
-from playground.worker import serving_view
+from playground.worker.observer import WorkerObserver
 from playground.worker.serve_loop import ServeLoop
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def loop_for(engine: Engine) -> ServeLoop:
     with _lock:
         loop = _loops.get(id(engine))
         if loop is None or loop.engine is not engine:
-            loop = _loops[id(engine)] = ServeLoop(engine, cancel.cancelled_among, serving_view.publish)
+            loop = _loops[id(engine)] = ServeLoop(engine, cancel.cancelled_among, WorkerObserver())
         return loop
 
 

@@ -205,6 +205,10 @@ class GenerationRun:
             except ValueError as exc:  # includes ChatTemplateError
                 raise CommandError("invalid_params", f"the prompt could not be built: {exc}") from exc
             text, spans = rendered.text, [span.to_dict() for span in rendered.spans]
+        vocab_size = engine.model_info().get("vocab_size")
+        bad = [i for i in inputs.get("token_ids", []) if vocab_size and not 0 <= i < vocab_size]
+        if bad:
+            raise CommandError("invalid_params", f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
         # On the loop thread: the tokenizer is not safe to share between threads.
         tokens = self.loop.call(lambda: engine.tokenize(text) + engine.token_infos(inputs.get("token_ids", [])))
         limits.check_prompt_tokens(len(tokens), max_context)

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from inference.events import Event, Finished
 
@@ -40,20 +40,25 @@ class Waiting:
     waited_ms: float
 
 
+class LoopObserver(Protocol):
+    """Reports beside the requests' own events (the live view, metrics); called on the loop thread."""
+
+    def on_event(self, request_id: int, event: Event) -> None: ...
+
+    def after_step(
+        self, engine: Engine, step: BatchStep | None, generation_of: dict[int, int], num_requests: int
+    ) -> None: ...
+
+
 class LoopFailed(RuntimeError):
     """The engine raised inside a step: every request of that step ends with this error."""
 
 
 class ServeLoop:
-    def __init__(
-        self,
-        engine: Engine,
-        poll_cancelled: PollCancelled,
-        on_batch_step: Callable[[BatchStep, dict[int, int]], None] | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, poll_cancelled: PollCancelled, observer: LoopObserver | None = None) -> None:
         self.engine = engine
         self.poll_cancelled = poll_cancelled
-        self.on_batch_step = on_batch_step
+        self.observer = observer
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue]] = queue.SimpleQueue()
         self._outboxes: dict[int, queue.SimpleQueue] = {}
         self._generation_of: dict[int, int] = {}  # request id -> generation id (for the cancel check)
@@ -122,11 +127,13 @@ class ServeLoop:
                 self._fail_all(LoopFailed(f"the engine failed: {type(exc).__name__}: {exc}"))
                 continue
             for request_id, event in events:
+                if self.observer is not None:
+                    self.observer.on_event(request_id, event)
                 self._deliver(request_id, event)
             self._report_waiting()
-            step = self.engine.last_batch_step
-            if self.on_batch_step is not None and step is not None and events:
-                self.on_batch_step(step, generation_of)
+            if self.observer is not None:
+                step = self.engine.last_batch_step if events else None
+                self.observer.after_step(self.engine, step, generation_of, self.num_requests)
 
     def _run_commands(self, block: bool) -> None:
         try:

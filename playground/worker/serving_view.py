@@ -8,8 +8,6 @@ turned into generation ids) and the throttle. Must not know: sockets, the ORM.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,21 +22,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_PER_S = 10.0
-_state = {"last_sent": 0.0, "num_skipped": 0, "worker": f"{socket.gethostname()}:{os.getpid()}"}
+_state = {"last_sent": 0.0, "num_skipped": 0}
 
 
-def set_worker_name(name: str) -> None:
-    _state["worker"] = name
-
-
-def publish(step: BatchStep, generation_of: dict[int, int]) -> None:
+def publish(step: BatchStep, generation_of: dict[int, int], worker: str) -> None:
     """Sends the step unless one went out less than 1/MAX_PER_S ago (then counts it as skipped)."""
     now = time.monotonic()
     if now - _state["last_sent"] < 1.0 / MAX_PER_S:
         _state["num_skipped"] += 1
         return
     _state["last_sent"] = now
-    message = serving_step(step, generation_of, _state["worker"], _state["num_skipped"])
+    message = serving_step(step, generation_of, worker, _state["num_skipped"])
     _state["num_skipped"] = 0
     try:
         async_to_sync(get_channel_layer().group_send)(protocol.SERVING_GROUP, message)

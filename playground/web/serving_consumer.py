@@ -1,0 +1,29 @@
+"""The serving view's WebSocket (`/ws/serving/`): every worker's continuous-batching steps, live.
+
+Owns: joining the `serving` group and forwarding its `serving.step` messages (the workers
+publish them, throttled, from `playground.worker.serving_view`). Read-only: the socket takes
+no commands, so any message gets a stable error and changes nothing. Must not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from playground import protocol
+
+
+class ServingConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        await self.channel_layer.group_add(protocol.SERVING_GROUP, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        await self.channel_layer.group_discard(protocol.SERVING_GROUP, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        await self.send_json(protocol.error("unknown_command", "the serving view only listens; it takes no commands"))
+
+    async def serving_step(self, event: dict[str, Any]) -> None:
+        await self.send_json(event)

@@ -1,0 +1,94 @@
+"""The worker's engine loop: task threads submit at once and each gets its own events; the
+cancel check, the waiting position and a failing step, on a real tiny batching engine."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from inference import EngineConfig, Finished, SamplingParams, Step
+from inference.engine import Engine
+from playground.worker.serve_loop import LoopFailed, ServeLoop, Waiting
+from tests.engine.engines import engine_for
+
+PARAMS = SamplingParams(greedy=True, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
+
+
+def prompt(i: int) -> list[int]:
+    return [5 + (i * 11 + j) % 150 for j in range(4 + 3 * i)]
+
+
+def tokens(events: list) -> list[int]:
+    return [e.token_id for e in events if isinstance(e, Step)]
+
+
+def never_cancelled(generation_ids: list[int]) -> set[int]:
+    return set()
+
+
+def test_threads_submit_at_once_and_each_gets_exactly_its_own_answer() -> None:
+    engine = engine_for("llama")
+    expected = {i: tokens(engine.generate(prompt(i), PARAMS)) for i in range(6)}
+    loop = ServeLoop(engine, never_cancelled)
+    results: dict[int, list] = {}
+
+    def run(i: int) -> None:
+        results[i] = list(loop.submit(prompt(i), PARAMS, generation_id=100 + i))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for i in range(6):
+        assert tokens(results[i]) == expected[i]
+        assert [type(e) for e in results[i]].count(Finished) == 1 and isinstance(results[i][-1], Finished)
+    assert loop.num_requests == 0
+
+
+def test_the_cancel_check_ends_only_the_flagged_generation() -> None:
+    flagged: set[int] = set()
+    loop = ServeLoop(engine_for("llama"), lambda ids: flagged & set(ids))
+    long = SamplingParams(greedy=True, max_new_tokens=200, ignore_eos=True, use_prefix_cache=False)
+    doomed = loop.submit(prompt(1), long, generation_id=7)
+    other = loop.submit(prompt(2), PARAMS, generation_id=8)
+    seen = []
+    for event in doomed:
+        seen.append(event)
+        if len(tokens(seen)) == 3:
+            flagged.add(7)
+    assert seen[-1].finish_reason == "cancelled" and len(tokens(seen)) < 200
+    assert list(other)[-1].finish_reason == "length"
+
+
+def test_a_request_without_room_in_the_batch_is_told_its_place() -> None:
+    model_engine = engine_for("llama")
+    engine = Engine(model_engine.loaded, EngineConfig(prefix_cache_bytes=0, max_num_seqs=1))
+    loop = ServeLoop(engine, never_cancelled)
+    first = loop.submit(prompt(1), PARAMS, generation_id=1)
+    second = loop.submit(prompt(2), PARAMS, generation_id=2)
+    events = list(second)
+    waiting = [e for e in events if isinstance(e, Waiting)]
+    assert waiting and waiting[0].position == 1 and waiting[0].num_waiting == 1
+    assert list(first)[-1].finish_reason == "length" and events[-1].finish_reason == "length"
+    assert events[[type(e) for e in events].index(Finished)].queue_ms > 0
+
+
+def test_a_failing_step_ends_every_request_with_an_error_and_the_loop_serves_on() -> None:
+    engine = engine_for("llama")
+    loop = ServeLoop(engine, never_cancelled)
+    real_step = engine.batcher.step
+    engine.batcher.step = lambda: (_ for _ in ()).throw(RuntimeError("boom"))
+    events = loop.submit(prompt(1), PARAMS, generation_id=1)
+    with pytest.raises(LoopFailed, match="boom"):
+        list(events)
+    engine.batcher.step = real_step
+    assert list(loop.submit(prompt(1), PARAMS, generation_id=2))[-1].finish_reason == "length"
+
+
+def test_bad_input_is_refused_at_submit() -> None:
+    loop = ServeLoop(engine_for("llama"), never_cancelled)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        loop.submit([10**9], PARAMS, generation_id=1)
+    assert loop.num_requests == 0
