@@ -90,6 +90,18 @@ def run_one_by_one(engine: Engine, prompt_ids: list[list[int]], params: Sampling
     return _summary(token_times, started, time.perf_counter())
 
 
+RUNS = {"batching": run_batched, "batch-1": run_one_by_one}
+
+
+def single_stream_ratio(engine: Engine, prompt_ids: list[list[int]], params: SamplingParams, first: dict) -> float:
+    """Best of 3 interleaved runs per path: one stream's speed is what machine noise moves most."""
+    best = {path: first[path]["decode_tok_s_first"] for path in RUNS}
+    for _ in range(2):
+        for path, run in RUNS.items():
+            best[path] = max(best[path], run(engine, prompt_ids, params)["decode_tok_s_first"])
+    return best["batching"] / best["batch-1"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inference.bench batch", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1, 4 and 8 streams, 32 tokens (about a minute)")
@@ -123,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, float] = {}
     for n in stream_counts:
         batch_ids = prompts(engine, n)
-        rows = {
-            "batching": run_batched(engine, batch_ids, params),
-            "batch-1": run_one_by_one(engine, batch_ids, params),
-        }
+        rows = {path: run(engine, batch_ids, params) for path, run in RUNS.items()}
         for path, r in rows.items():
             print(
                 f"{n:>7} {path:<10} {r['tok_s']:>8.1f} {r['ttft_p50']:>9.0f} {r['ttft_p95']:>9.0f} "
@@ -143,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         if n == 1:
-            results["single_stream_ratio"] = b["decode_tok_s_first"] / rows["batch-1"]["decode_tok_s_first"]
+            results["single_stream_ratio"] = single_stream_ratio(engine, batch_ids, params, rows)
     print(format_keys(results))
     return 0
 

@@ -2,6 +2,9 @@
 
 `python -m inference.bench prefix [--quick]` (or `python -m inference.bench.prefix`).
 
+Runs through the serving path by default (`Engine.add_request`/`step`: the prefix cache is the
+batch's shared KV blocks); `--path alone` measures `Engine.generate` and its radix cache.
+
 Owns: a synthetic conversation on the bundled model, the "previous turn" that leaves its
 history in the prefix cache, and the side-by-side TTFT at ~1,000 and ~2,000 history tokens.
 "On" is the next turn after the history was prefilled once (as the previous turn did);
@@ -59,9 +62,19 @@ def turn_ids(engine: Engine, history: list[dict], question: str) -> list[int]:
     return engine.encode(engine.render_chat(history + [{"role": "user", "content": question}]).text)
 
 
+PATHS = ("batched", "alone")  # the serving path (shared KV blocks) or one request alone (the radix cache)
+_path = {"name": "batched"}
+
+
 def first_token(engine: Engine, prompt_ids: list[int], use_prefix_cache: bool) -> tuple[Prefilled, Finished]:
     params = SamplingParams(greedy=True, max_new_tokens=1, num_alternatives=0, use_prefix_cache=use_prefix_cache)
-    events = list(engine.generate(prompt_ids, params))
+    if _path["name"] == "alone":
+        events = list(engine.generate(prompt_ids, params))
+    else:
+        engine.add_request(prompt_ids, params)
+        events = []
+        while engine.has_unfinished:
+            events += [event for _, event in engine.step()]
     return events[0], events[-1]
 
 
@@ -93,7 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--repeats", type=int, default=None, help="best of N (default 3, 1 with --quick)")
+    parser.add_argument(
+        "--path",
+        choices=PATHS,
+        default="batched",
+        help="batched: the serving path, whose prefix cache is shared KV blocks (default); "
+        "alone: Engine.generate, whose prefix cache is the radix tree",
+    )
     args = parser.parse_args(argv)
+    _path["name"] = args.path
     repeats = args.repeats or (1 if args.quick else 3)
 
     engine = Engine.load(EngineConfig(source="bundled", device=args.device, dtype=args.dtype))

@@ -107,18 +107,12 @@ class BatchedLlamaRunner:
         q = lean._rotate(q.view(num_rows, lean.num_heads, lean.head_dim), cos, sin)  # (T, H, D)
         k = lean._rotate(k.view(num_rows, lean.num_kv_heads, lean.head_dim), cos, sin)  # (T, KVH, D)
         self.pool.write(i, step.slots, k, v.view(num_rows, lean.num_kv_heads, lean.head_dim))
-        out = torch.empty(num_rows, lean.num_heads, lean.head_dim, dtype=x.dtype, device=x.device)
         is_gqa = lean.num_heads != lean.num_kv_heads
+        if not step.prefills:  # decodes only (the common step): the rows are the decodes, in order
+            return self._decode_attention(i, q, step, is_gqa).reshape(num_rows, lean.q_size)
+        out = torch.empty(num_rows, lean.num_heads, lean.head_dim, dtype=x.dtype, device=x.device)
         if step.decode_slots is not None:
-            keys, values = self.pool.gather(i, step.decode_slots)  # (B, L, KVH, D)
-            attended = F.scaled_dot_product_attention(
-                q[step.decode_rows][:, :, None],
-                keys.transpose(1, 2),
-                values.transpose(1, 2),
-                attn_mask=step.decode_mask,
-                enable_gqa=is_gqa,
-            )  # (B, H, 1, D)
-            out[step.decode_rows] = attended[:, :, 0]
+            out[step.decode_rows] = self._decode_attention(i, q[step.decode_rows], step, is_gqa)
         for p in step.prefills:
             keys, values = self.pool.gather(i, p.context_slots)  # (L, KVH, D)
             mask = None
@@ -135,3 +129,19 @@ class BatchedLlamaRunner:
             )
             out[p.row : p.row + p.num_tokens] = attended[0].transpose(0, 1)
         return out.view(num_rows, lean.q_size)
+
+    def _decode_attention(self, i: int, q: torch.Tensor, step: StepInput, is_gqa: bool) -> torch.Tensor:
+        """q (B, H, D) of single-token chunks -> (B, H, D), each over its own context (padded, masked)."""
+        keys, values = self.pool.gather(i, step.decode_slots)  # (B, L, KVH, D)
+        attended = F.scaled_dot_product_attention(
+            q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2), attn_mask=step.decode_mask, enable_gqa=is_gqa
+        )  # (B, H, 1, D)
+        return attended[:, :, 0]
+
+    def _decode_attention(self, i: int, q: torch.Tensor, step: StepInput, is_gqa: bool) -> torch.Tensor:
+        """q (B, H, D) of single-token chunks -> (B, H, D), each over its own context (padded, masked)."""
+        keys, values = self.pool.gather(i, step.decode_slots)  # (B, L, KVH, D)
+        attended = F.scaled_dot_product_attention(
+            q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2), attn_mask=step.decode_mask, enable_gqa=is_gqa
+        )  # (B, H, 1, D)
+        return attended[:, :, 0]

@@ -51,10 +51,13 @@ function stepRow({ worker, step }) {
     free.style.flexGrow = String(unused);
     bar.append(free);
   }
-  const preempted = step.preempted_ids.length ? h("span", { class: "badge warn" }, `preempted #${step.preempted_ids.join(", #")}`) : null;
+  const decodes = step.chunks.filter((c) => c.kind === "decode").length;
+  const prefills = step.chunks.length - decodes;
+  const summary = [decodes && `${decodes} decode`, prefills && `${prefills} prefill`].filter(Boolean).join(" · ");
+  const preempted = step.preempted_ids.length ? ` · preempted #${step.preempted_ids.join(", #")}` : "";
   return h("li", { class: "sv-row" },
     h("span", { class: "sv-meta mono" }, `${worker.split("@")[0]} · step ${step.index} · ${fmtMs(step.step_ms)}`),
-    bar, preempted);
+    bar, h("span", { class: `sv-meta mono${preempted ? " sv-preempted" : ""}` }, `${summary} · ${step.num_batched_tokens} tok${preempted}`));
 }
 
 function describe(step) {

@@ -1,0 +1,55 @@
+"""Several chats streaming at once, batched by one worker, and the serving page showing them
+share steps: three people (three browser contexts, three sessions) send at the same moment."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from .conftest import RECORD_EVENTS, WAIT_MS
+from .test_chat import open_chat, send
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.timeout(600)]
+
+NUM_CHATS = 3
+
+
+def new_page(chromium, base_url: str):
+    context = chromium.new_context(base_url=base_url, viewport={"width": 1300, "height": 900}, bypass_csp=True)
+    context.set_default_timeout(WAIT_MS)
+    context.add_init_script(RECORD_EVENTS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    return context, page, errors
+
+
+def test_three_chats_stream_at_once_and_the_serving_page_shows_them_sharing_steps(
+    chromium, live_stack, screenshot_dir
+) -> None:
+    live_stack.ensure_worker()
+    opened = [new_page(chromium, live_stack.base_url) for _ in range(NUM_CHATS + 1)]
+    try:
+        serving = opened[0][1]
+        serving.goto("/serving/")
+        expect(serving.locator("#conn")).to_have_attribute("data-state", "open")
+        chats = [page for _, page, _ in opened[1:]]
+        for page in chats:
+            open_chat(page, max_tokens=40)
+        for i, page in enumerate(chats):
+            send(page, f"Tell me a short story about a fox number {i}.")
+        for page in chats:  # all three stream at the same time: each sees its first tokens before any finished
+            expect(page.locator(".msg-assistant .tok").first).to_be_visible()
+        for page in chats:
+            expect(page.locator(".msg-assistant .finish")).to_be_visible()
+            assert page.locator(".msg-assistant .msg-body").inner_text().strip()
+        shared = serving.locator(".sv-row").filter(has=serving.locator(".sv-decode:nth-child(2)"))
+        expect(shared.first).to_be_visible()  # a step in which at least two requests decoded together
+        expect(serving.locator(".sv-card")).to_have_count(1)
+        expect(serving.locator(".sv-card")).to_contain_text("KV blocks")
+        serving.screenshot(path=str(screenshot_dir / "serving.png"), full_page=False)
+        chats[0].screenshot(path=str(screenshot_dir / "chat-batched.png"))
+    finally:
+        for context, _, errors in opened:
+            context.close()
+            assert not errors, f"uncaught errors in a page: {errors}"
