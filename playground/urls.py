@@ -1,17 +1,21 @@
 from django.contrib import admin
 from django.urls import path
 
-from playground.web import api, metrics, pages
+from playground.web import api, architecture, metrics, pages
 from playground.web.openai_api import views as openai_api
 
 urlpatterns = [
     path("", pages.chat, name="chat"),
     path("explorer/", pages.explorer, name="explorer"),
     path("serving/", pages.serving, name="serving"),
+    path("architecture/", pages.architecture, name="architecture"),
     path("metrics", metrics.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/models/", api.model_list, name="api-models"),
     path("api/presets/", api.preset_list, name="api-presets"),
+    path("api/architectures/", architecture.architecture_list, name="api-architectures"),
+    path("api/architectures/<str:key>/", architecture.reference_architecture, name="api-architecture"),
+    path("api/models/<int:model_id>/architecture/", architecture.model_architecture, name="api-model-architecture"),
     path("api/conversations/", api.conversation_list, name="api-conversations"),
     path("api/conversations/<int:conversation_id>/", api.conversation_detail, name="api-conversation"),
     path("api/generations/<int:generation_id>/", api.generation_detail, name="api-generation"),

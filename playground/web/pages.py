@@ -1,5 +1,5 @@
 """The HTML pages: the chat UI at `/`, the token-probability explorer at `/explorer/` and the
-live view of continuous batching at `/serving/`.
+live view of continuous batching at `/serving/`, the architecture card at `/architecture/`.
 
 Owns: which template each page renders. The pages are static shells; everything they show
 comes from the JSON API and the `/ws/generate/` socket (docs/protocol.md), so these views
@@ -26,3 +26,8 @@ def explorer(request: HttpRequest) -> HttpResponse:
 def serving(request: HttpRequest) -> HttpResponse:
     """Continuous batching, live: every worker's steps from the `/ws/serving/` socket."""
     return render(request, "serving.html", {"page": "serving"})
+
+
+def architecture(request: HttpRequest) -> HttpResponse:
+    """What a model costs, from its config: parameters, KV cache, FLOPs (from `/api/architectures/`)."""
+    return render(request, "architecture.html", {"page": "architecture"})

@@ -1,0 +1,108 @@
+"""HTTP JSON for the architecture card (`/api/architectures/...`, the `/architecture/` page).
+
+Owns: finding a registered model's `config.json` as the web process sees it (the same data dir
+and Hugging Face cache as the workers), the query parameters `context` and `dtype`, and the
+list of models that have a card. The numbers come from `inference.introspect.architecture`,
+which is pure arithmetic on the config: no weights, no torch.
+Must not know: the engine, the worker.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from inference.config import BUNDLED_MODEL
+from inference.introspect import architecture as arch
+from playground.models import LanguageModel
+from playground.protocol import CommandError
+from playground.web.api import endpoint
+
+# `inference.models.bundled.BUNDLED_FOLDER_NAME`, which imports torch (a test keeps them equal)
+BUNDLED_FOLDER_NAME = "smollm2-135m-instruct"
+_CONFIG_BYTES = 1 << 20
+
+
+def _query(request: HttpRequest) -> dict[str, Any]:
+    raw_context = request.GET.get("context", "4096")
+    try:
+        context = int(raw_context)
+    except ValueError:
+        raise CommandError("invalid_field", f"context={raw_context!r} must be an integer") from None
+    if not 1 <= context <= arch.MAX_CONTEXT:
+        raise CommandError("invalid_field", f"context must be from 1 to {arch.MAX_CONTEXT}, not {context}")
+    dtype = request.GET.get("dtype") or None
+    if dtype is not None and dtype not in arch.DTYPE_BYTES:
+        raise CommandError("invalid_field", f"dtype must be one of {', '.join(arch.DTYPE_BYTES)}, not {dtype!r}")
+    return {"context": context, "dtype": dtype}
+
+
+def config_path(source: str) -> Path | None:
+    """Where the model's config.json is, if this host has it: the bundled model's converted
+    folder, a local folder, or a hub id's snapshot in the Hugging Face cache."""
+    if source == BUNDLED_MODEL:
+        return Path(settings.PLAYGROUND_DATA_DIR) / BUNDLED_FOLDER_NAME / "config.json"
+    path = Path(source)
+    if path.is_absolute():
+        return path / "config.json" if path.is_dir() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(source, "config.json")
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def model_config(model: LanguageModel) -> dict[str, Any]:
+    source = model.to_engine_config().source
+    path = config_path(source)
+    if path is None or not path.is_file():
+        where = f" ({path})" if path else ""
+        raise CommandError(
+            "model_unavailable",
+            f"no config.json for {model.name}{where}: the card needs a Hugging Face folder or a cached hub id "
+            "(a .gguf file gets one once a worker has converted it)",
+        )
+    if path.stat().st_size > _CONFIG_BYTES:
+        raise CommandError("model_unavailable", f"{path} is larger than a config.json can be")
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CommandError("model_unavailable", f"{path} is not valid JSON: {exc}") from exc
+
+
+def _card(config: dict[str, Any], name: str, query: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return arch.card(config, name=name, **query)
+    except arch.ArchitectureError as exc:
+        raise CommandError("model_unavailable", f"{name}: {exc}") from exc
+
+
+@endpoint("GET")
+def architecture_list(request: HttpRequest) -> HttpResponse:
+    """The cards there are: each enabled model and each reference config."""
+    models = [{"id": m.pk, "name": m.name} for m in LanguageModel.objects.filter(is_enabled=True)]
+    references = [{"key": key, "name": name} for key, name in arch.REFERENCE_MODELS.items()]
+    return JsonResponse({"models": models, "references": references})
+
+
+@endpoint("GET")
+def reference_architecture(request: HttpRequest, key: str) -> HttpResponse:
+    query = _query(request)
+    if key not in arch.REFERENCE_MODELS:
+        raise CommandError("not_found", f"no reference architecture {key!r}; known: {', '.join(arch.REFERENCE_MODELS)}")
+    config = arch.reference_config(key)
+    if config.get("dtype") == "fp8" and query["dtype"] is None:
+        query["dtype"] = "bfloat16"  # the card's default for DeepSeek's fp8 release: as most runtimes load it
+    return JsonResponse(_card(config, arch.REFERENCE_MODELS[key], query) | {"key": key})
+
+
+@endpoint("GET")
+def model_architecture(request: HttpRequest, model_id: int) -> HttpResponse:
+    query = _query(request)
+    model = LanguageModel.objects.filter(pk=model_id, is_enabled=True).first()
+    if model is None:
+        raise CommandError("not_found", f"no enabled model {model_id}")
+    return JsonResponse(_card(model_config(model), model.name, query) | {"model_id": model.pk})
