@@ -22,8 +22,9 @@ from playground.models import LanguageModel
 from playground.protocol import CommandError
 from playground.web.api import endpoint
 
-# `inference.models.bundled.BUNDLED_FOLDER_NAME`, which imports torch (a test keeps them equal)
-BUNDLED_FOLDER_NAME = "smollm2-135m-instruct"
+# `inference.models.bundled.bundled_model_dir` below the data dir; that module imports torch
+# (a test keeps the two equal)
+BUNDLED_FOLDER = Path("models", "smollm2-135m-instruct")
 _CONFIG_BYTES = 1 << 20
 
 
@@ -45,7 +46,7 @@ def config_path(source: str) -> Path | None:
     """Where the model's config.json is, if this host has it: the bundled model's converted
     folder, a local folder, or a hub id's snapshot in the Hugging Face cache."""
     if source == BUNDLED_MODEL:
-        return Path(settings.PLAYGROUND_DATA_DIR) / BUNDLED_FOLDER_NAME / "config.json"
+        return Path(settings.PLAYGROUND_DATA_DIR) / BUNDLED_FOLDER / "config.json"
     path = Path(source)
     if path.is_absolute():
         return path / "config.json" if path.is_dir() else None

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from inference.models.bundled import BUNDLED_FOLDER_NAME
+from inference.models.bundled import bundled_model_dir
 from playground.models import LanguageModel
 from playground.web import architecture
 
@@ -44,8 +44,8 @@ def test_list_names_models_and_references(bundled_model: LanguageModel) -> None:
 
 def test_bundled_model_card_reads_its_converted_folder(settings: Any, tmp_path: Path, bundled_model) -> None:
     settings.PLAYGROUND_DATA_DIR = tmp_path
-    (tmp_path / BUNDLED_FOLDER_NAME).mkdir()
-    (tmp_path / BUNDLED_FOLDER_NAME / "config.json").write_text(json.dumps(LLAMA))
+    bundled_model_dir(tmp_path).mkdir(parents=True)
+    (bundled_model_dir(tmp_path) / "config.json").write_text(json.dumps(LLAMA))
     card = Client().get(f"/api/models/{bundled_model.pk}/architecture/?context=10").json()
     # 2 layers x (K and V) x 2 KV heads x 16 dims x 4 bytes
     assert card["kv_cache"]["bytes_per_token"] == 2 * 2 * 2 * 16 * 4
@@ -75,8 +75,8 @@ def test_errors_say_what_is_wrong(tmp_path: Path) -> None:
     assert "bert" in client.get(f"/api/models/{bert.pk}/architecture/").json()["error"]["message"]
 
 
-def test_bundled_folder_name_matches_the_engine() -> None:
-    assert architecture.BUNDLED_FOLDER_NAME == BUNDLED_FOLDER_NAME
+def test_bundled_folder_matches_the_engine(tmp_path: Path) -> None:
+    assert tmp_path / architecture.BUNDLED_FOLDER == bundled_model_dir(tmp_path)
 
 
 def test_page_is_linked_from_the_topbar() -> None:
