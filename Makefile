@@ -58,6 +58,7 @@ prepare: $(RUN_STAMP)
 	@if [[ "$${DEBUG,,}" =~ ^(0|false|no|off)$$ ]]; then \
 		echo "$(MANAGE) collectstatic --noinput"; $(MANAGE) collectstatic --noinput -v 0; fi
 	$(PY) -m inference.models.bundled
+	$(MANAGE) demo_model  # the random-weights DeepSeek-V3 demo (docs/deepseek.md)
 
 run: prepare
 	$(PY) scripts/run.py
