@@ -11,7 +11,7 @@ Must not know: Django, Celery, sockets.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,6 +28,7 @@ from inference.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from inference.engine import Engine, _Run
+    from inference.kv.transfer import Handoff
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class _Request:
     seq: Sequence
     is_cancelled: bool = False
     prefill_started_at: float | None = None
-    events: list[Event] = field(default_factory=list)
+    handoff: Handoff | None = None  # a handed-over request: its KV waits to be loaded into its blocks
 
 
 class ContinuousBatcher:
@@ -80,11 +81,27 @@ class ContinuousBatcher:
         return params.use_kv_cache and not params.is_beam_search
 
     def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
-        run = self.engine._new_run(prompt_ids, params)
+        run = self.engine._new_run(prompt_ids, params, with_cache=False)
         seq = Sequence(list(prompt_ids), params, seq_id=request_id)
         run.seq = seq
         self.scheduler.add(seq)  # refuses a prompt that could never fit the pool
         self.requests[request_id] = _Request(run, seq)
+
+    def add_handoff(self, request_id: int, handoff: Handoff) -> None:
+        """A request another worker prefilled: it joins the batch with its first token, and its
+        prompt's KV is loaded into its own blocks when it is admitted (none is recomputed)."""
+        run = self.engine._resume(handoff, with_cache=False)
+        prompt_ids = list(handoff.prompt_ids)
+        seq = Sequence(
+            [*prompt_ids, handoff.first_step.token_id],
+            handoff.params,
+            num_prompt_tokens=len(prompt_ids),
+            seq_id=request_id,
+            num_imported_tokens=len(prompt_ids),
+        )
+        run.seq = seq
+        self.scheduler.add(seq)
+        self.requests[request_id] = _Request(run, seq, handoff=handoff)
 
     def cancel(self, request_id: int) -> bool:
         request = self.requests.get(request_id)
@@ -125,6 +142,9 @@ class ContinuousBatcher:
         """One scheduler step: cancellations, then one forward pass for every scheduled chunk."""
         events = self._cancelled_events()
         out = self.scheduler.schedule()
+        for seq in out.imported:
+            events += self._import(self.requests[seq.seq_id])
+        out.chunks = [c for c in out.chunks if c.seq.seq_id in self.requests]  # a handoff may end at once
         if out.is_empty:
             return events
         started = time.perf_counter()
@@ -156,6 +176,21 @@ class ContinuousBatcher:
         events += [engine._with_tail(run, step), engine._finish(run, reason)]
         self._forget(seq)
         return events
+
+    def _import(self, request: _Request) -> list[tuple[int, Event]]:
+        """Loads a handoff's KV into the blocks it was just given; then, as `Engine.generate`
+        does with a handoff, its Prefilled record and first token (which may already end it)."""
+        run, seq, handoff = request.run, request.seq, request.handoff
+        self.pool.load(seq.block_table, handoff.layers)
+        self.block_manager.mark_computed(seq)  # its full blocks become shareable like any others
+        request.handoff = None  # the KV is in the pool now: keep one copy
+        step = handoff.first_step
+        events: list[Event] = [run.prefilled, step]
+        reason = self.engine._finish_reason(run, step, None)
+        if reason is not None:
+            events[-1:] = [self.engine._with_tail(run, step), self.engine._finish(run, reason)]
+            self._forget(seq)
+        return [(seq.seq_id, e) for e in events]
 
     def _prefilled(self, request: _Request) -> Prefilled:
         seq, now = request.seq, time.perf_counter()

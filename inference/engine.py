@@ -146,9 +146,12 @@ class Engine:
     def piece(self, token_id: int) -> str:
         return self.token_table.piece_of(token_id)
 
-    def prefix_cache_stats(self) -> dict:
-        """The batched path's block cache when there is one (it serves most requests), else the radix cache."""
-        return self.batcher.prefix_cache_stats() if self.batcher is not None else self.prefix_cache.stats()
+    def prefix_cache_stats(self, params: SamplingParams | None = None) -> dict:
+        """The counters of the prefix cache a request with `params` uses: the batch's shared KV
+        blocks, or the radix cache of requests that run alone (also when `params` is None)."""
+        if params is not None and self.batcher is not None and self.batcher.accepts(params):
+            return self.batcher.prefix_cache_stats()
+        return self.prefix_cache.stats()
 
     # ---- many requests at once: add_request(), then step() until none is unfinished --------
 
@@ -156,13 +159,17 @@ class Engine:
         """Queue a request; its events come out of `step()`. Bad input raises `ValueError` here.
 
         Requests share each forward pass (continuous batching) on the lean runner's models; beam
-        search, the no-KV-cache mode, handoffs and other models run alone, advanced one event
-        per step between the batch's steps.
+        search, the no-KV-cache mode and other models run alone, advanced one event per step
+        between the batch's steps. A handoff's KV is loaded into the batch's blocks: the request
+        decodes in the batch.
         """
         prompt_ids = self._check_prompt(prompt_ids)
         request_id = next(self._request_ids)
-        if self.batcher is not None and handoff is None and self.batcher.accepts(params):
-            self.batcher.add(request_id, prompt_ids, params)
+        if self.batcher is not None and self.batcher.accepts(params):
+            if handoff is None:
+                self.batcher.add(request_id, prompt_ids, params)
+            else:
+                self.batcher.add_handoff(request_id, handoff)
         else:
             self.alone.add(request_id, lambda is_cancelled: self.generate(prompt_ids, params, is_cancelled, handoff))
         return request_id
@@ -292,7 +299,10 @@ class Engine:
             )
         return ids
 
-    def _new_run(self, prompt_ids: list[int], params: SamplingParams, seed: int | None = None) -> _Run:
+    def _new_run(
+        self, prompt_ids: list[int], params: SamplingParams, seed: int | None = None, with_cache: bool = True
+    ) -> _Run:
+        """A request's state; `with_cache=False` for batched requests, whose KV is in the paged pool."""
         max_total = min(len(prompt_ids) + params.max_new_tokens, self.max_context)
         # On the model's device: the repetition penalty gathers logits (there) at these ids.
         context_ids = torch.zeros(max_total, dtype=torch.long, device=self.device)
@@ -302,7 +312,7 @@ class Engine:
             prompt_ids=prompt_ids,
             params=params,
             sampler=Sampler(sampler_params, self.device),
-            cache=self.runner.new_cache(max_total) if params.use_kv_cache else None,
+            cache=self.runner.new_cache(max_total) if params.use_kv_cache and with_cache else None,
             context_ids=context_ids,
             num_tokens=len(prompt_ids),
             detokenizer=IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True),
@@ -331,9 +341,12 @@ class Engine:
         )
         return logits
 
-    def _resume(self, handoff: Handoff) -> _Run:
-        run = self._new_run(handoff.prompt_ids, handoff.params, seed=handoff.seed)
-        run.cache.load(handoff.layers)
+    def _resume(self, handoff: Handoff, with_cache: bool = True) -> _Run:
+        """The request's state after its first token, as the prefill worker left it (with its KV
+        in a contiguous cache, or, `with_cache=False`, for the batcher to load into blocks)."""
+        run = self._new_run(handoff.prompt_ids, handoff.params, seed=handoff.seed, with_cache=with_cache)
+        if run.cache is not None:
+            run.cache.load(handoff.layers)
         run.sampler.generator.set_state(handoff.rng_state)
         run.prefilled = handoff.prefilled
         self._append(run, handoff.first_step.token_id)

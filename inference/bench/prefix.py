@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r[f'ttft_speedup_{label}']:>7.1f}x"
         )
 
-    stats = engine.prefix_cache_stats()
+    stats = engine.prefix_cache_stats(None if _path["name"] == "alone" else SamplingParams())
     mb_per_1k = stats["num_bytes"] / stats["num_stored_tokens"] * 1000 / 2**20
     print(
         f"cache holds {stats['num_stored_tokens']} tokens in {stats['num_bytes'] / 2**20:.1f} MiB "

@@ -90,14 +90,15 @@ class BlockManager:
         return hits
 
     def can_allocate(self, seq: Sequence) -> bool:
-        hits = self._prefix_hits(seq) if seq.params.use_prefix_cache else []
+        hits = self._prefix_hits(seq) if seq.params.use_prefix_cache and not seq.num_imported_tokens else []
         num_hits_in_use = sum(1 for i in hits if self.blocks[i].ref_count > 0)
         return seq.num_blocks_needed(self.block_size) - num_hits_in_use <= self.num_free_blocks
 
     def allocate(self, seq: Sequence) -> None:
         """Blocks for all of the sequence's tokens; a cached prefix is shared, not recomputed."""
         assert not seq.block_table, f"sequence {seq.seq_id} already holds blocks"
-        hits = self._prefix_hits(seq) if seq.params.use_prefix_cache else []
+        # An imported sequence's KV arrives whole: its blocks are its own (never written over shared ones).
+        hits = self._prefix_hits(seq) if seq.params.use_prefix_cache and not seq.num_imported_tokens else []
         for block_id in hits:
             if self.blocks[block_id].ref_count == 0:
                 del self.free[block_id]
@@ -105,7 +106,10 @@ class BlockManager:
         seq.block_table = list(hits)
         self._grow(seq, seq.num_blocks_needed(self.block_size))
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_computed_tokens = max(seq.num_computed_tokens, seq.num_imported_tokens)
         self.num_hashed[seq.seq_id] = len(hits)
+        if seq.num_imported_tokens:
+            return  # not a prefix-cache lookup
         self.num_queried_tokens += seq.num_tokens
         self.num_hit_tokens += seq.num_cached_tokens
         if seq.params.use_prefix_cache:

@@ -42,6 +42,7 @@ class Chunk:
 class SchedulerOutput:
     chunks: list[Chunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    imported: list[Sequence] = field(default_factory=list)  # admitted now: load their handed-over KV first
 
     @property
     def num_batched_tokens(self) -> int:
@@ -98,6 +99,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.block_manager.allocate(seq)
+            if seq.num_imported_tokens:
+                out.imported.append(seq)
             seq.status = SequenceStatus.RUNNING
             seq.first_scheduled_at = seq.first_scheduled_at or time.perf_counter()
             self.running.append(seq)
@@ -124,6 +127,7 @@ class Scheduler:
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
+        seq.num_imported_tokens = 0  # its handed-over KV is gone with its blocks: recompute it
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 

@@ -36,6 +36,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # of the prompt, reused from the prefix cache at admission
+    num_imported_tokens: int = 0  # KV computed elsewhere (a prefill worker's handoff), loaded at admission
     block_table: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     arrived_at: float = field(default_factory=time.perf_counter)

@@ -102,6 +102,7 @@ class GenerationRun:
         self.loop: ServeLoop | None = None  # the worker's engine loop: every engine call goes through it
         self.answer_id: int | None = None  # the assistant message (chat only)
         self.is_beam_search = False
+        self.params: SamplingParams | None = None
         self.text = ""
         self.starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)  # set again once rendered
         self.steps: list[dict[str, Any]] = []
@@ -140,7 +141,7 @@ class GenerationRun:
             params = SamplingParams.from_dict(generation.params)
         except (TypeError, ValueError) as exc:  # stored by an older version with other settings
             raise CommandError("invalid_params", str(exc)) from exc
-        self.is_beam_search = params.is_beam_search
+        self.is_beam_search, self.params = params.is_beam_search, params
         engine = self._load(load_engine)
         info = engine.model_info()
         prompt_ids, prompt = self._prompt(engine, info["max_context"])
@@ -169,11 +170,11 @@ class GenerationRun:
             logger.exception("loading model %r failed", model.name)
             raise CommandError("model_unavailable", f"model {model.name!r} could not be loaded: {exc}") from exc
 
-    def _stream(self, events: Iterator[Event | Waiting]) -> Finished:
-        """Sends the engine's records on until its `Finished`, which it returns."""
+    def _stream(self, events: Iterator[Event | Waiting], until: type = Finished) -> Finished:
+        """Sends the engine's records on until its `Finished` (or the first `until`), which it returns."""
         generation = self.generation
         for event in events:
-            if isinstance(event, Finished):
+            if isinstance(event, (until, Finished)):
                 return event
             if isinstance(event, Waiting):
                 self.send(
@@ -283,7 +284,7 @@ class GenerationRun:
     def _stats(self, finished: Finished) -> dict[str, Any]:
         stats = protocol.stats_record(protocol.json_safe(finished.to_dict()), self.generation.worker)
         if self.engine is not None:  # this worker's prefix cache after the request: hit rate, bytes, ...
-            stats["prefix_cache"] = protocol.json_safe(self.engine.prefix_cache_stats())
+            stats["prefix_cache"] = protocol.json_safe(self.engine.prefix_cache_stats(self.params))
         return stats
 
     def _finished_fields(self, finished: Finished, stats: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from django.conf import settings
 
-from inference.events import BeamStep, Finished, Step
+from inference.events import BeamStep, Finished, Prefilled, Step
 from playground import protocol
 from playground.coord import cancel, kv_store, liveness, store
 from playground.models import Generation, LanguageModel
@@ -236,8 +236,12 @@ class DecodeRun(GenerationRun):
         t0 = time.perf_counter()
         handoff = self._verify(blob, engine)
         del blob  # the KV cache may be large: keep one copy only
+        self.params = handoff.params
         events = self._submit(handoff.prompt_ids, handoff.params, handoff=handoff)
-        next(events)  # the Prefilled record (the prefill worker announced it): the KV cache is now in place
+        # Up to the Prefilled record (the prefill worker announced it): the KV cache is in place
+        # then; before it, the request may wait for room in this worker's batch.
+        if isinstance(early := self._stream(events, until=Prefilled), Finished):
+            return early  # cancelled while it waited for room in the batch
         self.handoff_record["load_ms"] = _ms_since(t0)
         self.handoff_record["transfer_ms"] = self.handoff_record.get("store_ms", 0.0) + self.handoff_record["fetch_ms"]
         self.handoff_record["timeline"]["kv_loaded"] = _now_ms()

@@ -165,3 +165,38 @@ def test_a_prompt_larger_than_the_kv_pool_is_a_clear_error(bundled) -> None:
     with pytest.raises(ValueError, match="more KV blocks than the pool has"):
         engine.add_request(engine.encode(PROMPTS[3]), SamplingParams(greedy=True))
     assert not engine.has_unfinished
+
+
+def test_a_handoff_joins_the_batch_with_its_kv_loaded_into_blocks(bundled_engine: Engine) -> None:
+    """The decode side of PD: the prefill worker's KV goes into this worker's blocks and the
+    request decodes inside the batch, with the same tokens as colocated (greedy and seeded)."""
+    engine = bundled_engine
+    for params in (SamplingParams(greedy=True, max_new_tokens=10, ignore_eos=True, use_prefix_cache=False),
+                   SamplingParams(temperature=0.8, seed=5, max_new_tokens=10, ignore_eos=True, use_prefix_cache=False)):
+        ids = engine.encode(PROMPTS[1])
+        handoff = engine.import_handoff(engine.export_handoff(engine.prefill_for_handoff(ids, params)))
+        neighbour = engine.add_request(engine.encode(PROMPTS[0]), params)
+        request_id = engine.add_request(ids, params, handoff=handoff)
+        events: dict[int, list] = {neighbour: [], request_id: []}
+        shared_a_step = False
+        while engine.has_unfinished:
+            stepped = engine.step()
+            for rid, event in stepped:
+                events[rid].append(event)
+            step = engine.last_batch_step
+            shared_a_step |= bool(step) and {c["request_id"] for c in step.chunks} == {neighbour, request_id}
+        assert shared_a_step, "the handed-over request never decoded in the same step as its neighbour"
+        assert isinstance(events[request_id][0], Prefilled)
+        assert tokens(events[request_id]) == tokens(alone(engine, ids, params))
+        assert events[request_id][-1].finish_reason == "length"
+    assert engine.batcher.block_manager.num_used_blocks == 0
+
+
+def test_batched_requests_report_the_kv_bytes_they_hold(bundled_engine: Engine) -> None:
+    engine = bundled_engine
+    params = SamplingParams(greedy=True, max_new_tokens=4, ignore_eos=True, use_prefix_cache=False)
+    events = run_all(engine, [(engine.encode(PROMPTS[0]), params)])[0]
+    per_token = engine.batcher.pool.bytes_per_token
+    prefilled, steps = events[0], [e for e in events if isinstance(e, Step)]
+    assert prefilled.kv_cache_bytes == prefilled.num_prompt_tokens * per_token
+    assert [s.kv_cache_bytes for s in steps] == [(prefilled.num_prompt_tokens + i) * per_token for i in range(4)]
