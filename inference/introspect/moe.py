@@ -1,0 +1,132 @@
+"""Mixture-of-experts routing made visible: which experts each MoE layer chose for each token,
+and with what weight.
+
+Owns: finding a model's routers (DeepSeek-V3's `gate` modules: group-limited top-k over sigmoid
+scores, the correction bias used only to choose), capturing their outputs with forward hooks
+during one batch-1 forward pass (hooks always removed afterwards), and `recompute_routing`, an
+independent implementation of V3's rule from the router logits (what the tests check the
+captured choices against). Must not know: requests, the engine's scheduling, Django.
+
+The pass is an inspection pass over the prompt and the generated tokens at once (no cache):
+a causal model routes position t from tokens 0..t only, so each position's choice is the one it
+got while it was generated (up to float rounding between a cached and an uncached pass).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+_LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
+
+
+def find_routers(model: torch.nn.Module) -> list[tuple[int, torch.nn.Module]]:
+    """(layer index, router) for every MoE layer: a module with V3's routing attributes."""
+    routers = []
+    for name, module in model.named_modules():
+        if all(hasattr(module, a) for a in ("top_k", "e_score_correction_bias", "topk_group", "weight")):
+            match = _LAYER_INDEX.search(name + ".")
+            routers.append((int(match.group(1)) if match else len(routers), module))
+    return routers
+
+
+@contextmanager
+def capture_routing(model: torch.nn.Module) -> Iterator[dict[int, dict[str, torch.Tensor]]]:
+    """Inside the block every router's forward pass records {logits, weights, indices} (one row
+    per token) under its layer index; the hooks are removed on leaving, error or not."""
+    captured: dict[int, dict[str, torch.Tensor]] = {}
+    handles = []
+
+    def hook_for(layer: int):
+        def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            logits, weights, indices = output
+            captured[layer] = {"logits": logits.detach(), "weights": weights.detach(), "indices": indices.detach()}
+
+        return hook
+
+    try:
+        for layer, router in find_routers(model):
+            handles.append(router.register_forward_hook(hook_for(layer)))
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def recompute_routing(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    normalize: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V3's rule from router logits (tokens, experts), one token at a time: sigmoid scores; the
+    choice uses score + bias; a group's strength is the sum of its 2 best biased scores; keep
+    the `topk_group` strongest groups; the top_k experts inside them; their weights are the
+    unbiased scores, normalised to sum 1 (if `normalize`) and times `scale`.
+    Returns (weights, indices), each (tokens, top_k), experts in descending chosen score."""
+    scores = logits.float().sigmoid()
+    num_experts = scores.shape[-1]
+    per_group = num_experts // n_group
+    all_weights, all_indices = [], []
+    for row in scores:
+        biased = (row + bias.float()).tolist()
+        groups = [sorted(biased[g * per_group : (g + 1) * per_group], reverse=True) for g in range(n_group)]
+        strength = [sum(values[:2]) for values in groups]
+        kept = sorted(range(n_group), key=lambda g: -strength[g])[:topk_group]
+        candidates = [e for e in range(num_experts) if e // per_group in kept]
+        chosen = sorted(candidates, key=lambda e: -biased[e])[:top_k]
+        weights = row[chosen]
+        if normalize:
+            weights = weights / (weights.sum() + 1e-20)
+        all_weights.append(weights * scale)
+        all_indices.append(torch.tensor(chosen))
+    return torch.stack(all_weights), torch.stack(all_indices)
+
+
+def router_settings(router: torch.nn.Module) -> dict[str, Any]:
+    return {
+        "top_k": int(router.top_k),
+        "n_group": int(getattr(router, "num_group", getattr(router, "n_group", 1))),
+        "topk_group": int(router.topk_group),
+        "normalize": bool(router.norm_topk_prob),
+        "scale": float(router.routed_scaling_factor),
+    }
+
+
+@torch.inference_mode()
+def routing_trace(model: torch.nn.Module, token_ids: list[int], first_position: int = 0) -> dict[str, Any]:
+    """One forward pass over `token_ids`; for each position from `first_position` on, each MoE
+    layer's experts (descending weight) and weights. {} values when the model has no router."""
+    routers = find_routers(model)
+    if not routers:
+        raise ValueError("this model has no mixture-of-experts router to trace")
+    device = next(model.parameters()).device
+    with capture_routing(model) as captured:
+        model(input_ids=torch.tensor([token_ids], device=device), use_cache=False, logits_to_keep=1)
+    settings = router_settings(routers[0][1])
+    layers = [layer for layer, _ in routers]
+    tokens = []
+    for position in range(first_position, len(token_ids)):
+        per_layer = []
+        for layer in layers:
+            weights, indices = captured[layer]["weights"][position], captured[layer]["indices"][position]
+            order = torch.argsort(weights, descending=True)
+            per_layer.append(
+                {"experts": indices[order].tolist(), "weights": [round(w, 5) for w in weights[order].tolist()]}
+            )
+        tokens.append({"position": position, "token_id": token_ids[position], "layers": per_layer})
+    return {
+        "layers": layers,
+        "num_experts": int(routers[0][1].num_experts),
+        "experts_per_group": int(routers[0][1].num_experts) // settings["n_group"],
+        **settings,
+        "tokens": tokens,
+    }
