@@ -64,3 +64,11 @@ def run_test_load(self: Any, model_id: int) -> None:
     from playground.worker import test_load
 
     test_load.run_test_load(model_id, worker=_worker_name(self))
+
+
+@shared_task(name="playground.tasks.moe_routing")
+def moe_routing(generation_id: int, reply_channel: str) -> None:
+    """Which experts each MoE layer chose per generated token (docs/deepseek.md); the answer goes to `reply_channel`."""
+    from playground.worker import moe_routing as routing
+
+    routing.run_moe_routing(generation_id, reply_channel)
