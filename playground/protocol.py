@@ -29,6 +29,7 @@ ERROR_CODES = (
     "nesting_too_deep",
     "invalid_unicode",
     "server_busy",
+    "inspection_timeout",
 )
 TERMINAL_TYPES = ("generation.finished", "generation.error")
 

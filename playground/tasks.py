@@ -66,6 +66,14 @@ def run_test_load(self: Any, model_id: int) -> None:
     test_load.run_test_load(model_id, worker=_worker_name(self))
 
 
+@shared_task(name="playground.tasks.inspect_generation")
+def inspect_generation(generation_id: int, request: dict[str, Any], reply_channel: str) -> None:
+    """An inspection of a finished generation (docs/inside.md); the answer goes to `reply_channel`."""
+    from playground.worker import inspect
+
+    inspect.run_inspection(generation_id, request, reply_channel)
+
+
 @shared_task(name="playground.tasks.moe_routing")
 def moe_routing(generation_id: int, reply_channel: str) -> None:
     """Which experts each MoE layer chose per generated token (docs/deepseek.md); the answer goes to `reply_channel`."""

@@ -1,0 +1,51 @@
+"""The inspection request: what the explorer may ask a worker about a finished generation.
+
+Owns: the request's fields and their validation (both processes run it: the web side to
+refuse bad input at once, the worker again on what it received), the views, the sampling
+settings an inspection may change and the wait for the answer. Must not know: torch,
+sockets, the ORM.
+
+The views (see docs/inside.md): "waterfall" (one step's distribution after each sampler
+stage), "whatif" (every step replayed under other settings until the first token that
+differs), "lens" (one token's embedding, the top predictions after every layer, the
+attention of each head of one layer), "kv" (the cache's size from the model's shapes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inference.sampling_params import SamplingParams
+from playground.protocol import CommandError, get_field
+
+VIEWS = ("waterfall", "whatif", "lens", "kv")
+SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "greedy")
+MAX_TOP_N = 50
+WAIT_S = 120.0  # the web side's wait for the worker's answer (the first one may load the model)
+
+
+def parse(content: dict[str, Any], generation_params: dict[str, Any]) -> dict[str, Any]:
+    """The checked request: {view, step, layer, top_n, params}; `params` is the generation's
+    own settings with the request's changes (a CommandError names the bad field)."""
+    if not isinstance(content, dict):
+        raise CommandError("invalid_field", "the request body must be a JSON object")
+    view = get_field(content, "view", str, required=True)
+    if view not in VIEWS:
+        raise CommandError("invalid_field", f"view={view!r} must be one of {', '.join(VIEWS)}")
+    step = get_field(content, "step", int, default=0)
+    layer = get_field(content, "layer", int)
+    top_n = get_field(content, "top_n", int, default=10)
+    if step < 0:
+        raise CommandError("invalid_field", f"step={step} must be >= 0")
+    if not 1 <= top_n <= MAX_TOP_N:
+        raise CommandError("invalid_field", f"top_n={top_n} must be in 1..{MAX_TOP_N}")
+    changes = get_field(content, "params", dict, default={})
+    unknown = sorted(set(changes) - set(SETTINGS))
+    if unknown:
+        raise CommandError("invalid_field", f"params may change only {', '.join(SETTINGS)}; not {', '.join(unknown)}")
+    merged = {**generation_params, **changes, "num_beams": 1, "num_return_sequences": 1}
+    try:
+        params = SamplingParams.from_dict(merged)
+    except (TypeError, ValueError) as exc:
+        raise CommandError("invalid_params", str(exc)) from exc
+    return {"view": view, "step": step, "layer": layer, "top_n": top_n, "params": params.to_dict()}

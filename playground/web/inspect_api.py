@@ -1,0 +1,71 @@
+"""`POST /api/generations/<id>/inspect/`: a question about a finished generation, answered
+by a worker (docs/inside.md).
+
+Owns: the session check, the request's validation (`playground.inspection`), sending the
+inspection task with a fresh reply channel and waiting for the one answer on it (with a
+timeout, so a page never hangs on a missing worker). The web process runs no model: the
+worker recomputes what it is asked. Must not import torch or the worker package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from playground import inspection, tasks
+from playground.coord import worker_routing
+from playground.protocol import CommandError
+from playground.web.api import error_response
+from playground.web.submit import owned_generation
+
+logger = logging.getLogger(__name__)
+
+_STATUS_BY_CODE = {"not_found": 404, "inspection_timeout": 504, "model_unavailable": 503, "internal_error": 500}
+
+
+async def inspect_generation(request: HttpRequest, generation_id: int) -> HttpResponse:
+    if request.method != "POST":
+        return error_response("method_not_allowed", f"{request.method} is not allowed here; use POST", 405)
+    try:
+        return JsonResponse(await _inspect(request, generation_id))
+    except CommandError as exc:
+        return error_response(exc.code, exc.message, _STATUS_BY_CODE.get(exc.code, 400))
+
+
+async def _inspect(request: HttpRequest, generation_id: int) -> dict[str, Any]:
+    try:
+        content = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CommandError("bad_json", f"the body is not JSON: {exc}") from exc
+    session_key = await sync_to_async(lambda: request.session.session_key)()
+    row = await sync_to_async(owned_generation)(session_key or "", generation_id)
+    if row.is_active:
+        raise CommandError(
+            "invalid_params", f"generation {generation_id} is still {row.status}: inspect it once it ends"
+        )
+    checked = inspection.parse(content, row.params)
+    layer = get_channel_layer()
+    reply_channel = await layer.new_channel()
+    await sync_to_async(send_task)(generation_id, checked, reply_channel)
+    try:
+        answer = await asyncio.wait_for(layer.receive(reply_channel), timeout=inspection.WAIT_S)
+    except TimeoutError:
+        raise CommandError(
+            "inspection_timeout",
+            f"no worker answered within {inspection.WAIT_S:.0f} s: is a generation worker running (queue "
+            f"{worker_routing.SHARED_QUEUE!r})?",
+        ) from None
+    if not answer.get("ok"):
+        raise CommandError(answer.get("code", "internal_error"), answer.get("message", "the inspection failed"))
+    return answer["result"]
+
+
+def send_task(generation_id: int, checked: dict[str, Any], reply_channel: str) -> None:
+    """Queues the inspection on the shared generation queue (any worker can load the model)."""
+    tasks.inspect_generation.apply_async((generation_id, checked, reply_channel), queue=worker_routing.SHARED_QUEUE)

@@ -1,0 +1,147 @@
+"""Inspections of a finished generation, run by the Celery worker: the Django <-> introspect bridge.
+
+Owns: reading the generation's tokens from its row (the prompt as the model saw it, then the
+generated path), running `inference.introspect` on the loaded engine's model through the
+engine loop (the only thread that touches the engine), naming tokens, and sending the one
+answer to the web process's reply channel. Nothing is kept between inspections: the logits
+are recomputed by one teacher-forced forward pass each time (inference/introspect/recompute.py
+says why). Must not know: sockets, HTTP.
+
+The "path" of a row is what the explorer shows as the continuation: the token ids the
+request sent after the text (`inputs.token_ids`, earlier requests' tokens) and then the
+tokens this request generated. Step k of the path is predicted from the text's tokens plus
+path[:k].
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from inference.sampling_params import SamplingParams
+from playground import inspection, protocol
+from playground.models import Generation, LanguageModel
+from playground.protocol import CommandError
+from playground.worker.engines import get_engine, loop_for
+
+if TYPE_CHECKING:
+    from inference.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+def run_inspection(
+    generation_id: int,
+    request: dict[str, Any],
+    reply_channel: str,
+    load_engine: Callable[[LanguageModel], Engine] = get_engine,
+    reply: Callable[[str, dict[str, Any]], None] | None = None,
+) -> None:
+    """Answers one inspection on `reply_channel`: {"ok": true, "result"} or {"ok": false, code, message}."""
+    try:
+        answer = {"ok": True, "result": protocol.json_safe(inspect(generation_id, request, load_engine))}
+    except CommandError as exc:
+        answer = {"ok": False, "code": exc.code, "message": exc.message}
+    except Exception as exc:
+        logger.exception("inspection of generation %s failed", generation_id)
+        answer = {"ok": False, "code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+    (reply or _send)(reply_channel, {"type": "inspection.result", **answer})
+
+
+def _send(channel: str, message: dict[str, Any]) -> None:
+    async_to_sync(get_channel_layer().send)(channel, message)
+
+
+def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[LanguageModel], Engine]) -> dict:
+    row = Generation.objects.select_related("model").filter(pk=generation_id).first()
+    if row is None:
+        raise CommandError("not_found", f"generation {generation_id} does not exist")
+    context_ids, path = tokens_of(row)
+    # Checked again here (the task's arguments are input too); `params` came merged with the generation's.
+    checked = inspection.parse({k: v for k, v in request.items() if k != "params"}, request.get("params") or {})
+    params = SamplingParams.from_dict(checked["params"])
+    if row.model is None:
+        raise CommandError("model_unavailable", "the generation's model was deleted")
+    engine = load_engine(row.model)
+    view = checked["view"]
+    if view == "kv":
+        return loop_for(engine).call(lambda: _kv(engine, row, len(context_ids) + len(path)))
+    if checked["step"] >= len(path):
+        raise CommandError("invalid_field", f"step={checked['step']} is past the generation's {len(path)} steps")
+    try:
+        result = loop_for(engine).call(lambda: _run(engine, view, checked, params, context_ids, path))
+    except ValueError as exc:  # the introspection refused the input (a layer that does not exist, ...)
+        raise CommandError("invalid_field", str(exc)) from exc
+    return {"view": view, "generation_id": generation_id, "num_steps": len(path), **result}
+
+
+def tokens_of(row: Generation) -> tuple[list[int], list[int]]:
+    """(the text's token ids, the path's token ids) of a finished row."""
+    if row.is_active:
+        raise CommandError("invalid_params", f"generation {row.pk} is still {row.status}: inspect it once it ends")
+    if any(step.get("type") == "beam_step" for step in row.steps):
+        raise CommandError("invalid_params", "beam search keeps several paths: its steps cannot be inspected here")
+    prompt_ids = [int(token["id"]) for token in (row.prompt or {}).get("tokens", [])]
+    generated = [int(step["token_id"]) for step in row.steps]
+    num_sent = len((row.inputs or {}).get("token_ids", []))  # earlier requests' tokens of the path
+    if not generated or len(prompt_ids) <= num_sent:
+        raise CommandError("invalid_params", f"generation {row.pk} has no generated token to inspect")
+    return prompt_ids[: len(prompt_ids) - num_sent], prompt_ids[len(prompt_ids) - num_sent :] + generated
+
+
+def _run(
+    engine: Engine, view: str, checked: dict[str, Any], params: SamplingParams, context_ids: list[int], path: list[int]
+) -> dict[str, Any]:
+    from inference.introspect import lens
+    from inference.introspect.recompute import recompute
+    from inference.introspect.waterfall import waterfall
+    from inference.introspect.whatif import what_if
+
+    step, top_n = checked["step"], checked["top_n"]
+    if view == "lens":
+        position = len(context_ids) + step - 1  # the token read last before step `step`: it predicts the step
+        ids = context_ids + path
+        seen = lens.inspect_position(engine.model, ids, position, layer=checked["layer"], top_n=min(top_n, 10))
+        seen["embedding"] = lens.embedding_of(engine.model, ids[position], top_n=min(top_n, 10))
+        seen["num_layers"] = engine.model.config.num_hidden_layers
+        seen["context"] = [{"token_id": i} for i in ids[: position + 1]]
+        return {"step": step, **_named(engine, seen)}
+    again = recompute(engine.model, context_ids, path if view == "whatif" else path[: step + 1])
+    if view == "waterfall":
+        fall = waterfall(again.logits(step), again.context(step), params, sampled_token_id=path[step], top_n=top_n)
+        return {"step": step, "params": params.to_dict(), **_named(engine, fall)}
+    return _named(engine, what_if(again, params, top_n=min(top_n, 10)))
+
+
+def _kv(engine: Engine, row: Generation, num_tokens: int) -> dict[str, Any]:
+    from inference.introspect import kv
+
+    shape = kv.kv_shape(engine.model)
+    # The cache holds every position but the last token's (whose keys were never computed).
+    cached = row.num_cached_tokens or 0
+    return {
+        "view": "kv",
+        "generation_id": row.pk,
+        "shape": shape,
+        "measured_bytes_per_token": engine.kv_bytes_per_token(),
+        "request": kv.request_kv(shape, max(num_tokens - 1, 0), cached),
+        "num_prompt_tokens": row.num_prompt_tokens,
+        "dtype": engine.model_info()["dtype"],
+    }
+
+
+def _named(engine: Engine, value: Any) -> Any:
+    """Adds each token's piece next to its id, recursively."""
+    if isinstance(value, dict):
+        named = {key: _named(engine, item) for key, item in value.items()}
+        for key in ("token_id", "original_token_id", "sampled_token_id"):
+            if isinstance(value.get(key), int):
+                named[key.replace("token_id", "piece")] = engine.piece(value[key])
+        return named
+    if isinstance(value, list):
+        return [_named(engine, item) for item in value]
+    return value

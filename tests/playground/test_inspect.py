@@ -1,0 +1,180 @@
+"""Inspections of a finished generation: the worker side on a tiny real model (its answers
+against the generation's own stored steps), and the HTTP path with the reply channel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+from typing import Any
+
+import pytest
+from channels.layers import get_channel_layer
+from django.contrib.sessions.backends.db import SessionStore
+from django.test import AsyncClient
+
+from playground import inspection
+from playground.models import Generation, LanguageModel
+from playground.web import inspect_api, submit
+from playground.worker import generation, inspect
+from tests.engine.engines import engine_for
+
+pytestmark = pytest.mark.django_db
+
+TINY = engine_for("llama")
+SETTINGS = {"temperature": 1.2, "top_k": 40, "top_p": 0.9, "seed": 7, "max_new_tokens": 6, "num_alternatives": 10}
+
+
+def finished(session_key: str, token_ids: list[int] | None = None) -> Generation:
+    if not LanguageModel.objects.exists():  # a transactional test starts with empty tables
+        LanguageModel.objects.create(name="tiny", source="bundled", is_default=True)
+    queued = submit.complete(
+        session_key, {"text": "hello world", "token_ids": token_ids or [], "overrides": dict(SETTINGS)}
+    )
+    generation.run_generation(queued.generation_id, "w", load_engine=lambda model: TINY, send=lambda event: None)
+    row = Generation.objects.get(pk=queued.generation_id)
+    assert row.status == Generation.Status.FINISHED, row.error_message
+    return row
+
+
+def ask(row: Generation, **request: Any) -> dict[str, Any]:
+    replies: list[tuple[str, dict[str, Any]]] = []
+    checked = inspection.parse(request, row.params)
+    inspect.run_inspection(
+        row.pk, checked, "chan", load_engine=lambda model: TINY, reply=lambda c, m: replies.append((c, m))
+    )
+    [(channel, message)] = replies
+    assert channel == "chan" and message["type"] == "inspection.result"
+    return message
+
+
+def test_waterfall_ends_in_the_distribution_the_step_was_sampled_from(session_key: str) -> None:
+    row = finished(session_key)
+    answer = ask(row, view="waterfall", step=2, top_n=10)
+    assert answer["ok"], answer
+    fall = answer["result"]
+    assert [s["name"] for s in fall["stages"]] == ["raw", "temperature", "top_k", "top_p"]
+    step = row.steps[2]
+    assert fall["sampled_token_id"] == step["token_id"] and fall["sampled_piece"] == step["piece"]
+    last = fall["stages"][-1]
+    assert last["sampled"]["prob"] == pytest.approx(math.exp(step["logprob"]), rel=1e-3)
+    stored = [a["token_id"] for a in step["top_processed"]]
+    assert [t["token_id"] for t in last["top"]] == stored[: len(last["top"])]
+    assert all("piece" in t for t in last["top"])
+
+
+def test_what_if_with_the_generations_own_settings_replays_it(session_key: str) -> None:
+    row = finished(session_key)
+    result = ask(row, view="whatif")["result"]
+    assert result["seed"] == 7 and result["diverged_at"] is None
+    assert [s["token_id"] for s in result["steps"]] == [s["token_id"] for s in row.steps]
+    changed = ask(row, view="whatif", params={"temperature": 0.0})["result"]
+    assert changed["params"]["temperature"] == 0.0 and len(changed["original_probs"]) == len(row.steps)
+
+
+def test_the_explorers_path_spans_its_earlier_requests(session_key: str) -> None:
+    first = finished(session_key)
+    earlier = [s["token_id"] for s in first.steps]
+    second = finished(session_key, token_ids=earlier)
+    answer = ask(second, view="lens", step=len(earlier) + 1, layer=0)
+    assert answer["ok"], answer
+    seen = answer["result"]
+    assert seen["num_steps"] == len(earlier) + len(second.steps)
+    stored = second.steps[1]
+    assert seen["lens"][-1]["top"][0]["token_id"] == stored["top_raw"][0]["token_id"]
+    assert seen["lens"][-1]["top"][0]["prob"] == pytest.approx(stored["top_raw"][0]["prob"], rel=1e-3)
+    assert seen["token_id"] == second.steps[0]["token_id"]  # the token read last before that step
+    assert len(seen["attention"]["weights"][0]) == len(seen["context"]) == seen["position"] + 1
+    assert seen["embedding"]["size"] == TINY.model.config.hidden_size
+
+
+def test_kv_view_is_the_measured_cache(session_key: str) -> None:
+    row = finished(session_key)
+    result = ask(row, view="kv")["result"]
+    assert result["shape"]["bytes_per_token"] == result["measured_bytes_per_token"] == TINY.kv_bytes_per_token()
+    num_tokens = row.num_prompt_tokens + len(row.steps) - 1
+    assert result["request"]["total_bytes"] == num_tokens * TINY.kv_bytes_per_token()
+
+
+def test_bad_requests_are_refused_with_codes(session_key: str) -> None:
+    row = finished(session_key)
+    assert ask(row, view="waterfall", step=99)["code"] == "invalid_field"
+    assert ask(row, view="lens", step=0, layer=50)["code"] == "invalid_field"
+    with pytest.raises(inspection.CommandError, match="view"):
+        inspection.parse({"view": "nope"}, {})
+    with pytest.raises(inspection.CommandError, match="max_new_tokens"):
+        inspection.parse({"view": "whatif", "params": {"max_new_tokens": 5}}, {})
+    with pytest.raises(inspection.CommandError, match="temperature"):
+        inspection.parse({"view": "whatif", "params": {"temperature": -1}}, {})
+
+
+# ---- HTTP ---------------------------------------------------------------------------------
+
+
+def _client(session_key: str) -> AsyncClient:
+    client = AsyncClient()
+    client.cookies["sessionid"] = session_key
+    return client
+
+
+async def _post(client: AsyncClient, generation_id: int, body: Any):
+    return await client.post(
+        f"/api/generations/{generation_id}/inspect/", data=json.dumps(body), content_type="application/json"
+    )
+
+
+@pytest.fixture
+def worker_thread(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The task runs the real worker code in a thread (as Celery's thread pool would) and
+    answers on the channel layer. The in-memory layer is not thread-safe (Redis is): the
+    reply is handed to the test's event loop."""
+    state: dict[str, Any] = {"loop": None}  # the test's event loop, set by the test
+
+    def send_task(generation_id: int, checked: dict[str, Any], reply_channel: str) -> None:
+        loop = state["loop"]
+
+        def reply(channel: str, message: dict[str, Any]) -> None:
+            asyncio.run_coroutine_threadsafe(get_channel_layer().send(channel, message), loop).result()
+
+        kwargs = {"load_engine": lambda model: TINY, "reply": reply}
+        threading.Thread(
+            target=inspect.run_inspection, args=(generation_id, checked, reply_channel), kwargs=kwargs
+        ).start()
+
+    monkeypatch.setattr(inspect_api, "send_task", send_task)
+    return state
+
+
+@pytest.mark.django_db(transaction=True)  # the worker thread reads the rows the test wrote
+async def test_http_inspection_answers_from_the_worker(worker_thread: dict[str, Any]) -> None:
+    from asgiref.sync import sync_to_async
+
+    worker_thread["loop"] = asyncio.get_running_loop()
+    session = SessionStore()
+    await sync_to_async(session.create)()
+    row = await sync_to_async(finished)(session.session_key)
+    response = await _post(_client(session.session_key), row.pk, {"view": "waterfall", "step": 1})
+    assert response.status_code == 200, response.content
+    assert response.json()["stages"][-1]["sampled"]["prob"] == pytest.approx(
+        math.exp(row.steps[1]["logprob"]), rel=1e-3
+    )
+    other = SessionStore()
+    await sync_to_async(other.create)()
+    response = await _post(_client(other.session_key), row.pk, {"view": "waterfall"})
+    assert response.status_code == 404  # another session's generation
+    response = await _post(_client(session.session_key), row.pk, {"view": "waterfall", "top_n": 0})
+    assert (response.status_code, response.json()["error"]["code"]) == (400, "invalid_field")
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_no_worker_is_a_timeout_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asgiref.sync import sync_to_async
+
+    monkeypatch.setattr(inspect_api, "send_task", lambda *args: None)
+    monkeypatch.setattr(inspection, "WAIT_S", 0.3)
+    session = SessionStore()
+    await sync_to_async(session.create)()
+    row = await sync_to_async(finished)(session.session_key)
+    response = await _post(_client(session.session_key), row.pk, {"view": "kv"})
+    assert (response.status_code, response.json()["error"]["code"]) == (504, "inspection_timeout")
