@@ -20,15 +20,15 @@ from inference.config import EngineConfig
 from inference.core.block_manager import BlockManager
 from inference.core.scheduler import Scheduler, SchedulerOutput
 from inference.core.sequence import Sequence
-from inference.events import Event, Finished, Prefilled
+from inference.events import Event, Finished, Prefilled, Step
 from inference.kv.paged import PagedKVPool, num_blocks_for
+from inference.kv.transfer import HandedOff, Handoff
 from inference.models.batched_llama import BatchedLlamaRunner
 from inference.models.llama import LlamaRunner
 from inference.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from inference.engine import Engine, _Run
-    from inference.kv.transfer import Handoff
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class _Request:
     is_cancelled: bool = False
     prefill_started_at: float | None = None
     handoff: Handoff | None = None  # a handed-over request: its KV waits to be loaded into its blocks
+    prefill_only: bool = False  # ends after its first token, exported for a decode worker
 
 
 class ContinuousBatcher:
@@ -80,12 +81,12 @@ class ContinuousBatcher:
         """Beam search keeps several caches and the no-KV-cache mode none: those run alone."""
         return params.use_kv_cache and not params.is_beam_search
 
-    def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
+    def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams, prefill_only: bool = False) -> None:
         run = self.engine._new_run(prompt_ids, params, with_cache=False)
         seq = Sequence(list(prompt_ids), params, seq_id=request_id)
         run.seq = seq
         self.scheduler.add(seq)  # refuses a prompt that could never fit the pool
-        self.requests[request_id] = _Request(run, seq)
+        self.requests[request_id] = _Request(run, seq, prefill_only=prefill_only)
 
     def add_handoff(self, request_id: int, handoff: Handoff) -> None:
         """A request another worker prefilled: it joins the batch with its first token, and its
@@ -170,6 +171,8 @@ class ContinuousBatcher:
             events.append(run.prefilled)
         step = engine._sample_step(run, logits, "prefill" if is_first else "decode", forward_ms)
         seq.append_token(step.token_id)
+        if request.prefill_only:
+            return [*events, step, self._hand_off(request, step)]
         reason = engine._finish_reason(run, step, None)
         if reason is None:
             return [*events, step]
@@ -191,6 +194,23 @@ class ContinuousBatcher:
             events[-1:] = [self.engine._with_tail(run, step), self.engine._finish(run, reason)]
             self._forget(seq)
         return [(seq.seq_id, e) for e in events]
+
+    def _hand_off(self, request: _Request, first_step: Step) -> HandedOff:
+        """Exports the prompt's KV from its blocks for a decode worker, then lets the blocks go
+        (their full ones keep their hashes: the conversation's next turn reuses them here)."""
+        run, seq = request.run, request.seq
+        handoff = Handoff(
+            prompt_ids=run.prompt_ids,
+            params=run.params,
+            layers=self.pool.export(seq.block_table, seq.num_prompt_tokens),
+            prefilled=run.prefilled,
+            first_step=first_step,
+            rng_state=run.sampler.generator.get_state(),
+            seed=run.sampler.seed,
+            ttft_ms=run.ttft_ms,
+        )
+        self._forget(seq)
+        return HandedOff(handoff)
 
     def _prefilled(self, request: _Request) -> Prefilled:
         seq, now = request.seq, time.perf_counter()

@@ -24,7 +24,7 @@ from inference.core.sequence import Sequence as CoreSequence
 from inference.events import Alternative, Event, Finished, Prefilled, Step
 from inference.kv.cache import KVCache, LayerKV
 from inference.kv.prefix_cache import PrefixCache
-from inference.kv.transfer import Handoff, KVSpec, deserialize, serialize
+from inference.kv.transfer import HandedOff, Handoff, KVSpec, deserialize, serialize
 from inference.models import llama as runner_llama
 from inference.models.hf import HFRunner
 from inference.models.loader import LoadedModel, architecture_of, load_model
@@ -155,21 +155,32 @@ class Engine:
 
     # ---- many requests at once: add_request(), then step() until none is unfinished --------
 
-    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, handoff: Handoff | None = None) -> int:
+    def add_request(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        handoff: Handoff | None = None,
+        prefill_only: bool = False,
+    ) -> int:
         """Queue a request; its events come out of `step()`. Bad input raises `ValueError` here.
 
         Requests share each forward pass (continuous batching) on the lean runner's models; beam
         search, the no-KV-cache mode and other models run alone, advanced one event per step
         between the batch's steps. A handoff's KV is loaded into the batch's blocks: the request
-        decodes in the batch.
+        decodes in the batch. `prefill_only`: the request ends after its first token with a
+        `HandedOff` record (its KV exported for a decode worker) instead of a `Finished`.
         """
+        if prefill_only and (params.is_beam_search or not params.use_kv_cache):
+            raise ValueError("prefill/decode handoff needs use_kv_cache=True and num_beams=1")
         prompt_ids = self._check_prompt(prompt_ids)
         request_id = next(self._request_ids)
         if self.batcher is not None and self.batcher.accepts(params):
             if handoff is None:
-                self.batcher.add(request_id, prompt_ids, params)
+                self.batcher.add(request_id, prompt_ids, params, prefill_only=prefill_only)
             else:
                 self.batcher.add_handoff(request_id, handoff)
+        elif prefill_only:
+            self.alone.add(request_id, lambda is_cancelled: self._prefill_alone(prompt_ids, params))
         else:
             self.alone.add(request_id, lambda is_cancelled: self.generate(prompt_ids, params, is_cancelled, handoff))
         return request_id
@@ -272,6 +283,10 @@ class Engine:
             seed=run.sampler.seed,
             ttft_ms=run.ttft_ms,
         )
+
+    def _prefill_alone(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Event | HandedOff]:
+        handoff = self.prefill_for_handoff(prompt_ids, params)
+        yield from (handoff.prefilled, handoff.first_step, HandedOff(handoff))
 
     def export_handoff(self, handoff: Handoff) -> bytes:
         """The handoff as a blob for another worker (`inference.kv.transfer`'s format)."""

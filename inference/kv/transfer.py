@@ -62,6 +62,15 @@ class Handoff:
     ttft_ms: float
 
 
+@dataclass(frozen=True)
+class HandedOff:
+    """The terminal record of a prefill-only request (`Engine.add_request(prefill_only=True)`):
+    its handoff for a decode worker, in place of a `Finished`."""
+
+    handoff: Handoff
+    type: str = "handed_off"
+
+
 class KVTransferError(ValueError):
     """A blob that cannot be loaded: what is wrong with it, in words."""
 

@@ -127,9 +127,11 @@ class GenerationRun:
         _, params, prompt_ids = self._start(load_engine)
         return self._stream(self._submit(prompt_ids, params))
 
-    def _submit(self, prompt_ids: list[int], params: SamplingParams, handoff: Handoff | None = None):
+    def _submit(
+        self, prompt_ids: list[int], params: SamplingParams, handoff: Handoff | None = None, prefill_only: bool = False
+    ):
         try:
-            return self.loop.submit(prompt_ids, params, self.generation.pk, handoff=handoff)
+            return self.loop.submit(prompt_ids, params, self.generation.pk, handoff=handoff, prefill_only=prefill_only)
         except ValueError as exc:  # the engine refused the request (e.g. it could never fit the KV pool)
             raise CommandError("invalid_params", str(exc)) from exc
 

@@ -98,7 +98,7 @@ class WorkerMetrics:
             )
         return {
             "worker": self.worker,
-            "model": engine.loaded.name,
+            "model": engine.model_info()["name"],
             "gauges": gauges,
             "counters": counters,
             "finish_reasons": self.finish_reasons,

@@ -32,6 +32,7 @@ from playground.protocol import CommandError
 from playground.worker.engines import get_engine
 from playground.worker.generation import GenerationRun, load_row, start_queued
 from playground.worker.publisher import send_to_group
+from playground.worker.serve_loop import Waiting
 
 if TYPE_CHECKING:
     from inference.engine import Engine
@@ -119,7 +120,9 @@ class PrefillRun(GenerationRun):
             # Beam search keeps several caches and no-KV-cache mode none: nothing to hand over.
             return self._stream(self._submit(prompt_ids, params))
         prefill_start = _now_ms()
-        handoff = self.loop.call(lambda: engine.prefill_for_handoff(prompt_ids, params))
+        handoff = self._prefill(prompt_ids, params)
+        if isinstance(handoff, Finished):  # cancelled while it waited for room in the batch
+            return handoff
         prefill_end = _now_ms()
         self.send(protocol.generation_prefilled(self.generation.pk, handoff.prefilled.to_dict()))
         self._on_step(handoff.first_step)
@@ -140,6 +143,20 @@ class PrefillRun(GenerationRun):
         self._enqueue_decode()
         self.is_handed_off = True
         return None
+
+    def _prefill(self, prompt_ids: list[int], params: Any) -> Handoff | Finished:
+        """The prompt's prefill and first token in this worker's batch, exported for a decode
+        worker (or the `Finished` of a request cancelled while it waited)."""
+        for event in self._submit(prompt_ids, params, prefill_only=True):
+            if isinstance(event, Waiting):
+                self.send(
+                    protocol.generation_waiting(self.generation.pk, event.position, event.num_waiting, event.waited_ms)
+                )
+            elif getattr(event, "type", None) == "handed_off":
+                return event.handoff
+            elif isinstance(event, Finished):
+                return event
+        raise RuntimeError("the engine ended a prefill-only request without its handoff")
 
     def _store(self, handoff: Handoff, engine: Engine) -> dict[str, Any]:
         t0 = time.perf_counter()

@@ -83,14 +83,19 @@ class ServeLoop:
         return value
 
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams, generation_id: int, handoff: Handoff | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        generation_id: int,
+        handoff: Handoff | None = None,
+        prefill_only: bool = False,
     ) -> Iterator[Event | Waiting]:
         """Adds a request (a `ValueError` for bad input is raised here) and yields its events
-        up to its `Finished`."""
+        up to its `Finished` (or, `prefill_only`, its `HandedOff`)."""
         outbox: queue.SimpleQueue = queue.SimpleQueue()
 
         def add() -> int:
-            request_id = self.engine.add_request(prompt_ids, params, handoff=handoff)
+            request_id = self.engine.add_request(prompt_ids, params, handoff=handoff, prefill_only=prefill_only)
             self._outboxes[request_id] = outbox
             self._generation_of[request_id] = generation_id
             self._waiting_since[request_id] = time.perf_counter()
@@ -108,7 +113,7 @@ class ServeLoop:
             if isinstance(item, BaseException):
                 raise item
             yield item
-            if isinstance(item, Finished):
+            if _is_terminal(item):
                 return
 
     # ---- the loop thread ---------------------------------------------------------------
@@ -167,7 +172,7 @@ class ServeLoop:
         self._waiting_since.pop(request_id, None)
         self._positions.pop(request_id, None)
         outbox.put(event)
-        if isinstance(event, Finished):
+        if _is_terminal(event):
             self._forget(request_id)
 
     def _report_waiting(self) -> None:
@@ -190,3 +195,8 @@ class ServeLoop:
         self._generation_of.pop(request_id, None)
         self._waiting_since.pop(request_id, None)
         self._positions.pop(request_id, None)
+
+
+def _is_terminal(event: Any) -> bool:
+    """A request's last record: `Finished`, or `HandedOff` for a prefill-only one."""
+    return isinstance(event, Finished) or getattr(event, "type", None) == "handed_off"

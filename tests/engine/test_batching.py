@@ -171,8 +171,10 @@ def test_a_handoff_joins_the_batch_with_its_kv_loaded_into_blocks(bundled_engine
     """The decode side of PD: the prefill worker's KV goes into this worker's blocks and the
     request decodes inside the batch, with the same tokens as colocated (greedy and seeded)."""
     engine = bundled_engine
-    for params in (SamplingParams(greedy=True, max_new_tokens=10, ignore_eos=True, use_prefix_cache=False),
-                   SamplingParams(temperature=0.8, seed=5, max_new_tokens=10, ignore_eos=True, use_prefix_cache=False)):
+    for params in (
+        SamplingParams(greedy=True, max_new_tokens=10, ignore_eos=True, use_prefix_cache=False),
+        SamplingParams(temperature=0.8, seed=5, max_new_tokens=10, ignore_eos=True, use_prefix_cache=False),
+    ):
         ids = engine.encode(PROMPTS[1])
         handoff = engine.import_handoff(engine.export_handoff(engine.prefill_for_handoff(ids, params)))
         neighbour = engine.add_request(engine.encode(PROMPTS[0]), params)
@@ -200,3 +202,27 @@ def test_batched_requests_report_the_kv_bytes_they_hold(bundled_engine: Engine) 
     prefilled, steps = events[0], [e for e in events if isinstance(e, Step)]
     assert prefilled.kv_cache_bytes == prefilled.num_prompt_tokens * per_token
     assert [s.kv_cache_bytes for s in steps] == [(prefilled.num_prompt_tokens + i) * per_token for i in range(4)]
+
+
+def test_prefill_only_exports_the_kv_from_blocks_and_a_decode_in_the_batch_continues_it(
+    bundled_engine: Engine,
+) -> None:
+    """Both sides of PD through the batch: a prefill-only request ends with its handoff (KV
+    exported from its blocks), which another request imports and decodes to the colocated tokens."""
+    from inference.kv.transfer import HandedOff
+
+    engine = bundled_engine
+    params = SamplingParams(temperature=0.7, seed=3, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
+    ids = engine.encode(PROMPTS[2])
+    request_id = engine.add_request(ids, params, prefill_only=True)
+    events = []
+    while engine.has_unfinished:
+        events += [event for rid, event in engine.step() if rid == request_id]
+    assert [type(e) for e in events] == [Prefilled, Step, HandedOff]
+    handoff = engine.import_handoff(engine.export_handoff(events[-1].handoff))
+    assert handoff.layers[0][0].shape[1] == len(ids)
+    decode_id = engine.add_request(ids, params, handoff=handoff)
+    decoded = []
+    while engine.has_unfinished:
+        decoded += [event for rid, event in engine.step() if rid == decode_id]
+    assert tokens(decoded) == tokens(alone(engine, ids, params))

@@ -52,7 +52,7 @@ class FakeEngine:
             "kv_bytes_per_token": 16,
         }
 
-    def prefix_cache_stats(self) -> dict[str, Any]:
+    def prefix_cache_stats(self, params: SamplingParams | None = None) -> dict[str, Any]:
         return {"hits": 0, "misses": 1, "hit_rate": 0.0, "num_entries": 0, "num_bytes": 0, "num_evictions": 0}
 
     def render_chat(
@@ -71,7 +71,11 @@ class FakeEngine:
         return [ord(c) for c in text]
 
     # The engine's many-requests API: every request runs alone, one event per step.
-    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, handoff: Any = None) -> int:
+    def add_request(
+        self, prompt_ids: Sequence[int], params: SamplingParams, handoff: Any = None, prefill_only: bool = False
+    ) -> int:
+        if prefill_only:
+            raise ValueError("the fake engine has no KV cache to hand off")
         self.num_requests = getattr(self, "num_requests", 0) + 1
         self.alone.add(self.num_requests, lambda is_cancelled: self.generate(prompt_ids, params, is_cancelled))
         return self.num_requests
@@ -93,6 +97,7 @@ class FakeEngine:
         self.alone.clear()
 
     last_batch_step = None
+    batcher = None  # no batched path: every request runs alone
 
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, should_cancel: Callable[[], bool] | None = None
