@@ -1,8 +1,13 @@
 """`make run`'s process supervisor: Redis (found or started), one Celery worker, daphne.
 
 Owns: the order processes start and stop in, the environment they share (REDIS_URL), and
-the rule that when one of them dies the others are stopped too. Ctrl-C (SIGINT) or SIGTERM
-stops everything (a second Ctrl-C kills at once). Must not know: migrations, static files or
+the restart rule: a child that dies is started again after a backoff (1 s, doubling to 30 s
+while it keeps dying within a minute of its start), and the others keep running, so a
+crashed worker costs its users one `worker_lost` each and nothing else; one that dies
+`MAX_QUICK_DEATHS` times in a row soon after starting is broken, and then everything stops
+with its name. Only Ctrl-C (SIGINT) or SIGTERM stops everything (a second Ctrl-C kills at
+once). A hand-written supervisor rather than supervisord or honcho: it is one file, needs no
+config file or extra dependency, and `make run` must work on a bare machine. Must not know: migrations, static files or
 the model (the Makefile prepares those before this runs).
 
 Settings (environment): HOST (127.0.0.1), PORT (8000), REDIS_URL (redis://127.0.0.1:6379/0),
@@ -26,6 +31,10 @@ from scripts.redis_server import DEFAULT_REDIS_URL, find_or_start_redis  # noqa:
 from scripts.worker import worker_argv  # noqa: E402
 
 POLL_S = 0.2
+FIRST_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 30.0
+QUICK_DEATH_S = 60.0  # a child that dies sooner than this after its start counts as dying quickly
+MAX_QUICK_DEATHS = 5
 
 
 class ForceStop(Exception):
@@ -36,6 +45,8 @@ class Supervisor:
     def __init__(self) -> None:
         self.services: list[Service] = []  # in start order; stopped in reverse
         self.stop_signal: int | None = None
+        self.started_at: dict[str, float] = {}
+        self.quick_deaths: dict[str, int] = {}
 
     def on_signal(self, signum: int, frame: object) -> None:
         if self.stop_signal is not None:
@@ -45,11 +56,39 @@ class Supervisor:
 
     def start(self, service: Service) -> Service:
         self.services.append(service.start())
+        self.started_at[service.name] = time.monotonic()
         say(f"started {service.name} (pid {service.pid}): {' '.join(service.argv)}")
         return service
 
     def dead_service(self) -> Service | None:
         return next((s for s in self.services if not s.is_alive()), None)
+
+    def restart(self, dead: Service) -> bool:
+        """Starts a dead child again after its backoff (signals still stop everything meanwhile);
+        False when it keeps dying right after its start (then the caller stops the rest)."""
+        ran_s = time.monotonic() - self.started_at.get(dead.name, 0.0)
+        quick = self.quick_deaths.get(dead.name, 0) + 1 if ran_s < QUICK_DEATH_S else 0
+        self.quick_deaths[dead.name] = quick
+        say(f"{dead.name} (pid {dead.pid}) exited with code {dead.returncode} after {ran_s:.0f} s")
+        dead.kill()  # reap it and anything it left in its group
+        if quick >= MAX_QUICK_DEATHS:
+            say(f"{dead.name} died {quick} times within {QUICK_DEATH_S:.0f} s of starting; stopping the rest")
+            return False
+        backoff_s = min(FIRST_BACKOFF_S * 2 ** max(quick - 1, 0), MAX_BACKOFF_S)
+        say(f"restarting {dead.name} in {backoff_s:.0f} s")
+        deadline = time.monotonic() + backoff_s
+        while self.stop_signal is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if self.stop_signal is not None:
+            return True
+        fresh = Service(
+            dead.name, dead.argv, env=dead.env, cwd=dead.cwd, log_path=dead.log_path, prefix_output=dead.prefix_output
+        )
+        self.services[self.services.index(dead)] = fresh
+        self.started_at[fresh.name] = time.monotonic()
+        fresh.start()
+        say(f"started {fresh.name} (pid {fresh.pid}): {' '.join(fresh.argv)}")
+        return True
 
     def stop_all(self) -> None:
         try:
@@ -95,6 +134,7 @@ def supervise(supervisor: Supervisor, host: str, port: int) -> int:
         say(f"using the Redis that answers at {redis_url}")
     else:
         supervisor.services.append(redis)
+        supervisor.started_at[redis.name] = time.monotonic()
         say(f"started redis (pid {redis.pid}) at {redis_url}, log in {redis.log_path}")
     env = child_env(redis_url, data_dir)
     queues = os.environ.get("WORKER_QUEUES", "gpu,celery")
@@ -104,8 +144,7 @@ def supervise(supervisor: Supervisor, host: str, port: int) -> int:
     is_announced = False
     while supervisor.stop_signal is None:
         dead = supervisor.dead_service()
-        if dead is not None:
-            say(f"{dead.name} (pid {dead.pid}) exited with code {dead.returncode}; stopping the rest")
+        if dead is not None and not supervisor.restart(dead):
             return 1
         if not is_announced and (status := http_status(url, timeout_s=2)) is not None:
             note = "" if status == 200 else f" (it answers HTTP {status}: see the web log above)"

@@ -1,5 +1,5 @@
-"""scripts/run.py (`make run`): starts Redis, a worker and the web server; Ctrl-C or a dead
-child stops everything, leaving no process behind."""
+"""scripts/run.py (`make run`): starts Redis, a worker and the web server; Ctrl-C stops
+everything, leaving no process behind; a crashed worker is restarted while the site stays up."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from scripts.net import free_port, http_status
+from tests.system.wsclient import BrowserTab, ends_request, receive_until, send, steps_of
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 
@@ -89,7 +90,9 @@ def supervised(tmp_path: Path) -> Iterator[Supervised]:
     env = dict(
         os.environ,
         PORT=str(free_port()),
-        PLAYGROUND_DATA_DIR=str(tmp_path / "data"),
+        # The repo's data dir holds the converted bundled model (the worker needs it); Redis,
+        # started by run.py on its own free port, keeps its files under it too.
+        PLAYGROUND_DATA_DIR=os.environ.get("PLAYGROUND_DATA_DIR", str(REPO_DIR / "data")),
         DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
         REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
         DJANGO_SETTINGS_MODULE="playground.settings",
@@ -120,11 +123,44 @@ def test_ctrl_c_stops_every_child(supervised: Supervised) -> None:
     assert [name for name, pid in pids.items() if is_running(pid)] == []
 
 
-def test_a_dead_child_is_named_and_the_rest_are_stopped(supervised: Supervised) -> None:
-    supervised.wait_for(r"Open http://")
+def test_a_killed_worker_costs_its_user_one_worker_lost_and_is_restarted_while_the_site_stays_up(
+    supervised: Supervised,
+) -> None:
+    url = supervised.wait_for(r"Open (http://\S+)")[1].rstrip("/")
     pids = supervised.child_pids()
-    os.kill(pids["worker"], signal.SIGKILL)
+    tab = BrowserTab(url, url.replace("http://", "ws://") + "/ws/generate/")
+    assert tab.get("/")[0] == 200
+    with tab.connect() as ws:
+        send(
+            ws,
+            "generate",
+            request_id="r1",
+            content="Tell me a long story.",
+            overrides={"max_new_tokens": 2000, "greedy": True, "ignore_eos": True},
+        )
+        streamed = receive_until(ws, lambda e: len(steps_of([e])) > 0 or ends_request(e), timeout_s=180)
+        assert not ends_request(streamed[-1]), streamed[-1]
+        time.sleep(1.5)  # the worker saves the partial answer about once a second
+        os.kill(pids["worker"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        events = receive_until(ws, ends_request, timeout_s=30)
+        lost_after_s = time.monotonic() - killed_at
+        assert http_status(url + "/") == 200  # the web server never went down
+    terminal = [e for e in streamed + events if ends_request(e)]
+    assert [(e["type"], e.get("code")) for e in terminal] == [("generation.error", "worker_lost")]
+    assert lost_after_s < 10
+    conversation = tab.get_json(f"/api/conversations/{streamed[0]['conversation_id']}/")[1]
+    assert conversation["messages"][-1]["content"]  # the partial answer was kept
 
-    supervised.wait_for(rf"worker \(pid {pids['worker']}\) exited")
-    assert supervised.finish() == 1
-    assert [name for name, pid in pids.items() if is_running(pid)] == []
+    new_pid = int(supervised.wait_for(r"started worker \(pid (\d+)\)", timeout_s=60)[1])
+    assert new_pid != pids["worker"] and is_running(new_pid) and is_running(pids["web"])
+    with tab.connect() as ws:
+        send(
+            ws,
+            "generate",
+            request_id="r2",
+            content="Name a colour.",
+            overrides={"max_new_tokens": 4, "greedy": True, "ignore_eos": True},
+        )
+        events = receive_until(ws, ends_request, timeout_s=180)
+    assert events[-1]["type"] == "generation.finished", events[-1]
