@@ -46,6 +46,7 @@ def what_if(recomputed: Recomputed, params: SamplingParams, top_n: int = 5) -> d
                 "original_rank": token_rank(logprobs, original) if original_lp > -math.inf else None,
                 "token_id": token,
                 "prob": math.exp(float(logprobs[token])),
+                "raw_logprob": float(out.raw_logprobs[0, token]),  # under the model's own distribution
                 "num_kept": int(torch.isfinite(logprobs).sum()),
                 "top": [{"token_id": i, "prob": math.exp(lp)} for i, lp in zip(ids, lps)],
             }

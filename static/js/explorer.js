@@ -7,6 +7,7 @@ import { $, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
 import { errorText, fmtBytes, fmtMs, fmtNum, fmtProb, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
+import { createInside } from "./inside.js";
 import { promptView } from "./prompt_view.js";
 import { processedProbs } from "./sampling.js";
 import { servingView } from "./serving.js";
@@ -24,6 +25,7 @@ const state = {
   stats: null,        // the last request's finished stats
   beamSteps: [],
   beamSequences: [],  // a finished beam search's returned sequences, best first
+  generationId: null, // the last finished request: its row holds the whole path (inspections)
 };
 
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
@@ -36,6 +38,13 @@ const sliders = {
   run_length: slider("#ex-run-length", String),
 };
 const distChart = createDistributionChart($("#dist-chart"), (alt) => branch(state.selected, alt));
+const inside = createInside({
+  root: $("#ex-inside"),
+  getTarget: () => (isBusy() || state.generationId === null || state.selected === null || state.beamSteps.length ? null
+    : { generationId: state.generationId, step: state.selected, params: inspectParams() }),
+  onBranch: (index, alt) => branch(index, alt),
+  onExact: () => renderDistribution(),
+});
 const stepCharts = createStepCharts({
   prob: $("#prob-chart"), entropy: $("#entropy-chart"), latency: $("#latency-chart"), kv: $("#kv-chart"),
 }, selectStep);
@@ -56,6 +65,12 @@ function samplingParams() {
     top_p: Number(sliders.top_p.value),
     min_p: Number(sliders.min_p.value),
   };
+}
+
+/** The sliders as an inspection changes them (the explorer's requests run without repetition penalty). */
+function inspectParams() {
+  const seed = $("#ex-seed").value.trim();
+  return { ...samplingParams(), repetition_penalty: 1.0, seed: /^\d+$/.test(seed) ? Number(seed) : null };
 }
 
 // ---------- requests ----------
@@ -121,6 +136,8 @@ function request(maxNewTokens) {
     onFinished: (event) => {
       if (isCurrent()) {
         state.stats = event.stats;
+        state.generationId = handle.generationId;
+        renderDistribution();  // now the worker can answer with the exact processed distribution
         if (numBeams > 1) { state.beamSequences = event.stats?.sequences ?? []; renderBeams(); }
         renderServing();
       }
@@ -166,7 +183,7 @@ function selectStep(index) {
 function reset() {
   state.handle?.stop();
   Object.assign(state, { steps: [], selected: null, handle: null, prompt: null, prefilled: null, handoff: null,
-    stats: null, beamSteps: [], beamSequences: [] });
+    stats: null, beamSteps: [], beamSequences: [], generationId: null });
   renderAll();
   renderBeams();
   renderControls();
@@ -236,11 +253,22 @@ function renderContinuation() {
 
 function renderDistribution() {
   const step = state.selected === null ? null : state.steps[state.selected];
-  const processed = step ? processedProbs(step.top_raw, samplingParams()) : new Map();
+  // Exact from the worker when it has answered for this step and these settings; until then
+  // the in-browser preview over the known top tokens, marked approximate.
+  const exact = step ? inside.exactFor() : null;
+  const processed = exact ?? (step ? processedProbs(step.top_raw, samplingParams()) : new Map());
+  processed.isExact = exact !== null;
+  if (step && !exact) scheduleExact();
   updateDistributionChart(distChart, step, processed);
   $("#ex-step-label").textContent = step ? `step ${step.index} · ${step.phase}` : "no step yet";
   $("#ex-step-info").replaceChildren(...(step ? stepBadges(step) : []));
   renderAlternatives(step, processed);
+}
+
+let exactTimer = null;
+function scheduleExact() {
+  clearTimeout(exactTimer);
+  exactTimer = setTimeout(() => inside.refreshExact(), 250);
 }
 
 function stepBadges(step) {
@@ -260,14 +288,20 @@ function renderAlternatives(step, processed) {
   const list = $("#ex-alternatives-list");
   if (!step) { list.replaceChildren(h("p", { class: "empty" }, "Press “Next token” to see the distribution.")); return; }
   const head = h("div", { class: "alt-row alt-head", role: "presentation" },
-    h("span", {}, "#"), h("span", {}, "token"), h("span", { class: "num" }, "raw"), h("span", { class: "num" }, "processed"));
+    h("span", {}, "#"), h("span", {}, "token"), h("span", { class: "num" }, "raw"),
+    h("span", { class: "num", id: "ex-processed-head", dataset: { exact: processed.isExact },
+      title: processed.isExact ? "exact: computed by the worker from the step's full logits"
+        : "approximate: renormalized over these top tokens only, until the worker's exact answer arrives" },
+    processed.isExact ? "processed" : "processed ≈"));
   const rows = step.top_raw.map((alt, i) => {
-    const prob = processed.get(alt.token_id) ?? 0;
+    const known = processed.get(alt.token_id);
+    const prob = known ?? processed.below ?? 0;
     const classes = [alt.token_id === step.token_id ? "chosen" : "", prob === 0 ? "filtered" : ""].join(" ");
     return h("button", { type: "button", role: "listitem", class: `alt-row ${classes}`, dataset: { tokenId: alt.token_id },
       title: `take “${alt.piece}” (id ${alt.token_id}) here and continue`, onclick: () => branch(step.index, alt) },
       h("span", { class: "muted" }, i + 1), h("span", { class: "piece" }, visiblePiece(alt.piece)),
-      h("span", { class: "num" }, fmtProb(alt.prob)), h("span", { class: "num" }, fmtProb(prob)));
+      h("span", { class: "num" }, fmtProb(alt.prob)),
+      h("span", { class: "num processed" }, known === undefined && prob > 0 ? `< ${fmtProb(prob)}` : fmtProb(prob)));
   });
   list.replaceChildren(head, ...rows);
 }

@@ -1,0 +1,170 @@
+// "Inside this step" in the explorer: the sampler stage by stage, what-if resampling, the
+// layers (logit lens, embedding, attention) and the KV cache of the last finished request,
+// each computed exactly by a worker (POST /api/generations/<id>/inspect/, docs/inside.md).
+// Owns: the requests, the cache of the exact processed distribution per (step, settings)
+// and drawing the four views. Must not know: the socket, the explorer's other panels.
+import { api } from "./api.js";
+import { h } from "./dom.js";
+import { errorText, fmtBytes, fmtNum, fmtProb, visiblePiece } from "./format.js";
+
+const EXPLAIN = {
+  waterfall: "The sampler turns the model's scores into the distribution a token is drawn from, one stage at a time "
+    + "(repetition penalty → temperature → top-k → top-p → min-p). Each row is the distribution after one stage: how many "
+    + "tokens are still allowed, how much probability the removed ones held, and where the chosen token is.",
+  whatif: "The same model scores, other sampling settings: every step is drawn again with these settings and seed until "
+    + "the first token that differs. That token is exactly what a real run with these settings would have written; from "
+    + "there the model would read other text, so “Continue from here” runs it for real.",
+  lens: "A token's embedding is a vector of numbers the model looks up for it. After every transformer layer, the "
+    + "logit lens applies the model's final norm and output head to the hidden state, as the model does after its last "
+    + "layer: you see the prediction form layer by layer. Attention shows which earlier tokens each head of a layer reads.",
+  kv: "During prefill and decode the model keeps every token's keys and values (the KV cache) so it never recomputes "
+    + "them. Its size follows from the model's shapes.",
+};
+
+export function createInside({ root, getTarget, onBranch, onExact }) {
+  const exact = new Map();  // "gen:step:settings" -> Map(token_id -> prob): the waterfall's last stage
+  let view = null;
+  let pending = 0;
+
+  async function inspect(kind, extra = {}) {
+    const target = getTarget();
+    if (!target) return null;
+    const body = { view: kind, step: target.step, params: target.params, top_n: 20, ...extra };
+    return api("POST", `/api/generations/${target.generationId}/inspect/`, body);
+  }
+
+  async function show(kind, extra = {}) {
+    view = kind;
+    for (const btn of root.querySelectorAll("[data-inside]")) btn.classList.toggle("active", btn.dataset.inside === kind);
+    const out = root.querySelector("#inside-out");
+    const target = getTarget();
+    if (!target) { out.replaceChildren(h("p", { class: "empty" }, "Finish a request first: the worker inspects finished generations.")); return; }
+    const ticket = ++pending;
+    out.replaceChildren(h("p", { class: "muted small" }, "Asking a worker…"));
+    try {
+      const result = await inspect(kind, extra);
+      if (ticket !== pending) return;
+      out.replaceChildren(h("p", { class: "muted small explain" }, EXPLAIN[kind]), RENDER[kind](result, target));
+      if (kind === "waterfall") remember(target, result);
+    } catch (err) {
+      if (ticket === pending) out.replaceChildren(h("p", { class: "alert" }, errorText(err)));
+    }
+  }
+
+  function remember(target, result) {
+    const last = result.stages[result.stages.length - 1];
+    // Only the top tokens come back: a token not among them has less than the smallest (0 if
+    // every kept token came back, i.e. it was filtered).
+    const probs = new Map(last.top.map((t) => [t.token_id, t.prob]));
+    probs.below = last.top.length >= last.num_kept ? 0 : last.top[last.top.length - 1].prob;
+    exact.set(key(target), probs);
+    onExact?.();
+  }
+
+  const key = (t) => `${t.generationId}:${t.step}:${JSON.stringify(t.params)}`;
+
+  /** The exact processed probabilities of the target step under the current settings, or null. */
+  function exactFor() {
+    const target = getTarget();
+    return target ? exact.get(key(target)) ?? null : null;
+  }
+
+  /** Fetches the exact processed distribution for the preview (quietly; once per step and settings). */
+  async function refreshExact() {
+    const target = getTarget();
+    if (!target || exact.has(key(target))) return;
+    try { remember(target, await inspect("waterfall", { top_n: 50 })); } catch { /* the preview stays marked approximate */ }
+  }
+
+  const RENDER = {
+    waterfall: renderWaterfall,
+    whatif: (r, target) => renderWhatIf(r, target, onBranch),
+    lens: (r) => renderLens(r, (layer) => show("lens", { layer })),
+    kv: renderKv,
+  };
+
+  for (const btn of root.querySelectorAll("[data-inside]")) {
+    btn.addEventListener("click", () => show(btn.dataset.inside, btn.dataset.inside === "lens" ? { layer: 0 } : {}));
+  }
+  return { show, exactFor, refreshExact, get view() { return view; } };
+}
+
+const piece = (p) => h("span", { class: "piece" }, visiblePiece(p ?? ""));
+const STAGE_LABEL = { raw: "model (raw)", repetition_penalty: "repetition penalty", temperature: "temperature",
+  top_k: "top-k", top_p: "top-p", min_p: "min-p" };
+
+function renderWaterfall(r) {
+  const rows = r.stages.map((s) => {
+    const sampled = s.sampled ? (s.sampled.is_kept ? `${fmtProb(s.sampled.prob)} · rank ${s.sampled.rank}` : "removed") : "";
+    const removed = s.name === "raw" ? "" : s.num_removed ? `−${s.num_removed} tokens · ${fmtProb(s.removed_mass)} of the mass` : "nothing removed";
+    return h("tr", { dataset: { stage: s.name } },
+      h("td", {}, STAGE_LABEL[s.name] ?? s.name, s.setting === null ? "" : ` ${fmtNum(s.setting)}`),
+      h("td", { class: "num" }, s.num_kept.toLocaleString()),
+      h("td", { class: "small" }, removed),
+      h("td", { class: "num" }, fmtNum(s.entropy)),
+      h("td", { class: "num", dataset: { sampledProb: s.sampled?.prob ?? "" } }, sampled),
+      h("td", { class: "small" }, ...s.top.slice(0, 5).flatMap((t) => [piece(t.piece), ` ${fmtProb(t.prob)} `])));
+  });
+  const head = h("tr", {}, ...["stage", "tokens left", "removed here", "entropy (nats)", `chosen “${visiblePiece(r.sampled_piece)}”`, "top tokens after it"]
+    .map((t) => h("th", {}, t)));
+  const note = r.is_greedy ? h("p", { class: "small" }, "Temperature 0 is greedy: only the repetition penalty applies, then the highest score wins.") : null;
+  return h("div", { class: "inside-view", id: "inside-waterfall" }, note, h("table", { class: "inside-table" }, h("thead", {}, head), h("tbody", {}, ...rows)));
+}
+
+function renderWhatIf(r, target, onBranch) {
+  const d = r.diverged_at;
+  const summary = d === null
+    ? `Seed ${r.seed}: these settings draw the same ${r.num_steps} tokens.`
+    : `Seed ${r.seed}: same tokens up to step ${d}; there these settings draw “${visiblePiece(r.steps[d].piece)}” instead of “${visiblePiece(r.steps[d].original_piece)}”.`;
+  const rows = r.steps.map((s) => h("tr", { class: s.token_id !== s.original_token_id ? "diverged" : "", dataset: { step: s.index, tokenId: s.token_id } },
+    h("td", { class: "num" }, s.index), h("td", {}, piece(s.original_piece)),
+    h("td", { class: "num" }, fmtProb(s.original_prob)), h("td", {}, piece(s.piece)), h("td", { class: "num" }, fmtProb(s.prob)),
+    h("td", { class: "num" }, s.num_kept.toLocaleString())));
+  const head = h("tr", {}, ...["step", "generated", "its p now", "drawn now", "p", "tokens left"].map((t) => h("th", {}, t)));
+  const strip = h("div", { class: "prob-strip", title: "probability these settings give each generated token (no draw needed)" },
+    ...r.original_probs.map((p, i) => h("span", { class: p === 0 ? "zero" : "", style: `--p: ${Math.min(p ?? 0, 1).toFixed(3)}`, title: `step ${i}: ${fmtProb(p ?? 0)}` })));
+  const filtered = r.first_filtered_at === null ? null
+    : h("p", { class: "small" }, `These settings could never have produced the generation: step ${r.first_filtered_at}'s token is filtered out.`);
+  const cont = d === null ? null : h("button", { type: "button", class: "btn small", id: "whatif-continue",
+    onclick: () => onBranch(d, { token_id: r.steps[d].token_id, piece: r.steps[d].piece, logprob: r.steps[d].raw_logprob }) },
+  "Continue from here");
+  return h("div", { class: "inside-view", id: "inside-whatif" }, h("p", { id: "whatif-summary" }, summary), cont, filtered,
+    h("p", { class: "chart-title" }, "p of each generated token under these settings"), strip,
+    h("table", { class: "inside-table" }, h("thead", {}, head), h("tbody", {}, ...rows)));
+}
+
+function renderLens(r, chooseLayer) {
+  const e = r.embedding;
+  const embedding = h("div", { class: "small", id: "lens-embedding" },
+    h("p", {}, "Token ", piece(r.piece), ` (id ${r.token_id}) is a vector of ${e.size} numbers, norm ${fmtNum(e.norm)} `
+      + `(average over the table ${fmtNum(e.mean_norm)}). Closest tokens by direction (cosine): `),
+    h("p", {}, ...e.nearest.flatMap((n) => [piece(n.piece), ` ${fmtNum(n.cosine)}  `])));
+  const rows = r.lens.map((row) => h("tr", { dataset: { layer: row.layer } },
+    h("td", {}, row.layer === 0 ? "embedding" : `after layer ${row.layer}`),
+    h("td", { class: "num" }, fmtNum(row.entropy)),
+    h("td", {}, ...row.top.slice(0, 3).flatMap((t) => [piece(t.piece), ` ${fmtProb(t.prob)}  `]))));
+  const lens = h("table", { class: "inside-table", id: "lens-table" },
+    h("thead", {}, h("tr", {}, h("th", {}, "hidden state"), h("th", {}, "entropy"), h("th", {}, "top predictions"))), h("tbody", {}, ...rows));
+  const att = r.attention;
+  const select = h("select", { class: "select small", id: "lens-layer", onchange: (ev) => chooseLayer(Number(ev.target.value)) },
+    ...Array.from({ length: r.num_layers }, (_, i) => h("option", { value: i, selected: i === att.layer }, `layer ${i + 1}`)));
+  const grid = h("table", { class: "attention-grid", id: "attention-grid" },
+    h("thead", {}, h("tr", {}, h("th", {}, "head"), ...r.context.map((c) => h("th", { class: "tok" }, visiblePiece(c.piece))))),
+    h("tbody", {}, ...att.weights.map((row, head) => h("tr", {}, h("th", {}, head + 1),
+      ...row.map((w, j) => h("td", { style: `--w: ${w.toFixed(3)}`, title: `head ${head + 1} → “${r.context[j].piece}”: ${fmtProb(w)}` }))))));
+  return h("div", { class: "inside-view", id: "inside-lens" }, embedding, lens,
+    h("p", { class: "chart-title" }, "Attention of ", piece(r.piece), " in ", select), h("div", { class: "attention-scroll" }, grid));
+}
+
+function renderKv(r) {
+  const s = r.shape;
+  const q = r.request;
+  return h("div", { class: "inside-view small", id: "inside-kv" },
+    h("p", {}, `Per token and layer: ${s.formula} = ${fmtBytes(s.bytes_per_token_per_layer)}; × ${s.num_layers} layers = `,
+      h("b", { id: "kv-per-token" }, fmtBytes(s.bytes_per_token)), ` per token (measured on the worker: ${fmtBytes(r.measured_bytes_per_token)}, ${r.dtype}).`),
+    h("p", {}, `This request: ${q.num_tokens} tokens in the cache → ${fmtBytes(q.bytes_per_layer)} per layer, `,
+      h("b", { id: "kv-total" }, fmtBytes(q.total_bytes)), " in total."),
+    h("p", {}, q.num_cached_tokens ? `The first ${q.num_cached_tokens} tokens (${fmtBytes(q.cached_bytes)}) came from the prefix cache: `
+      + "an earlier request had computed them." : "Nothing came from the prefix cache: every token was computed by this request's prefill."),
+    h("p", {}, `Without a KV cache, each decode step would recompute keys and values for the whole sequence (up to ${q.num_tokens} tokens) instead of one.`));
+}
