@@ -94,6 +94,28 @@ def error(code: str, message: str, request_id: str | None = None) -> dict[str, A
     return {"type": "error", "request_id": request_id, "code": code, "message": message}
 
 
+def generation_attached(
+    request_id: str | None,
+    generation_id: int,
+    status: str,
+    text: str,
+    steps: list[dict[str, Any]],
+    segments: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Answer to `attach` (a reloaded page following a generation it started before): what the
+    worker saved so far (text and steps, about once a second); later steps follow as usual and
+    may repeat saved ones (the page keeps each step index once)."""
+    return {
+        "type": "generation.attached",
+        "request_id": request_id,
+        "generation_id": generation_id,
+        "status": status,
+        "text": text,
+        "steps": steps,
+        "segments": segments,
+    }
+
+
 def generation_queued(
     request_id: str | None,
     generation_id: int,

@@ -94,6 +94,11 @@ def message_json(message: Message) -> dict[str, Any]:
         "generation_id": message.generation_id,
         "stats": generation.stats if generation else None,
         "status": generation.status if generation else None,
+        "error": (
+            {"code": generation.error_code, "message": generation.error_message}
+            if generation is not None and generation.status == Generation.Status.ERROR
+            else None
+        ),
     }
 
 

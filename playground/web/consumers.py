@@ -16,6 +16,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
 from playground import dispatch, protocol
 from playground.coord import liveness
 from playground.models import Generation
@@ -60,12 +61,14 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
             command = content.get("command")
             if command == "stop":
                 await self._stop(content)
+            elif command == "attach":
+                await self._attach(content, request_id)
             elif isinstance(command, str) and command in submit.COMMANDS:
                 await self._start(command, content, request_id)
             else:
                 raise CommandError(
                     "unknown_command",
-                    f"unknown command {command!r}; expected one of {', '.join([*submit.COMMANDS, 'stop'])}",
+                    f"unknown command {command!r}; expected one of {', '.join([*submit.COMMANDS, 'stop', 'attach'])}",
                 )
         except CommandError as exc:
             await self.send_json(protocol.error(exc.code, exc.message, request_id))
@@ -110,6 +113,19 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
             await self._follow(generation_id)
         if ended is not None:  # it was still queued: no worker will report it
             await self._deliver(await database_sync_to_async(ended.terminal_event)())
+
+    async def _attach(self, content: dict[str, Any], request_id: str | None) -> None:
+        """Follows a generation this session started on another socket (a reload): what was
+        saved so far, then its live events, then its one terminal event."""
+        generation = await database_sync_to_async(submit.attach)(self.session_key, content)
+        if generation.is_active and generation.pk not in self.watchdogs:
+            await self._follow(generation.pk)  # before the snapshot: nothing between is missed
+            generation = await database_sync_to_async(submit.attach)(self.session_key, content)
+        await self.send_json(await database_sync_to_async(_attached_event)(generation, request_id))
+        if not generation.is_active:
+            if generation.pk not in self.watchdogs:
+                await self._follow(generation.pk)
+            await self._deliver(await database_sync_to_async(generation.terminal_event)())
 
     # ---- events from the workers ---------------------------------------------------------
 
@@ -156,6 +172,18 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
 @database_sync_to_async
 def _is_active(generation_id: int) -> bool:
     return Generation.objects.filter(pk=generation_id, status__in=Generation.ACTIVE_STATUSES).exists()
+
+
+def _attached_event(generation: Generation, request_id: str | None) -> dict[str, Any]:
+    starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)
+    return protocol.generation_attached(
+        request_id,
+        generation.pk,
+        generation.status,
+        generation.text,
+        list(generation.steps),
+        segments_for_browser(generation.text, starts_in_reasoning=starts_in_reasoning),
+    )
 
 
 def _ended_event(generation_id: int) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from inference.sampling_params import SamplingParams
 from playground import limits
-from playground.coord import cancel
+from playground.coord import cancel, liveness
 from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
 from playground.protocol import CommandError, get_field, get_id_list
 
@@ -256,6 +256,18 @@ def stop(session_key: str, content: dict[str, Any]) -> Generation | None:
     )
     if not num_updated:
         return None  # the worker has it: it stops within one step and reports
+    generation.refresh_from_db()
+    return generation
+
+
+def attach(session_key: str | None, content: dict[str, Any]) -> Generation:
+    """The session's own generation that a reloaded page wants to follow (after the lost rule
+    has been applied, so a dead worker's generation reads as ended)."""
+    generation_id = get_field(content, "generation_id", int, required=True)
+    if session_key is None:
+        raise CommandError("not_found", f"generation {generation_id} does not exist")
+    generation = owned_generation(session_key, generation_id)
+    liveness.reconcile([generation])
     generation.refresh_from_db()
     return generation
 

@@ -237,7 +237,7 @@ class GenerationRun:
             self.text = event.beams[0].text
         self.coalescer.add(step)
         if time.monotonic() - self.saved_at >= SAVE_PARTIAL_EVERY_S:
-            self._save(text=self.text)
+            self._save(text=self.text, steps=self.steps)  # a reloaded page re-attaches from these
             self._save_answer(self.text)
 
     def _send_steps(self, steps: list[dict[str, Any]]) -> None:

@@ -119,7 +119,26 @@ function editAndResend(user, content) {
 /** Send `command` and stream its events into `answer`. */
 function startGeneration(command, answer, { onQueued = () => {}, onRefused }) {
   hideError();
-  state.handle = socket.start(command, {
+  state.handle = socket.start(command, answerHandlers(answer, { onQueued, onRefused }));
+  setBusy(true);
+}
+
+/** A reloaded page follows the generation it left running: the saved part, then live steps. */
+function resumeGeneration(answer) {
+  Object.assign(answer, { isStreaming: true, steps: [] });
+  state.handle = socket.attach(answer.generation_id, answerHandlers(answer, { onRefused: () => {} }));
+  setBusy(true);
+}
+
+/** The event handlers that fill one streaming answer (a new generation or a re-attached one). */
+function answerHandlers(answer, { onQueued = () => {}, onRefused }) {
+  const lastIndex = () => answer.steps.at(-1)?.index ?? -1;
+  return {
+    onAttached(event) {
+      answer.steps = event.steps;
+      answer.segments = event.segments;
+      scheduleUpdate(answer);
+    },
     onQueued(event) {
       answer.id = event.message_id;
       answer.generation_id = event.generation_id;
@@ -145,7 +164,8 @@ function startGeneration(command, answer, { onQueued = () => {}, onRefused }) {
     },
     onTokens(event) {
       const isAtBottom = nearBottom();
-      answer.steps.push(...event.steps);
+      // A re-attached page may get again a step it had from the saved snapshot: keep each index once.
+      answer.steps.push(...event.steps.filter((s) => s.index > lastIndex()));
       if (event.segments) answer.segments = event.segments;
       scheduleUpdate(answer);
       if (isAtBottom) requestAnimationFrame(scrollToBottom);
@@ -164,11 +184,10 @@ function startGeneration(command, answer, { onQueued = () => {}, onRefused }) {
         showError(error);
         return;
       }
-      Object.assign(answer, { isStreaming: false, content: streamedText(answer), error });
+      Object.assign(answer, { isStreaming: false, content: streamedText(answer) || answer.content, error });
       updateAssistant(answer);
     },
-  });
-  setBusy(true);
+  };
 }
 
 /** The model, preset and overrides for a command; null (and the bad field shown) if invalid. */
@@ -200,6 +219,8 @@ async function openConversation(id) {
   const messages = conversation.messages.filter((m) => m.role !== "system")
     .map((m) => (m.role === "assistant" ? newAssistantMessage({ ...m, modelName }) : { ...m }));
   setMessages(messages);
+  const running = messages.findLast((m) => m.role === "assistant" && ["queued", "running"].includes(m.status));
+  if (running && running.generation_id && !isBusy()) resumeGeneration(running);
   setTitle(conversation.title);
   conversations.setActive(id);
   history.replaceState(null, "", `#c${id}`);

@@ -123,7 +123,7 @@ function statBadges(message) {
   const badges = [];
   const add = (title, text, extraClass = "") => badges.push(h("span", { class: `badge ${extraClass}`, title }, text));
   if (stats.waiting) add("every place in the worker's batch is taken: this request runs when one frees up", stats.waiting, "waiting");
-  if (stats.queue_ms) add("time spent waiting for a place in the batch (counted in the TTFT)", `queued ${fmtMs(stats.queue_ms)}`);
+  if (stats.queue_ms >= 1) add("time spent waiting for a place in the batch (counted in the TTFT)", `queued ${fmtMs(stats.queue_ms)}`);
   if (stats.num_prompt_tokens != null) add("tokens in the prompt", `${stats.num_prompt_tokens} prompt tok`);
   if (stats.num_cached_tokens != null) add("prompt tokens reused from the prefix cache", `${stats.num_cached_tokens} cached`);
   if (stats.num_prompt_tokens != null && stats.num_cached_tokens != null) {

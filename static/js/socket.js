@@ -9,6 +9,7 @@ const MAX_MESSAGE_BYTES = 512 * 1024;
 
 const HANDLER_BY_TYPE = {
   "generation.queued": "onQueued",
+  "generation.attached": "onAttached",
   "generation.started": "onStarted",
   "generation.waiting": "onWaiting",
   "generation.prefilled": "onPrefilled",
@@ -81,6 +82,17 @@ export class GenerationSocket {
     }
     this.byRequest.set(requestId, handle);
     this.sendRaw(message);
+    return handle;
+  }
+
+  /** Follow a generation started before (e.g. before a reload): `attach`, then its events. */
+  attach(generationId, handlers) {
+    const requestId = `r${this.nextRequest++}`;
+    const handle = new GenerationHandle(this, requestId, handlers);
+    handle.generationId = generationId;
+    this.byRequest.set(requestId, handle);
+    this.byGeneration.set(generationId, handle);
+    this.sendRaw({ command: "attach", generation_id: generationId, request_id: requestId });
     return handle;
   }
 

@@ -249,3 +249,25 @@ def test_phone_width_layout(page, screenshot_dir):
     page.locator(".sidebar-toggle").click()
     expect(page.locator("#sidebar")).to_be_in_viewport()
     expect(page.locator(".conv-item")).to_have_count(1)
+
+
+def test_a_reload_during_a_generation_re_attaches_to_it_and_can_stop_it(page, screenshot_dir):
+    open_chat(page, max_tokens=400)
+    send(page, "Tell me a very long story about a lighthouse.")
+    answer = page.locator(".msg-assistant").last
+    expect(answer.locator(".tok").nth(3)).to_be_visible()
+    page.reload()
+    expect(page.locator("#conn")).to_have_attribute("data-state", "open")
+    answer = page.locator(".msg-assistant").last
+    expect(page.locator("#stop-btn")).to_be_visible()  # the page knows the answer is still running
+    attached = wait_for_events(page, "generation.attached")[-1]
+    assert attached["status"] == "running"
+    num_before = answer.locator(".tok").count()
+    expect(answer.locator(".tok").nth(num_before + 3)).to_be_attached()  # and keeps streaming
+    page.click("#stop-btn")
+    expect(answer.locator(".finish")).to_have_text("cancelled")
+    expect(page.locator("#stop-btn")).to_be_hidden()
+    text = answer.locator(".msg-body").inner_text()
+    finished = events(page, "generation.finished")[-1]
+    assert finished["text"].strip() and text.strip().startswith(finished["text"].strip()[:20])
+    page.screenshot(path=str(screenshot_dir / "chat-reattached.png"))

@@ -268,3 +268,52 @@ async def test_an_unreachable_queue_ends_the_generation_with_an_error(
     assert (queued["type"], error["type"], error["code"]) == ("generation.queued", "generation.error", "internal_error")
     assert "broker down" in error["message"]
     await ws.disconnect()
+
+
+async def test_a_reloaded_page_attaches_to_its_running_generation_and_gets_what_was_saved_then_the_rest(
+    session_key: str, queued_ids: list[int]
+) -> None:
+    first = connect(session_key)
+    assert (await first.connect(timeout=TIMEOUT_S))[0]
+    queued = await command(first, "generate", content="hi")
+    await first.disconnect()  # the page reloads
+    generation_id = queued["generation_id"]
+    saved = [{"index": 0, "text_delta": "He"}, {"index": 1, "text_delta": "llo"}]
+    await sync_to_async(Generation.objects.filter(pk=generation_id).update)(
+        status="running", started_at=timezone.now(), text="Hello", steps=saved
+    )
+    ws = connect(session_key)
+    assert (await ws.connect(timeout=TIMEOUT_S))[0]
+    attached = await command(ws, "attach", generation_id=generation_id, request_id="a1")
+    assert (attached["type"], attached["request_id"], attached["status"]) == ("generation.attached", "a1", "running")
+    assert (attached["text"], attached["steps"]) == ("Hello", saved)
+    await get_channel_layer().group_send(
+        protocol.group_name(generation_id), protocol.generation_steps(generation_id, [{"index": 2}], is_beam=False)
+    )
+    assert (await ws.receive_json_from(timeout=TIMEOUT_S))["steps"] == [{"index": 2}]
+    await get_channel_layer().group_send(
+        protocol.group_name(generation_id),
+        protocol.generation_finished(generation_id, queued["message_id"], "length", "Hello!", {}),
+    )
+    assert (await ws.receive_json_from(timeout=TIMEOUT_S))["type"] == "generation.finished"
+    assert await ws.receive_nothing(timeout=0.3)
+    await ws.disconnect()
+
+
+async def test_attaching_to_an_ended_generation_gives_its_terminal_event_and_others_get_not_found(
+    ws: WebsocketCommunicator,
+) -> None:
+    queued = await command(ws, "generate", content="hi")
+    generation_id = queued["generation_id"]
+    await sync_to_async(Generation.objects.filter(pk=generation_id).update)(
+        status="cancelled", finish_reason="cancelled", text="Hel"
+    )
+    attached = await command(ws, "attach", generation_id=generation_id)
+    assert (attached["type"], attached["status"], attached["text"]) == ("generation.attached", "cancelled", "Hel")
+    ended = await ws.receive_json_from(timeout=TIMEOUT_S)
+    assert (ended["type"], ended["finish_reason"]) == ("generation.finished", "cancelled")
+    stranger = connect("another-session-key-000000000000")
+    assert (await stranger.connect(timeout=TIMEOUT_S))[0]
+    refused = await command(stranger, "attach", generation_id=generation_id)
+    assert (refused["type"], refused["code"]) == ("error", "not_found")
+    await stranger.disconnect()
