@@ -41,12 +41,14 @@ class EngineConfig:
     prefix_cache_bytes: int = 256 * 1024 * 1024
     num_threads: int | None = None
     kv_cache_bytes: int = 512 * 1024 * 1024  # the paged KV pool of continuous batching
-    block_size: int = 16  # tokens per KV block (the unit of allocation and prefix sharing)
+    # Tokens per KV block: the unit of allocation and of prefix sharing. Small, because attention
+    # here gathers keys token by token (block size costs nothing there) and small blocks let short
+    # prompts (the explorer's one-token steps) share their prefix too; GPU kernels prefer 16.
+    block_size: int = 4
     max_num_seqs: int = 16  # sequences sharing one step
     max_num_batched_tokens: int = 512  # tokens (prefill chunks + decodes) in one step
-    runner: str = (
-        "auto"  # "auto": the lean Llama-family runner when it supports the model; "transformers": always generic
-    )
+    # "auto": the lean Llama-family runner when it supports the model; "transformers": always generic.
+    runner: str = "auto"
     eos_token_ids: tuple[int, ...] | None = None  # None: the model's own stop ids (see models.loader)
 
     def __post_init__(self) -> None:
@@ -60,9 +62,6 @@ class EngineConfig:
             raise ValueError(f"max_context={self.max_context} must be at least 2")
         if self.prefix_cache_bytes < 0:
             raise ValueError(f"prefix_cache_bytes={self.prefix_cache_bytes} must be >= 0")
-        for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")

@@ -146,7 +146,7 @@ def worker_thread(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return state
 
 
-@pytest.mark.django_db(transaction=True)  # the worker thread reads the rows the test wrote
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)  # the worker thread reads the rows the test wrote
 async def test_http_inspection_answers_from_the_worker(worker_thread: dict[str, Any]) -> None:
     from asgiref.sync import sync_to_async
 
@@ -167,7 +167,7 @@ async def test_http_inspection_answers_from_the_worker(worker_thread: dict[str, 
     assert (response.status_code, response.json()["error"]["code"]) == (400, "invalid_field")
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
 async def test_no_worker_is_a_timeout_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
     from asgiref.sync import sync_to_async
 

@@ -95,3 +95,37 @@ def test_eight_clients_at_once_all_get_their_whole_answer_from_one_batching_work
     assert counted and sum(float(line.rsplit(" ", 1)[1]) for line in counted) >= NUM_CLIENTS * NUM_TOKENS
     assert "playground_time_to_first_token_seconds_bucket{" in text
     assert "playground_kv_blocks_total{" in text
+
+
+def test_fifty_clients_at_once_each_get_exactly_one_terminal_event(live_stack) -> None:
+    """A class opening the page together (bounded: 50 sockets, one short message each, all to
+    127.0.0.1): none is lost, none is answered twice."""
+    live_stack.ensure_worker()
+    num_clients = 50
+    tabs = [BrowserTab(live_stack.base_url, live_stack.ws_url) for _ in range(num_clients)]
+    results: dict[str, list[dict]] = {}
+    barrier = threading.Barrier(num_clients)
+    questions = [f"Say the number {n}." for n in range(num_clients)]
+
+    def ask_briefly(tab: BrowserTab, question: str) -> None:
+        with tab.connect() as ws:
+            barrier.wait()
+            send(ws, "generate", content=question, overrides={"max_new_tokens": 4, "greedy": True, "ignore_eos": True})
+            events = receive_until(ws, ends_request, timeout_s=300)
+            try:  # nothing more may come for this generation
+                events.append(json.loads(ws.recv(timeout=1.0)))
+            except TimeoutError:
+                pass
+            results[question] = events
+
+    threads = [threading.Thread(target=ask_briefly, args=(tab, q)) for tab, q in zip(tabs, questions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=400)
+    assert len(results) == num_clients
+    for question, events in results.items():
+        terminal = [e for e in events if e["type"] in ("generation.finished", "generation.error", "error")]
+        assert len(terminal) == 1, (question, [e["type"] for e in events])
+        assert terminal[0]["type"] == "generation.finished", terminal[0]
+        assert terminal[0]["stats"]["num_generated_tokens"] == 4
