@@ -76,6 +76,7 @@ class Engine:
         self.batcher = ContinuousBatcher(self, self.runner, config) if use_lean else None
         self._request_ids = itertools.count()
         self.alone = AloneRequests()
+        self.num_not_cached_sliding_window = 0
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Engine":
@@ -112,6 +113,7 @@ class Engine:
             "kv_bytes_per_token": self.kv_bytes_per_token(),
             "runner": self.runner.name,
             "has_chat_template": bool(self.loaded.chat_template),
+            "sliding_window": self.sliding_window,
         }
 
     def kv_bytes_per_token(self) -> int:
@@ -151,7 +153,19 @@ class Engine:
         blocks, or the radix cache of requests that run alone (also when `params` is None)."""
         if params is not None and self.batcher is not None and self.batcher.accepts(params):
             return self.batcher.prefix_cache_stats()
-        return self.prefix_cache.stats()
+        return {
+            **self.prefix_cache.stats(),
+            "sliding_window": self.sliding_window,
+            "num_not_cached_sliding_window": self.num_not_cached_sliding_window,
+        }
+
+    @property
+    def sliding_window(self) -> int | None:
+        """Tokens of attention window when the model uses one (its cache then forgets older
+        positions, so a longer conversation cannot be reused as a prefix); None otherwise."""
+        cfg = self.model.config
+        window = getattr(cfg, "sliding_window", None)
+        return window if window and getattr(cfg, "use_sliding_window", True) else None
 
     # ---- many requests at once: add_request(), then step() until none is unfinished --------
 
@@ -469,8 +483,9 @@ class Engine:
         """Prompt and answer are the next turn's prompt: keep the KV the cache holds (all but the
         last token's, which was never computed) so the next chat turn prefills only its new tokens."""
         keep = run.cache.num_tokens
-        if any(k.shape[1] != keep for k, _ in layers):
-            return  # a sliding-window cache forgot early positions: not reusable as a prefix
+        if any(k.shape[1] != keep for k, _ in layers):  # a sliding-window cache forgot early positions
+            self.num_not_cached_sliding_window += 1  # not reusable as a prefix: say so in the stats
+            return
         self.prefix_cache.insert(run.context_ids[:keep].tolist(), layers)
 
     def _decode_text(self, token_ids: Sequence[int]) -> str:

@@ -362,6 +362,9 @@ def card(config: dict[str, Any], *, context: int = 4096, dtype: str | None = Non
             "context": context,
             "bytes_at_context": kv["cached"] * kb * context,
             "expanded_bytes_at_context": kv["expanded"] * kb * context,
+            # Attention to the last N tokens only: the cache then holds at most N positions, and a
+            # conversation longer than N cannot be reused from the prefix cache.
+            "sliding_window": _sliding_window(config),
         },
         "flops": {
             "context": context,
@@ -371,6 +374,11 @@ def card(config: dict[str, Any], *, context: int = 4096, dtype: str | None = Non
         },
         "decode_bytes_read": decode_bytes_read(s, context, wb, kb),
     }
+
+
+def _sliding_window(config: dict[str, Any]) -> int | None:
+    window = config.get("sliding_window")
+    return window if window and config.get("use_sliding_window", True) else None
 
 
 def reference_config(key: str) -> dict[str, Any]:

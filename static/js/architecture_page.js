@@ -58,6 +58,8 @@ function render(card) {
     table(`KV cache at ${exact(kv.context)} tokens`, [
       ["cached", bytes(kv.bytes_at_context), `${kv.dtype}, ${exact(kv.values_per_token)} values per token`],
       ["expanded", bytes(kv.expanded_bytes_at_context), `${(kv.expanded_bytes_per_token / kv.bytes_per_token).toFixed(1)}x the cached form`],
+      kv.sliding_window ? ["sliding window", `${exact(kv.sliding_window)} tokens`,
+        "attention sees only the last tokens: the cache keeps at most this many, and a longer conversation cannot be reused from the prefix cache"] : null,
     ]),
     table(`FLOPs (context ${exact(f.context)})`, [
       ["decode, one token", big(f.decode_per_token.as_run, "FLOP"), s.is_mla ? "as transformers runs MLA: every cached latent re-expanded each step" : ""],

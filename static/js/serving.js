@@ -90,6 +90,10 @@ export function prefixCacheLine(counters) {
     [`${num(counters.num_evictions)} evicted`, counters.kind === "blocks"
       ? "cached blocks reused for other tokens (least recently freed first)" : "leaves evicted to stay within the budget"],
   ];
+  if (counters.sliding_window) {
+    parts.push([`${num(counters.num_not_cached_sliding_window)} not cached (sliding window ${counters.sliding_window})`,
+      "this model attends to its last tokens only, so its cache forgets older positions: a conversation longer than the window cannot be reused as a prefix"]);
+  }
   if (counters.num_cached_tokens != null) parts.push([`${num(counters.num_cached_tokens)} reused`, "prompt tokens served from the cache since the worker started"]);
   return h("div", { class: "prefix-cache", title: "this worker's prefix cache after the request (docs/prefix-cache.md)" },
     h("span", { class: "serving-label" }, "worker prefix cache"),

@@ -118,3 +118,24 @@ def test_bad_configs_say_why() -> None:
         arch.reference_card("deepseek_v3_671b", context=0)
     with pytest.raises(arch.ArchitectureError, match="dtype"):
         arch.reference_card("deepseek_v3_671b", dtype="int3")
+
+
+def test_the_card_says_when_a_sliding_window_limits_the_cache() -> None:
+    from inference.introspect.architecture import card
+
+    mistral = {
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+        "max_position_embeddings": 256,
+        "sliding_window": 32,
+    }
+    assert card(mistral)["kv_cache"]["sliding_window"] == 32
+    assert card({**mistral, "sliding_window": None})["kv_cache"]["sliding_window"] is None
+    qwen2_off = {**mistral, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False}
+    assert card(qwen2_off)["kv_cache"]["sliding_window"] is None

@@ -278,3 +278,25 @@ def test_mistral_uses_the_lean_runner_only_without_a_sliding_window(sliding_wind
     prompt = [5, 77, 130, 9, 200, 41, 17, 3, 99, 150, 12]  # longer than the window: it must matter
     _, steps, _ = run(engine, prompt, greedy=True, max_new_tokens=12, ignore_eos=True)
     assert [s.token_id for s in steps] == hf_greedy(model, prompt, 12, ())
+    assert engine.model_info()["sliding_window"] == sliding_window
+
+
+def test_a_sliding_window_conversation_that_cannot_be_cached_is_counted_in_the_stats():
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    config = MistralConfig(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        sliding_window=8,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    engine = Engine(replace(engine_for("llama").loaded, model=model), EngineConfig())
+    run(engine, [5, 77, 130, 9, 200, 41, 17, 3, 99, 150, 12], greedy=True, max_new_tokens=4, ignore_eos=True)
+    stats = engine.prefix_cache_stats()
+    assert (stats["sliding_window"], stats["num_not_cached_sliding_window"], stats["num_entries"]) == (8, 1, 0)

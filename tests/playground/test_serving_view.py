@@ -4,6 +4,7 @@ the serving page's socket, and every live worker's numbers reach /metrics."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -51,7 +52,12 @@ async def test_the_serving_socket_shows_the_steps_the_worker_ran() -> None:
 
 def test_metrics_show_every_live_workers_numbers_in_prometheus_format() -> None:
     observer = serve_two_requests("w2@test")
-    snapshot = json.loads(store.client().get(keys.worker_metrics("w2@test")))
+    # The loop writes its last snapshot right after delivering the last event: wait for it.
+    deadline = time.monotonic() + 5
+    while (snapshot := json.loads(store.client().get(keys.worker_metrics("w2@test")) or "{}")).get("counters", {}).get(
+        "requests_finished_total"
+    ) != 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert snapshot["counters"]["generated_tokens_total"] == 10
     text = Client().get("/metrics").content.decode()
     assert 'playground_generated_tokens_total{model="tiny-llama",worker="w2@test"} 10.0' in text
