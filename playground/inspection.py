@@ -8,7 +8,9 @@ sockets, the ORM.
 The views (see docs/inside.md): "waterfall" (one step's distribution after each sampler
 stage), "whatif" (every step replayed under other settings until the first token that
 differs), "lens" (one token's embedding, the top predictions after every layer, the
-attention of each head of one layer), "kv" (the cache's size from the model's shapes).
+attention of each head of one layer), "kv" (the cache's size from the model's shapes),
+"prompt_logprobs" (each prompt token's logprob after the ones before it, with `top_n`
+alternatives: the OpenAI API's `echo` with `logprobs`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from inference.sampling_params import SamplingParams
 from playground.protocol import CommandError, get_field
 
-VIEWS = ("waterfall", "whatif", "lens", "kv")
+VIEWS = ("waterfall", "whatif", "lens", "kv", "prompt_logprobs")
 SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "greedy")
 MAX_TOP_N = 50
 WAIT_S = 120.0  # the web side's wait for the worker's answer (the first one may load the model)
@@ -37,7 +39,7 @@ def parse(content: dict[str, Any], generation_params: dict[str, Any]) -> dict[st
     top_n = get_field(content, "top_n", int, default=10)
     if step < 0:
         raise CommandError("invalid_field", f"step={step} must be >= 0")
-    if not 1 <= top_n <= MAX_TOP_N:
+    if not (0 if view == "prompt_logprobs" else 1) <= top_n <= MAX_TOP_N:
         raise CommandError("invalid_field", f"top_n={top_n} must be in 1..{MAX_TOP_N}")
     changes = get_field(content, "params", dict, default={})
     unknown = sorted(set(changes) - set(SETTINGS))

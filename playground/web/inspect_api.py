@@ -49,7 +49,12 @@ async def _inspect(request: HttpRequest, generation_id: int) -> dict[str, Any]:
         raise CommandError(
             "invalid_params", f"generation {generation_id} is still {row.status}: inspect it once it ends"
         )
-    checked = inspection.parse(content, row.params)
+    return await ask_worker(generation_id, inspection.parse(content, row.params))
+
+
+async def ask_worker(generation_id: int, checked: dict[str, Any]) -> dict[str, Any]:
+    """Sends a checked inspection of a finished generation to a worker and waits for its answer
+    (a `CommandError` with the worker's code, or `inspection_timeout`)."""
     layer = get_channel_layer()
     reply_channel = await layer.new_channel()
     await sync_to_async(send_task)(generation_id, checked, reply_channel)

@@ -68,6 +68,12 @@ def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[
         raise CommandError("model_unavailable", "the generation's model was deleted")
     engine = load_engine(row.model)
     view = checked["view"]
+    if view == "prompt_logprobs":
+        return {
+            "view": view,
+            "generation_id": generation_id,
+            "tokens": loop_for(engine).call(lambda: _prompt_logprobs(engine, row, checked["top_n"])),
+        }
     if view == "kv":
         return loop_for(engine).call(lambda: _kv(engine, row, len(context_ids) + len(path)))
     if checked["step"] >= len(path):
@@ -77,6 +83,16 @@ def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[
     except ValueError as exc:  # the introspection refused the input (a layer that does not exist, ...)
         raise CommandError("invalid_field", str(exc)) from exc
     return {"view": view, "generation_id": generation_id, "num_steps": len(path), **result}
+
+
+def _prompt_logprobs(engine: Engine, row: Generation, top_n: int) -> list[dict[str, Any]]:
+    from inference.introspect.prompt_logprobs import prompt_logprobs
+
+    prompt_ids = [int(token["id"]) for token in (row.prompt or {}).get("tokens", [])]
+    tokens = prompt_logprobs(engine.model, prompt_ids, top_n)
+    for token in tokens:
+        token["token_bytes"] = engine.token_table.bytes_of(token["token_id"]).hex()
+    return _named(engine, tokens)
 
 
 def tokens_of(row: Generation) -> tuple[list[int], list[int]]:

@@ -230,9 +230,14 @@ async def test_bad_requests_get_openai_errors_naming_the_field(
     assert not await sync_to_async(Generation.objects.exists)()  # a refusal writes nothing
 
 
-async def test_echo_with_logprobs_is_refused_clearly(engine: FakeEngine) -> None:
-    response = await post("/v1/completions", {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1})
+async def test_echo_with_logprobs_streamed_and_max_tokens_0_without_echo_are_refused_clearly(
+    engine: FakeEngine,
+) -> None:
+    body = {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1, "stream": True}
+    response = await post("/v1/completions", body)
     assert (response.status_code, response.json()["error"]["param"]) == (400, "echo")
+    response = await post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0})
+    assert (response.status_code, response.json()["error"]["param"]) == (400, "max_tokens")
 
 
 async def test_bad_json_and_wrong_method() -> None:

@@ -109,8 +109,34 @@ def test_legacy_completion_with_echo_and_a_stop_string(client: openai.OpenAI) ->
     stopped = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stop=[stop])
     assert stop not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
     with pytest.raises(openai.BadRequestError) as refused:
-        client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1)
+        client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, stream=True)
     assert refused.value.body["param"] == "echo"
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_the_model_does(client: openai.OpenAI) -> None:
+    """What evaluation tools send to score a text (max_tokens=0, echo, logprobs): every prompt
+    token's logprob after the ones before it, equal to the model's own, computed here alone."""
+    import torch
+
+    from inference import EngineConfig
+    from inference.engine import Engine
+
+    prompt = "The capital of France is Paris"
+    scored = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=2)
+    choice = scored.choices[0]
+    assert choice.text == prompt and scored.usage.completion_tokens == 0
+    lp = choice.logprobs
+    engine = Engine.load(EngineConfig(source="bundled", device="cpu", dtype="float32"))
+    ids = engine.encode(prompt)
+    with torch.inference_mode():
+        expected = torch.log_softmax(engine.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    assert lp.tokens == [engine.piece(i) for i in ids] and lp.token_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx([float(expected[i, t]) for i, t in enumerate(ids[1:])], abs=1e-3)
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert prompt[lp.text_offset[-1] :] == engine.piece(ids[-1]).replace("Ġ", " ")
+    assert all(len(top) == 2 for top in lp.top_logprobs[1:])
+    answered = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=1)
+    assert len(answered.choices[0].logprobs.tokens) == len(ids) + answered.usage.completion_tokens
 
 
 def test_bad_values_and_a_bad_key_are_refused(client: openai.OpenAI, live_stack) -> None:

@@ -61,6 +61,7 @@ class ApiRequest:
     prompt_text: str = ""  # completions
     prompt_token_ids: list[int] = field(default_factory=list)
     echo: bool = False
+    is_score_only: bool = False  # completions with echo and max_tokens=0: the prompt's logprobs only
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
@@ -102,13 +103,17 @@ def completion_request(data: dict[str, Any]) -> ApiRequest:
         raise invalid("best_of", "only best_of=1 is supported", "unsupported_parameter")
     request.num_logprobs = fields.integer("logprobs", 0, MAX_TOP_LOGPROBS)
     request.echo = bool(fields.get("echo", bool))
-    if request.echo and request.num_logprobs is not None:
+    if request.echo and request.num_logprobs is not None and request.stream:
         raise invalid(
             "echo",
-            "echo with logprobs needs the prompt's logprobs, which this engine does not compute; "
-            "use echo without logprobs",
+            "echo with logprobs is answered once the prompt's logprobs are computed: use stream=false",
             "unsupported_parameter",
         )
+    if fields.data.get("max_tokens") == 0:  # scoring a text: evaluation tools send echo + logprobs + max_tokens=0
+        if not (request.echo and request.num_logprobs is not None):
+            raise invalid("max_tokens", "max_tokens=0 needs echo=true and logprobs (scoring the prompt)")
+        request.is_score_only = True
+        request.overrides["max_new_tokens"] = 1  # the engine generates at least one token; it is not returned
     request.prompt_text, request.prompt_token_ids = _prompt(data.get("prompt"))
     request.overrides["num_alternatives"] = request.num_logprobs or 0
     return request
@@ -142,7 +147,7 @@ def _common(fields: _Fields) -> ApiRequest:
 def _sampling(fields: _Fields, overrides: dict[str, Any]) -> None:
     """The sampling fields the client sent (absent ones keep the preset's values)."""
     values = {
-        "max_new_tokens": fields.integer("max_tokens", 1),
+        "max_new_tokens": None if fields.data.get("max_tokens") == 0 else fields.integer("max_tokens", 1),
         "temperature": fields.number("temperature", 0.0, 2.0),
         "top_p": fields.number("top_p", 0.0, 1.0),
         "seed": fields.integer("seed"),

@@ -22,6 +22,7 @@ from playground import dispatch
 from playground.models import LanguageModel, SamplingPreset
 from playground.protocol import CommandError
 from playground.web import submit
+from playground.web.inspect_api import ask_worker
 from playground.web.openai_api import shapes
 from playground.web.openai_api.answer import Answer, Delta
 from playground.web.openai_api.errors import ApiError, from_command_error, from_event
@@ -50,6 +51,7 @@ class ApiRun:
         self.prompt_text = ""
         self.answer = Answer(split_reasoning=is_chat)
         self.finished: dict[str, Any] | None = None
+        self.prompt_tokens: list[dict[str, Any]] | None = None  # echo + logprobs: the prompt's own
 
     @property
     def id(self) -> str:
@@ -130,7 +132,25 @@ class ApiRun:
                 steps.extend(event["steps"])
         self.answer.add(steps)
         self.answer.finish(self.finished["text"])
-        return self._chat_completion() if self.is_chat else self._text_completion()
+        if self.is_chat:
+            return self._chat_completion()
+        if self.request.echo and self.request.num_logprobs is not None:
+            self.prompt_tokens = await self._prompt_logprobs()
+        return self._text_completion()
+
+    async def _prompt_logprobs(self) -> list[dict[str, Any]]:
+        """The prompt's own logprobs, recomputed by a worker (`inspection` view "prompt_logprobs")."""
+        checked = {
+            "view": "prompt_logprobs",
+            "step": 0,
+            "layer": None,
+            "top_n": self.request.num_logprobs,
+            "params": {},
+        }
+        try:
+            return (await ask_worker(self.follower.generation_id, checked))["tokens"]
+        except CommandError as exc:
+            raise from_command_error(exc) from exc
 
     def _stats(self) -> dict[str, Any]:
         return self.finished.get("stats") or {}
@@ -161,17 +181,24 @@ class ApiRun:
 
     def _text_completion(self) -> dict[str, Any]:
         prefix = self.prompt_text if self.request.echo else ""
-        k = self.request.num_logprobs
+        k, is_score_only = self.request.num_logprobs, self.request.is_score_only
+        steps = [] if is_score_only else self.answer.steps
+        logprobs = None
+        if k is not None:
+            logprobs = shapes.completion_logprobs(steps, k, len(prefix), self.request.raw_logprobs)
+            if self.prompt_tokens is not None:
+                logprobs = shapes.join_logprobs(shapes.prompt_completion_logprobs(self.prompt_tokens), logprobs)
         choice = {
             "index": 0,
-            "text": prefix + self.answer.text,
-            "logprobs": None
-            if k is None
-            else shapes.completion_logprobs(self.answer.steps, k, len(prefix), self.request.raw_logprobs),
-            "finish_reason": shapes.finish_reason(self.finished["finish_reason"]),
+            "text": prefix + ("" if is_score_only else self.answer.text),
+            "logprobs": logprobs,
+            "finish_reason": "length" if is_score_only else shapes.finish_reason(self.finished["finish_reason"]),
         }
         body = shapes.envelope("text_completion", self.id, self.created, self.request.model)
-        return self._extras({**body, "choices": [choice], "usage": self._usage()})
+        usage = self._usage()
+        if is_score_only:
+            usage = {**usage, "completion_tokens": 0, "total_tokens": usage["prompt_tokens"]}
+        return self._extras({**body, "choices": [choice], "usage": usage})
 
     # ---- streaming ------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ Must not know: HTTP, the channel layer, the ORM.
 
 from __future__ import annotations
 
+import codecs
 from typing import Any
 
 # OpenAI's stand-in for a probability that is (numerically) zero.
@@ -74,6 +75,31 @@ def completion_logprobs(steps: list[dict[str, Any]], k: int, text_offset: int, r
         logprobs["ranks"] = [s["rank"] for s in steps]
         logprobs["entropies"] = [s["entropy"] for s in steps]
     return logprobs
+
+
+def prompt_completion_logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any]:
+    """The legacy logprobs shape for the prompt's tokens (`echo`): the first token's logprob is
+    null, as in OpenAI's API; offsets count the characters the tokens' bytes decode to."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offsets, offset = [], 0
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(decoder.decode(bytes.fromhex(token["token_bytes"])))
+    return {
+        "tokens": [t["piece"] for t in tokens],
+        "token_logprobs": [None if t["logprob"] is None else _logprob(t["logprob"]) for t in tokens],
+        "top_logprobs": [
+            None if t["logprob"] is None else {a["piece"]: _logprob(a["logprob"]) for a in t["top"]} for t in tokens
+        ],
+        "text_offset": offsets,
+    }
+
+
+def join_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """The prompt's logprobs followed by the answer's; lists only the answer has (our raw
+    extras) get null for the prompt's tokens, so every list stays aligned with `tokens`."""
+    pad = [None] * len(first["tokens"])
+    return {key: first.get(key, pad) + value for key, value in second.items()}
 
 
 def usage(stats: dict[str, Any], num_reasoning_tokens: int = 0) -> dict[str, Any]:
