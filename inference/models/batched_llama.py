@@ -137,11 +137,3 @@ class BatchedLlamaRunner:
             q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2), attn_mask=step.decode_mask, enable_gqa=is_gqa
         )  # (B, H, 1, D)
         return attended[:, :, 0]
-
-    def _decode_attention(self, i: int, q: torch.Tensor, step: StepInput, is_gqa: bool) -> torch.Tensor:
-        """q (B, H, D) of single-token chunks -> (B, H, D), each over its own context (padded, masked)."""
-        keys, values = self.pool.gather(i, step.decode_slots)  # (B, L, KVH, D)
-        attended = F.scaled_dot_product_attention(
-            q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2), attn_mask=step.decode_mask, enable_gqa=is_gqa
-        )  # (B, H, 1, D)
-        return attended[:, :, 0]

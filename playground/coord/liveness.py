@@ -14,11 +14,13 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import redis
 from django.conf import settings
 from django.utils import timezone
 
+from playground import protocol
 from playground.coord import keys, store, worker_routing
 from playground.models import Generation
 
@@ -179,3 +181,17 @@ def reconcile(generations: Iterable[Generation]) -> None:
     for generation in generations:
         if generation.is_active:
             mark_lost_if_stale(generation)
+
+
+def ended_event(generation_id: int) -> dict[str, Any] | None:
+    """The terminal event of a generation that has ended (or was just declared lost by the rule
+    above), else None: what a follower (the WebSocket consumer, the OpenAI stream) reports when
+    the worker's own terminal event did not come."""
+    generation = Generation.objects.filter(pk=generation_id).first()
+    if generation is None:  # its conversation was deleted meanwhile
+        return protocol.generation_error(generation_id, "not_found", f"generation {generation_id} was deleted")
+    if generation.is_active:
+        if not mark_lost_if_stale(generation):
+            return None
+        generation.refresh_from_db()
+    return generation.terminal_event()

@@ -159,7 +159,7 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
             await asyncio.sleep(WATCH_INTERVAL_S)
             try:
                 await database_sync_to_async(dispatch.reroute_if_stranded)(generation_id)
-                event = await database_sync_to_async(_ended_event)(generation_id)
+                event = await database_sync_to_async(liveness.ended_event)(generation_id)
             except Exception:
                 logger.exception("watchdog of generation %s failed; retrying", generation_id)
                 continue
@@ -184,15 +184,3 @@ def _attached_event(generation: Generation, request_id: str | None) -> dict[str,
         list(generation.steps),
         segments_for_browser(generation.text, starts_in_reasoning=starts_in_reasoning),
     )
-
-
-def _ended_event(generation_id: int) -> dict[str, Any] | None:
-    """The terminal event of a generation that has ended (or was just declared lost), else None."""
-    generation = Generation.objects.filter(pk=generation_id).first()
-    if generation is None:  # its conversation was deleted meanwhile
-        return protocol.generation_error(generation_id, "not_found", f"generation {generation_id} was deleted")
-    if generation.is_active:
-        if not liveness.mark_lost_if_stale(generation):
-            return None
-        generation.refresh_from_db()
-    return generation.terminal_event()

@@ -22,7 +22,6 @@ from channels.layers import get_channel_layer
 
 from playground import dispatch, protocol
 from playground.coord import liveness
-from playground.models import Generation
 from playground.web import submit
 
 logger = logging.getLogger(__name__)
@@ -90,19 +89,7 @@ class Follower:
     async def _check(self) -> dict[str, Any] | None:
         try:
             await database_sync_to_async(dispatch.reroute_if_stranded)(self.generation_id)
-            return await database_sync_to_async(_ended_event)(self.generation_id)
+            return await database_sync_to_async(liveness.ended_event)(self.generation_id)
         except Exception:
             logger.exception("watchdog of generation %s failed; retrying", self.generation_id)
             return None
-
-
-def _ended_event(generation_id: int) -> dict[str, Any] | None:
-    """The terminal event of a generation that has ended (or was just declared lost), else None."""
-    generation = Generation.objects.filter(pk=generation_id).first()
-    if generation is None:
-        return protocol.generation_error(generation_id, "not_found", f"generation {generation_id} was deleted")
-    if generation.is_active:
-        if not liveness.mark_lost_if_stale(generation):
-            return None
-        generation.refresh_from_db()
-    return generation.terminal_event()
