@@ -472,6 +472,7 @@ class Engine:
             decode_tok_s=num_decoded / (run.decode_ms / 1000) if run.decode_ms else 0.0,
             kv_cache_bytes=self._kv_bytes(run),
             queue_ms=prefilled.queue_ms,
+            seed=run.sampler.seed,
         )
 
     def _kv_bytes(self, run: _Run) -> int:

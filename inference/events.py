@@ -112,6 +112,7 @@ class Finished:
     decode_tok_s: float
     kv_cache_bytes: int
     queue_ms: float = 0.0
+    seed: int | None = None  # the sampler's seed (drawn when the request gave none): replays the run
     sequences: tuple[Beam, ...] = ()  # beam search: the returned sequences, best first
     error: str | None = None
     type: str = "finished"

@@ -248,6 +248,7 @@ _STATS_FIELDS = (
     "decode_tok_s",
     "kv_cache_bytes",
     "queue_ms",
+    "seed",
     "finish_reason",
 )
 

@@ -49,7 +49,10 @@ async def _inspect(request: HttpRequest, generation_id: int) -> dict[str, Any]:
         raise CommandError(
             "invalid_params", f"generation {generation_id} is still {row.status}: inspect it once it ends"
         )
-    return await ask_worker(generation_id, inspection.parse(content, row.params))
+    # A run that gave no seed drew one, reported in its stats: what-ifs replay with it.
+    seed = row.params.get("seed")
+    params = {**row.params, "seed": seed if seed is not None else (row.stats or {}).get("seed")}
+    return await ask_worker(generation_id, inspection.parse(content, params))
 
 
 async def ask_worker(generation_id: int, checked: dict[str, Any]) -> dict[str, Any]:

@@ -226,3 +226,14 @@ def test_prefill_only_exports_the_kv_from_blocks_and_a_decode_in_the_batch_conti
     while engine.has_unfinished:
         decoded += [event for rid, event in engine.step() if rid == decode_id]
     assert tokens(decoded) == tokens(alone(engine, ids, params))
+
+
+def test_a_run_without_a_seed_reports_the_one_it_drew_and_replays_with_it(bundled_engine: Engine) -> None:
+    engine = bundled_engine
+    unseeded = SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
+    ids = engine.encode(PROMPTS[0])
+    events = run_all(engine, [(ids, unseeded)])[0]
+    seed = events[-1].seed
+    assert isinstance(seed, int)
+    again = alone(engine, ids, replace(unseeded, seed=seed))
+    assert tokens(again) == tokens(events) and again[-1].seed == seed
