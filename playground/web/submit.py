@@ -230,10 +230,22 @@ def complete(session_key: str, content: dict[str, Any]) -> Queued:
     token_ids = get_id_list(content, "token_ids")
     if not text and not token_ids:
         raise CommandError("invalid_field", "text must not be empty")
+    return _queue_completion(session_key, content, text, token_ids, is_chat)
+
+
+def _queue_completion(
+    session_key: str,
+    content: dict[str, Any],
+    text: str,
+    token_ids: list[int],
+    is_chat: bool,
+    max_concurrent: int | None = None,
+) -> Queued:
+    """The queued row of a raw completion (no conversation), within the limits."""
     limits.check_prompt_chars(len(text))
     model, _, params = _choices(content)
     with transaction.atomic():
-        limits.check_concurrency(session_key)
+        limits.check_concurrency(session_key, max_concurrent)
         generation = Generation.objects.create(
             kind=Generation.Kind.COMPLETE,
             session_key=session_key,
@@ -322,19 +334,7 @@ def api_complete(client: str, content: dict[str, Any], max_concurrent: int | Non
     token_ids = get_id_list(content, "token_ids")
     if not text and not token_ids:
         raise CommandError("invalid_field", "prompt must not be empty")
-    limits.check_prompt_chars(len(text))
-    model, _, params = _choices(content)
-    with transaction.atomic():
-        limits.check_concurrency(client, max_concurrent)
-        generation = Generation.objects.create(
-            kind=Generation.Kind.COMPLETE,
-            session_key=client,
-            model=model,
-            chat_template=_template(model),
-            params=params.to_dict(),
-            inputs={"text": text, "chat": False, "token_ids": token_ids},
-        )
-    return Queued(generation.pk)
+    return _queue_completion(client, content, text, token_ids, is_chat=False, max_concurrent=max_concurrent)
 
 
 def cancel_generation(generation_id: int) -> None:

@@ -208,13 +208,18 @@ def test_bad_prompts_are_clear_errors(engine):
         list(engine.generate([10**7], SamplingParams()))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_greedy_on_cuda_matches_transformers(bundled_model_dir):
+def cuda_engine(bundled_model_dir) -> Engine:
     from inference.models.loader import load_model
 
     loaded = load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="bfloat16"))
-    engine = Engine(loaded, EngineConfig(device="cuda"))
+    return Engine(loaded, EngineConfig(device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_greedy_on_cuda_matches_transformers(bundled_model_dir):
+    engine = cuda_engine(bundled_model_dir)
+    loaded = engine.loaded
     ids = engine.encode(PROMPT)
     _, steps, _ = run(engine, ids, greedy=True, max_new_tokens=16)
     assert [s.token_id for s in steps] == hf_greedy(loaded.model, ids, 16, loaded.eos_token_ids)
@@ -224,10 +229,7 @@ def test_greedy_on_cuda_matches_transformers(bundled_model_dir):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_repetition_penalty_and_seeded_sampling_run_on_cuda(bundled_model_dir):
     """The penalty gathers logits (on CUDA) at the context ids: those must live there too."""
-    from inference.models.loader import load_model
-
-    loaded = load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="bfloat16"))
-    engine = Engine(loaded, EngineConfig(device="cuda"))
+    engine = cuda_engine(bundled_model_dir)
     ids = engine.encode(PROMPT)
     _, steps, finished = run(engine, ids, repetition_penalty=1.3, temperature=0.8, seed=7, max_new_tokens=12)
     assert len(steps) == finished.num_generated_tokens > 0
@@ -256,8 +258,7 @@ class ScriptedRunner:
         return logits
 
 
-@pytest.mark.parametrize("sliding_window,runner", [(None, "lean-llama"), (8, "transformers")])
-def test_mistral_uses_the_lean_runner_only_without_a_sliding_window(sliding_window, runner):
+def tiny_mistral(sliding_window: int | None):
     from transformers import AutoModelForCausalLM, MistralConfig
 
     config = MistralConfig(
@@ -271,32 +272,25 @@ def test_mistral_uses_the_lean_runner_only_without_a_sliding_window(sliding_wind
         sliding_window=sliding_window,
     )
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    engine = engine_for("llama")
-    engine = Engine(replace(engine.loaded, model=model), EngineConfig(prefix_cache_bytes=0))
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+LONGER_THAN_THE_WINDOW = [5, 77, 130, 9, 200, 41, 17, 3, 99, 150, 12]
+
+
+@pytest.mark.parametrize("sliding_window,runner", [(None, "lean-llama"), (8, "transformers")])
+def test_mistral_uses_the_lean_runner_only_without_a_sliding_window(sliding_window, runner):
+    model = tiny_mistral(sliding_window)
+    engine = Engine(replace(engine_for("llama").loaded, model=model), EngineConfig(prefix_cache_bytes=0))
     assert engine.runner.name == runner
-    prompt = [5, 77, 130, 9, 200, 41, 17, 3, 99, 150, 12]  # longer than the window: it must matter
+    prompt = LONGER_THAN_THE_WINDOW  # it must matter
     _, steps, _ = run(engine, prompt, greedy=True, max_new_tokens=12, ignore_eos=True)
     assert [s.token_id for s in steps] == hf_greedy(model, prompt, 12, ())
     assert engine.model_info()["sliding_window"] == sliding_window
 
 
 def test_a_sliding_window_conversation_that_cannot_be_cached_is_counted_in_the_stats():
-    from transformers import AutoModelForCausalLM, MistralConfig
-
-    config = MistralConfig(
-        vocab_size=320,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        sliding_window=8,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    engine = Engine(replace(engine_for("llama").loaded, model=model), EngineConfig())
-    run(engine, [5, 77, 130, 9, 200, 41, 17, 3, 99, 150, 12], greedy=True, max_new_tokens=4, ignore_eos=True)
+    engine = Engine(replace(engine_for("llama").loaded, model=tiny_mistral(8)), EngineConfig())
+    run(engine, LONGER_THAN_THE_WINDOW, greedy=True, max_new_tokens=4, ignore_eos=True)
     stats = engine.prefix_cache_stats()
     assert (stats["sliding_window"], stats["num_not_cached_sliding_window"], stats["num_entries"]) == (8, 1, 0)
