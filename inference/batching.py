@@ -20,8 +20,8 @@ from inference.config import EngineConfig
 from inference.core.block_manager import BlockManager
 from inference.core.scheduler import Scheduler, SchedulerOutput
 from inference.core.sequence import Sequence
-from inference.events import Event, Finished, Prefilled, Step
-from inference.kv.paged import PagedKVPool, num_blocks_for
+from inference.events import Event, Prefilled, Step
+from inference.kv.paged import PagedKVPool, kv_bytes_per_token, num_blocks_for
 from inference.kv.transfer import HandedOff, Handoff
 from inference.models.batched_llama import BatchedLlamaRunner
 from inference.models.llama import LlamaRunner
@@ -64,8 +64,8 @@ class _Request:
 class ContinuousBatcher:
     def __init__(self, engine: Engine, lean: LlamaRunner, config: EngineConfig) -> None:
         self.engine = engine
-        bytes_per_token = 2 * len(lean.layers) * lean.num_kv_heads * lean.head_dim * lean.embed.element_size()
-        num_blocks = num_blocks_for(config.kv_cache_bytes, config.block_size, bytes_per_token)
+        per_token = kv_bytes_per_token(len(lean.layers), lean.num_kv_heads, lean.head_dim, lean.dtype)
+        num_blocks = num_blocks_for(config.kv_cache_bytes, config.block_size, per_token)
         self.pool = PagedKVPool(
             len(lean.layers), num_blocks, config.block_size, lean.num_kv_heads, lean.head_dim, lean.dtype, lean.device
         )
@@ -230,14 +230,10 @@ class ContinuousBatcher:
                 run = request.run
                 if run.prefilled is None:  # cancelled while waiting or prefilling: nothing was computed for it
                     run.prefilled = Prefilled(len(run.prompt_ids), 0, 0, 0.0, 0)
-                events.append((request_id, self._cancelled_finish(run)))
+                self.engine._release_tail(run)  # no step carries it: the Finished text does
+                events.append((request_id, self.engine._finish(run, "cancelled")))
                 self._forget(request.seq)
         return events
-
-    def _cancelled_finish(self, run: _Run) -> Finished:
-        if not run.stopper.is_stopped:  # release text held back for a possible stop string
-            run.text += run.stopper.feed(run.detokenizer.flush()) + run.stopper.flush()
-        return self.engine._finish(run, "cancelled")
 
     def _forget(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

@@ -448,11 +448,14 @@ class Engine:
 
     def _with_tail(self, run: _Run, step: Step) -> Step:
         """Release text held back (a possible stop-string start, an unfinished UTF-8 char) on the last step."""
+        tail = self._release_tail(run)
+        return replace(step, text_delta=step.text_delta + tail) if tail else step
+
+    def _release_tail(self, run: _Run) -> str:
+        """The text held back so far, now added to the run's text (none once a stop string matched)."""
         tail = "" if run.stopper.is_stopped else run.stopper.feed(run.detokenizer.flush()) + run.stopper.flush()
-        if not tail:
-            return step
         run.text += tail
-        return replace(step, text_delta=step.text_delta + tail)
+        return tail
 
     def _finish(self, run: _Run, reason: str) -> Finished:
         num_decoded = max(len(run.generated_ids) - 1, 0)

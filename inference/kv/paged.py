@@ -14,6 +14,11 @@ import torch
 from inference.kv.cache import LayerKV
 
 
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Keys and values of one token in every layer."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
 def num_blocks_for(budget_bytes: int, block_size: int, bytes_per_token: int) -> int:
     """How many blocks a byte budget buys (at least one)."""
     return max(1, budget_bytes // (block_size * bytes_per_token))
@@ -43,7 +48,8 @@ class PagedKVPool:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.buffer[:, :, :1].numel() * self.buffer.element_size()
+        num_layers, _, _, num_kv_heads, head_dim = self.buffer.shape
+        return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, self.buffer.dtype)
 
     @property
     def nbytes(self) -> int:

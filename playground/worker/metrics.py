@@ -76,10 +76,10 @@ class WorkerMetrics:
                 self.histograms["time_to_first_token_seconds"].observe(event.ttft_ms / 1000)
 
     def snapshot(self, engine: Engine, num_requests: int) -> dict[str, Any]:
-        batcher = engine.batcher
+        batcher, num_waiting = engine.batcher, len(engine.waiting_request_ids())
         gauges = {
-            "requests_running": num_requests - len(engine.waiting_request_ids()),
-            "requests_waiting": len(engine.waiting_request_ids()),
+            "requests_running": num_requests - num_waiting,
+            "requests_waiting": num_waiting,
         }
         counters = dict(self.counters)
         if batcher is not None:

@@ -25,6 +25,7 @@ import redis
 from django.conf import settings
 
 from inference.events import BeamStep, Finished, Prefilled, Step
+from inference.kv.transfer import HandedOff
 from playground import protocol
 from playground.coord import cancel, kv_store, liveness, store
 from playground.models import Generation, LanguageModel
@@ -32,7 +33,6 @@ from playground.protocol import CommandError
 from playground.worker.engines import get_engine
 from playground.worker.generation import GenerationRun, load_row, start_queued
 from playground.worker.publisher import send_to_group
-from playground.worker.serve_loop import Waiting
 
 if TYPE_CHECKING:
     from inference.engine import Engine
@@ -120,12 +120,12 @@ class PrefillRun(GenerationRun):
             # Beam search keeps several caches and no-KV-cache mode none: nothing to hand over.
             return self._stream(self._submit(prompt_ids, params))
         prefill_start = _now_ms()
-        handoff = self._prefill(prompt_ids, params)
-        if isinstance(handoff, Finished):  # cancelled while it waited for room in the batch
-            return handoff
+        # The prefill and first token in this worker's batch (streamed as usual), then the handoff.
+        outcome = self._stream(self._submit(prompt_ids, params, prefill_only=True), until=HandedOff)
+        if isinstance(outcome, Finished):  # cancelled while it waited for room in the batch
+            return outcome
+        handoff = outcome.handoff
         prefill_end = _now_ms()
-        self.send(protocol.generation_prefilled(self.generation.pk, handoff.prefilled.to_dict()))
-        self._on_step(handoff.first_step)
         self.coalescer.flush()
         record = self._store(handoff, engine)
         record["timeline"] = {"prefill_start": prefill_start, "prefill_end": prefill_end, "handoff_stored": _now_ms()}
@@ -143,20 +143,6 @@ class PrefillRun(GenerationRun):
         self._enqueue_decode()
         self.is_handed_off = True
         return None
-
-    def _prefill(self, prompt_ids: list[int], params: Any) -> Handoff | Finished:
-        """The prompt's prefill and first token in this worker's batch, exported for a decode
-        worker (or the `Finished` of a request cancelled while it waited)."""
-        for event in self._submit(prompt_ids, params, prefill_only=True):
-            if isinstance(event, Waiting):
-                self.send(
-                    protocol.generation_waiting(self.generation.pk, event.position, event.num_waiting, event.waited_ms)
-                )
-            elif getattr(event, "type", None) == "handed_off":
-                return event.handoff
-            elif isinstance(event, Finished):
-                return event
-        raise RuntimeError("the engine ended a prefill-only request without its handoff")
 
     def _store(self, handoff: Handoff, engine: Engine) -> dict[str, Any]:
         t0 = time.perf_counter()
