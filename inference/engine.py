@@ -28,6 +28,7 @@ from inference.kv.transfer import HandedOff, Handoff, KVSpec, deserialize, seria
 from inference.models import llama as runner_llama
 from inference.models.hf import HFRunner
 from inference.models.loader import LoadedModel, architecture_of, load_model
+from inference.models.precision import weight_stats
 from inference.sampling.beam import beam_search
 from inference.sampling.sampler import Sampler, entropy, token_rank, top_alternatives
 from inference.sampling.stopping import StopStringMatcher
@@ -97,16 +98,20 @@ class Engine:
 
     def _describe_model(self) -> dict:
         cfg = self.model.config
+        num_params, weight_bytes = weight_stats(self.model)
+        quantization = self.loaded.quantization
         return {
             "name": self.loaded.name,
             "architecture": architecture_of(self.model),
             "model_type": getattr(cfg, "model_type", ""),
-            "num_params": sum(p.numel() for p in self.model.parameters()),
-            "weight_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()),
+            "num_params": num_params,
+            "weight_bytes": weight_bytes,
             "num_layers": getattr(cfg, "num_hidden_layers", None),
             "hidden_size": getattr(cfg, "hidden_size", None),
             "vocab_size": getattr(cfg, "vocab_size", None),
             "dtype": str(self.loaded.dtype).removeprefix("torch."),
+            "precision": self.loaded.precision or str(self.loaded.dtype).removeprefix("torch."),
+            "quantization": quantization.to_dict() if quantization else None,
             "device": str(self.device),
             "max_context": self.max_context,
             "eos_token_ids": list(self.eos_token_ids),

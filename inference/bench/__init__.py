@@ -1,9 +1,11 @@
 """Benchmarks, printed side by side in one run: `python -m inference.bench [mode] [--quick]`.
 
-Modes: `decode` (default: our prefill/decode vs `model.generate`, and decode speed as a
-fraction of the memory-bandwidth bound), `batch` (continuous batching: N streams at once vs one
-by one), `prefix` (prefix-cache time to first token), `pd`
-(colocated vs disaggregated prefill/decode). The last line printed is `key=value` pairs.
+Modes: `precision` (default: every weight precision's decode and prefill speed, bytes read per
+token and quality against float32, and llama.cpp on the same GGUF when installed), `decode`
+(our prefill/decode vs `model.generate`, and decode speed as a fraction of the memory-bandwidth
+bound), `batch` (continuous batching: N streams at once vs one by one), `prefix` (prefix-cache
+time to first token), `pd` (colocated vs disaggregated prefill/decode). The last line printed
+is `key=value` pairs.
 Ratios, not absolute numbers, are the point: both sides run in the same process,
 interleaved, best of N, so machine noise hits both.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 
-MODES = ("decode", "batch", "prefix", "pd")
+MODES = ("precision", "decode", "batch", "prefix", "pd")
 
 
 def format_keys(results: dict) -> str:

@@ -1,4 +1,4 @@
-"""`python -m inference.bench [decode|prefix|pd] [--quick] [...]`: runs one benchmark mode."""
+"""`python -m inference.bench [precision|decode|batch|prefix|pd] [--quick] [...]`: runs one benchmark mode."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from inference.bench import MODES
 
 
 def main(argv: list[str]) -> int:
-    mode = argv[0] if argv and argv[0] in MODES else "decode"
+    mode = argv[0] if argv and argv[0] in MODES else MODES[0]
     rest = argv[1:] if argv and argv[0] == mode else argv
     if argv and not argv[0].startswith("-") and argv[0] not in MODES:
         print(f"unknown mode {argv[0]!r}; choose one of {', '.join(MODES)}", file=sys.stderr)

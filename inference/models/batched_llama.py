@@ -18,7 +18,8 @@ import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
 from inference.core.scheduler import Chunk
 from inference.kv.paged import PagedKVPool
-from inference.models.llama import LlamaRunner, _linear
+from inference.models.llama import LlamaRunner
+from inference.models.quant import linear
 
 
 @dataclass
@@ -92,18 +93,18 @@ class BatchedLlamaRunner:
         cos, sin = lean.cos[step.positions][:, None], lean.sin[step.positions][:, None]  # (T, 1, D)
         for i, layer in enumerate(lean.layers):
             x = lean._rms_norm(h, layer.input_norm)
-            h = h + _linear(self._attention(i, layer, x, cos, sin, step), layer.o_weight)
+            h = h + linear(self._attention(i, layer, x, cos, sin, step), layer.o_weight)
             x = lean._rms_norm(h, layer.post_norm)
-            gate, up = _linear(x, layer.gate_up_weight).split(lean.intermediate_size, dim=-1)
-            h = h + _linear(F.silu(gate) * up, layer.down_weight)
+            gate, up = linear(x, layer.gate_up_weight).split(lean.intermediate_size, dim=-1)
+            h = h + linear(F.silu(gate) * up, layer.down_weight)
         last = lean._rms_norm(h[step.logit_rows], lean.final_norm)  # (S, hidden)
-        return _linear(last, lean.lm_head).float()  # (S, vocab)
+        return linear(last, lean.lm_head).float()  # (S, vocab)
 
     def _attention(
         self, i: int, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: StepInput
     ) -> torch.Tensor:
         lean, num_rows = self.lean, x.shape[0]
-        q, k, v = _linear(x, layer.qkv_weight, layer.qkv_bias).split([lean.q_size, lean.kv_size, lean.kv_size], -1)
+        q, k, v = linear(x, layer.qkv_weight, layer.qkv_bias).split([lean.q_size, lean.kv_size, lean.kv_size], -1)
         q = lean._rotate(q.view(num_rows, lean.num_heads, lean.head_dim), cos, sin)  # (T, H, D)
         k = lean._rotate(k.view(num_rows, lean.num_kv_heads, lean.head_dim), cos, sin)  # (T, KVH, D)
         self.pool.write(i, step.slots, k, v.view(num_rows, lean.num_kv_heads, lean.head_dim))

@@ -14,6 +14,7 @@ import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
 from inference.kv.cache import ContiguousKVCache
 from inference.models.loader import architecture_of
+from inference.models.quant import QuantizedLinear, QuantizedWeight, Stacked, linear
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
@@ -33,18 +34,11 @@ def supports(model) -> bool:
     return True
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (T, in) @ weight (out, in).T. For one bfloat16 row on a CPU, `mv` streams the weight about
-    twice as fast as the GEMM path `linear` takes (measured by `python -m inference.bench`)."""
-    if x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.device.type == "cpu":
-        out = torch.mv(weight, x[0])[None]
-        return out + bias if bias is not None else out
-    return F.linear(x, weight, bias)
-
-
-def _fuse(modules: list[torch.nn.Module], name: str) -> torch.Tensor | None:
+def _fuse(modules: list[torch.nn.Module], name: str) -> torch.Tensor | QuantizedWeight | None:
     """Concatenate the modules' `name` tensors into one, and point each module at its slice
     of it, so the fused copy costs no extra memory and transformers' path (beam search) still works."""
+    if name == "weight" and isinstance(modules[0], QuantizedLinear):
+        return _fuse_quantized(modules)
     parts = [getattr(m, name) for m in modules]
     if parts[0] is None:
         return None
@@ -54,14 +48,30 @@ def _fuse(modules: list[torch.nn.Module], name: str) -> torch.Tensor | None:
     return fused
 
 
+def _fuse_quantized(modules: list[QuantizedLinear]) -> QuantizedWeight:
+    parts = [m.qweight for m in modules]
+    if not all(type(p) is type(parts[0]) for p in parts) or not type(parts[0]).can_join(parts):
+        return Stacked(tuple(parts))  # packed layouts that cannot be joined: one matmul each
+    fused = type(parts[0]).join(parts)
+    start = 0
+    for module, part in zip(modules, parts):
+        module.set_weight(fused.rows(start, start + part.shape[0]))
+        start += part.shape[0]
+    return fused
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor | QuantizedWeight:
+    return module.qweight if isinstance(module, QuantizedLinear) else module.weight
+
+
 class _Layer:
     def __init__(self, layer) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv_weight = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight")
         self.qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias")
-        self.o_weight = attn.o_proj.weight
+        self.o_weight = _weight(attn.o_proj)
         self.gate_up_weight = _fuse([mlp.gate_proj, mlp.up_proj], "weight")
-        self.down_weight = mlp.down_proj.weight
+        self.down_weight = _weight(mlp.down_proj)
         self.input_norm = layer.input_layernorm.weight
         self.post_norm = layer.post_attention_layernorm.weight
 
@@ -81,7 +91,7 @@ class LlamaRunner:
         self.eps = cfg.rms_norm_eps
         self.embed = model.model.embed_tokens.weight
         self.final_norm = model.model.norm.weight
-        self.lm_head = model.lm_head.weight
+        self.lm_head = _weight(model.lm_head)
         self.layers = [_Layer(layer) for layer in model.model.layers]
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -124,12 +134,12 @@ class LlamaRunner:
         for i, layer in enumerate(self.layers):
             h = h + self._attention(i, layer, self._rms_norm(h, layer.input_norm), cache, cos, sin, mask)
             x = self._rms_norm(h, layer.post_norm)
-            gate_up = _linear(x, layer.gate_up_weight)  # (T, 2 * intermediate)
+            gate_up = linear(x, layer.gate_up_weight)  # (T, 2 * intermediate)
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
-            h = h + _linear(F.silu(gate) * up, layer.down_weight)
+            h = h + linear(F.silu(gate) * up, layer.down_weight)
         cache.advance(num_new)
         last = self._rms_norm(h[-1:], self.final_norm)  # only the last position's logits are needed
-        return _linear(last, self.lm_head)[0].float()  # (vocab,)
+        return linear(last, self.lm_head)[0].float()  # (vocab,)
 
     def _attention(
         self,
@@ -142,7 +152,7 @@ class LlamaRunner:
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         num_new = x.shape[0]
-        qkv = _linear(x, layer.qkv_weight, layer.qkv_bias)  # (T, q + 2 kv)
+        qkv = linear(x, layer.qkv_weight, layer.qkv_bias)  # (T, q + 2 kv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self._rotate(q.view(num_new, self.num_heads, self.head_dim).transpose(0, 1), cos, sin)  # (H, T, D)
         k = self._rotate(k.view(num_new, self.num_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
@@ -158,4 +168,4 @@ class LlamaRunner:
             is_causal=is_causal,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # (1, H, T, D)
-        return _linear(out[0].transpose(0, 1).reshape(num_new, self.q_size), layer.o_weight)
+        return linear(out[0].transpose(0, 1).reshape(num_new, self.q_size), layer.o_weight)

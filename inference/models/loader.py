@@ -22,9 +22,18 @@ from inference.models.bundled import (
     BUNDLED_GGUF_NAME,
     ConversionError,
     Progress,
+    bundled_gguf_path,
     ensure_bundled_model,
     ensure_converted,
     say,
+)
+from inference.models.precision import (
+    QUANTIZED_BITS,
+    QuantizationReport,
+    activation_dtype,
+    load_dtype,
+    quantize_model,
+    resolve_precision,
 )
 from inference.sources import SourceError, check_tokenizer_files
 
@@ -43,11 +52,13 @@ class LoadedModel:
     tokenizer: Any  # transformers tokenizer
     name: str
     source_path: Path
-    dtype: torch.dtype
+    dtype: torch.dtype  # of activations (and of the weights, unless quantized)
     device: torch.device
     chat_template: str | None  # the model's own; None when it ships without one
     max_context: int  # min(EngineConfig.max_context, the model's position limit)
     eos_token_ids: tuple[int, ...]
+    precision: str = ""  # the resolved weight precision: float32, bfloat16, float16, int8 or int4
+    quantization: QuantizationReport | None = None  # int8 / int4: what was quantized, from where
 
 
 def architecture_of(model: Any) -> str:
@@ -60,7 +71,8 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    precision = resolve_precision(config.dtype, device)
+    dtype = activation_dtype(precision, device)
     folder, name = resolve_source(config, progress)
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
@@ -70,7 +82,8 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         except SourceError as error:
             raise ModelLoadError(str(error)) from error
     tokenizer = _load_tokenizer(folder, config.trust_remote_code, progress)
-    model = _load_weights(folder, dtype, device, config.trust_remote_code, progress)
+    model = _load_weights(folder, load_dtype(precision, device), device, config.trust_remote_code, progress)
+    quantization = _quantize(model, precision, dtype, config, progress)
     _check_tokenizer_size(folder, tokenizer, model)
     chat_template = _chat_template(tokenizer)
     loaded = LoadedModel(
@@ -83,8 +96,10 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         chat_template=chat_template,
         max_context=_max_context(model, config, folder),
         eos_token_ids=stop_token_ids(model, tokenizer, chat_template, config.eos_token_ids, folder),
+        precision=precision,
+        quantization=quantization,
     )
-    say(progress, f"{name} ready on {device} in {str(dtype).removeprefix('torch.')}")
+    say(progress, f"{name} ready on {device} in {precision}")
     return loaded
 
 
@@ -104,14 +119,24 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """ "auto" is bfloat16 on CUDA (float16 on GPUs without bfloat16) and float32 on CPU,
-    where bfloat16 matmuls are slower than float32."""
-    if dtype == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+def _quantize(
+    model: Any, precision: str, dtype: torch.dtype, config: EngineConfig, progress: Progress | None
+) -> QuantizationReport | None:
+    if precision not in QUANTIZED_BITS:
+        return None
+    say(progress, f"quantizing the linear layers to {precision}")
+    try:
+        return quantize_model(model, precision, dtype, gguf_source(config))
+    except ValueError as error:
+        raise ModelLoadError(f"cannot serve {config.source} in {precision}: {error}") from error
+
+
+def gguf_source(config: EngineConfig) -> Path | None:
+    """The GGUF file behind `config.source` (its blocks can be served as they are), if any."""
+    if config.source == BUNDLED_MODEL:
+        return bundled_gguf_path()
+    path = Path(config.source).expanduser()
+    return path if config.source.lower().endswith(".gguf") and path.is_file() else None
 
 
 def resolve_source(config: EngineConfig, progress: Progress | None = None) -> tuple[Path, str]:

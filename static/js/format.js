@@ -44,3 +44,12 @@ export function errorText(error) {
   const hasCode = error.code && error.code !== "http_error";
   return hasCode ? `${error.message} (${error.code})` : error.message;
 }
+
+/** The weight precision a model is served in, as the engine's model info reports it:
+ * "bfloat16", or "int4 weights (Q4_1 from the GGUF file) · bfloat16 activations". */
+export function precisionLabel(info) {
+  const q = info.quantization;
+  if (!q) return info.precision || info.dtype;
+  const source = q.num_from_file ? ` (${q.file_types.join(", ")} from the GGUF file)` : "";
+  return `${info.precision} weights${source} · ${info.dtype} activations`;
+}

@@ -3,7 +3,7 @@
 // with the current phase (prefill or decode) highlighted. Pure DOM builder: the page passes
 // everything in; must not know sockets or charts.
 import { h } from "./dom.js";
-import { fmtBytes } from "./format.js";
+import { fmtBytes, precisionLabel } from "./format.js";
 
 const PHASE_WHY = {
   prefill: "Prefill is compute-bound: the whole prompt goes through every layer in one pass, "
@@ -66,7 +66,7 @@ export function pipelineStrip({ model = null, numPromptTokens = null, numPrefill
       title: PHASE_WHY[name] }, name)),
     h("span", { class: "pipe-why muted" }, phase ? PHASE_WHY[phase] : "Press “Next token” or “Run” to see the current phase."));
   const meta = model ? h("div", { class: "pipe-meta muted small" }, [
-    m.architecture, m.num_params != null ? `${fmtCount(m.num_params)} params` : null, m.dtype, m.device,
+    m.architecture, m.num_params != null ? `${fmtCount(m.num_params)} params` : null, precisionLabel(m), m.device,
     m.runner ? `runner ${m.runner}` : null, m.kv_bytes_per_token ? `${fmtBytes(m.kv_bytes_per_token)} KV / token` : null,
     m.max_context ? `${m.max_context.toLocaleString()} ctx` : null,
   ].filter(Boolean).join(" · ")) : null;

@@ -9,23 +9,30 @@ import torch
 from inference import EngineConfig, Finished, SamplingParams, Step
 from inference.engine import Engine
 from inference.models.loader import LoadedModel
+from inference.models.precision import QUANTIZED_BITS, quantize_model
 from tests.engine.tiny_models import make_tiny_model, make_tiny_tokenizer
 
 
-def engine_for(arch: str, prefix_cache_bytes: int = 0, seed: int = 0) -> Engine:
-    """An Engine over a tiny random `arch` model with the tiny byte-level tokenizer."""
+def engine_for(arch: str, prefix_cache_bytes: int = 0, seed: int = 0, precision: str = "float32") -> Engine:
+    """An Engine over a tiny random `arch` model with the tiny byte-level tokenizer, its linear
+    layers quantized for precision int8 / int4 (bfloat16 activations)."""
     model = make_tiny_model(arch, seed=seed)
     tokenizer = make_tiny_tokenizer()
+    quantization = None
+    if precision in QUANTIZED_BITS:
+        quantization = quantize_model(model, precision, torch.bfloat16)
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
         name=f"tiny-{arch}",
         source_path=Path("."),
-        dtype=torch.float32,
+        dtype=torch.bfloat16 if quantization else torch.float32,
         device=torch.device("cpu"),
         chat_template=None,
         max_context=model.config.max_position_embeddings,
         eos_token_ids=(),
+        precision=precision,
+        quantization=quantization,
     )
     return Engine(loaded, EngineConfig(prefix_cache_bytes=prefix_cache_bytes))
 

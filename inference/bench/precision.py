@@ -1,0 +1,160 @@
+"""Every weight precision side by side, and llama.cpp when it is installed:
+`python -m inference.bench [precision] [--quick]`.
+
+For each precision (float32, bfloat16, int8, int4 on a CPU): decode tok/s with the top-20
+distribution reported every step, prefill tok/s, weight bytes read per decode token, the fraction
+of the memory-bandwidth bound that is, and the quality cost: KL divergence of the next-token
+distribution against float32 and greedy agreement, teacher-forced over fixed prompts. With
+`llama_cpp` importable (requirements-bench.txt), llama.cpp runs the same GGUF on the same prompt
+ids and threads, with and without a top-20 distribution computed per token, interleaved with ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from inference.bench import format_keys
+from inference.bench.decode import PROMPT, measure_read_bandwidth, time_ours_decode, time_ours_prefill
+from inference.bench.llamacpp import LlamaCppBench
+from inference.config import EngineConfig
+from inference.engine import Engine
+from inference.models.loader import gguf_source
+from inference.models.precision import decode_read_bytes
+
+QUALITY_PROMPTS = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain why the sky is blue in two sentences.",
+    "List three fruits that are red.",
+    "How do I boil an egg?",
+    "Translate 'good morning' into Spanish.",
+    "What is 12 times 7?",
+    "Give me a name for a grey cat.",
+)
+
+
+def quality(reference: Engine, engine: Engine, num_tokens: int) -> tuple[float, float]:
+    """(mean KL(reference || engine) in nats, greedy agreement) of the next-token distribution at
+    every position of the reference's greedy answers to QUALITY_PROMPTS (teacher forcing: both
+    models read the same text, so each position compares like with like)."""
+    kls, agree = [], []
+    for question in QUALITY_PROMPTS:
+        prompt_ids = reference.encode(reference.render_chat([{"role": "user", "content": question}]).text)
+        answer = reference_answer(reference, prompt_ids, num_tokens)
+        ids = torch.tensor([prompt_ids + answer])
+        with torch.inference_mode():
+            ref = torch.log_softmax(reference.model(ids).logits[0, len(prompt_ids) - 1 : -1].float(), -1)  # (N, V)
+            got = torch.log_softmax(engine.model(ids).logits[0, len(prompt_ids) - 1 : -1].float(), -1)
+        kls.append((ref.exp() * (ref - got)).sum(-1))  # (N,)
+        agree.append(ref.argmax(-1) == got.argmax(-1))
+    return float(torch.cat(kls).mean()), float(torch.cat(agree).float().mean())
+
+
+def reference_answer(engine: Engine, prompt_ids: list[int], num_tokens: int) -> list[int]:
+    from inference.sampling_params import SamplingParams
+
+    params = SamplingParams(greedy=True, max_new_tokens=num_tokens, ignore_eos=True, use_prefix_cache=False)
+    return list(list(engine.generate(prompt_ids, params))[-1].token_ids)
+
+
+def default_precisions(device: str) -> list[str]:
+    return ["bfloat16", "int8"] if device.startswith("cuda") else ["float32", "bfloat16", "int8", "int4"]
+
+
+def main_precision(args: argparse.Namespace) -> dict:
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
+    device = "cpu" if device == "auto" else device
+    precisions = args.precision.split(",") if args.precision else default_precisions(device)
+    num_tokens, repeats = (32, 2) if args.quick else (128, 3)
+    bandwidth = measure_read_bandwidth()
+    engines = {p: Engine.load(EngineConfig(dtype=p, device=device, prefix_cache_bytes=0)) for p in precisions}
+    reference = engines.get("float32") or Engine.load(EngineConfig(dtype="float32", device=device))
+    first = next(iter(engines.values()))
+    chat_ids = first.encode(PROMPT)
+    long_ids = (first.encode("The lighthouse stood on the rocks above the harbour. ") * args.prompt_len)[
+        : args.prompt_len
+    ]
+    llama = LlamaCppBench.open(gguf_source(EngineConfig()), torch.get_num_threads()) if device == "cpu" else None
+    print(f"device={device}  threads={torch.get_num_threads()}  read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    print(f"decode: greedy, {num_tokens} tokens, top-20 distribution every step; prefill: {args.prompt_len} tokens")
+    print(f"quality: {len(QUALITY_PROMPTS)} prompts x {args.quality_tokens} tokens teacher-forced vs float32")
+    rows: dict[str, dict[str, list[float]]] = {p: {"decode": [], "prefill": []} for p in precisions}
+    cpp: dict[str, list[float]] = {"decode": [], "decode_top20": [], "prefill": []}
+    for _ in range(repeats):  # interleaved, best of N: noise hits every side alike
+        for p, engine in engines.items():
+            rows[p]["decode"].append(time_ours_decode(engine, chat_ids, num_tokens))
+            rows[p]["prefill"].append(time_ours_prefill(engine, long_ids))
+        if llama is not None:
+            cpp["decode"].append(llama.decode_tok_s(chat_ids, num_tokens, top_k=0))
+            cpp["decode_top20"].append(llama.decode_tok_s(chat_ids, num_tokens, top_k=20))
+            cpp["prefill"].append(llama.prefill_tok_s(long_ids))
+    results = table(engines, reference, rows, bandwidth, args.quality_tokens)
+    if llama is not None:
+        results.update(compare_llamacpp(results, cpp))
+    return results
+
+
+def table(engines: dict, reference: Engine, rows: dict, bandwidth: float, quality_tokens: int) -> dict:
+    print(
+        f"{'precision':<9} {'decode tok/s':>12} {'prefill tok/s':>13} {'MB/token':>9} {'bw bound':>8} "
+        f"{'of bound':>8} {'KL vs fp32':>10} {'greedy agree':>12}"
+    )
+    results: dict = {}
+    for p, engine in engines.items():
+        decode, prefill = max(rows[p]["decode"]), max(rows[p]["prefill"])
+        read_bytes = decode_read_bytes(engine.model)
+        bound = bandwidth / read_bytes
+        kl, agreement = (0.0, 1.0) if engine is reference else quality(reference, engine, quality_tokens)
+        print(
+            f"{p:<9} {decode:>12.1f} {prefill:>13.1f} {read_bytes / 1e6:>9.1f} {bound:>8.1f} "
+            f"{decode / bound:>8.0%} {kl:>10.5f} {agreement:>12.1%}"
+        )
+        results.update({f"decode_tok_s_{p}": decode, f"prefill_tok_s_{p}": prefill, f"kl_{p}": kl})
+        results.update({f"agreement_{p}": agreement, f"mb_per_token_{p}": read_bytes / 1e6})
+        results[f"bandwidth_fraction_{p}"] = decode / bound
+    best = max(engines, key=lambda p: results[f"decode_tok_s_{p}"])
+    results.update(
+        best_precision=best,
+        decode_tok_s_best=results[f"decode_tok_s_{best}"],
+        kl_best=results[f"kl_{best}"],
+        prefill_tok_s_best=max(results[f"prefill_tok_s_{p}"] for p in engines),
+    )
+    return results
+
+
+def compare_llamacpp(results: dict, cpp: dict[str, list[float]]) -> dict:
+    decode, decode_top20, prefill = max(cpp["decode"]), max(cpp["decode_top20"]), max(cpp["prefill"])
+    print(
+        f"llama.cpp (same GGUF, same prompt ids): decode {decode:.1f} tok/s, with a top-20 distribution "
+        f"{decode_top20:.1f} tok/s, prefill {prefill:.1f} tok/s"
+    )
+    out = {
+        "llamacpp_decode_tok_s": decode,
+        "llamacpp_decode_top20_tok_s": decode_top20,
+        "llamacpp_prefill_tok_s": prefill,
+        "decode_vs_llamacpp": results["decode_tok_s_best"] / decode,
+        "decode_vs_llamacpp_top20": results["decode_tok_s_best"] / decode_top20,
+        "prefill_vs_llamacpp": results["prefill_tok_s_best"] / prefill,
+    }
+    print(
+        f"ours ({results['best_precision']}, top-20 on) vs llama.cpp: decode {out['decode_vs_llamacpp']:.2f}x "
+        f"(its top-20 off), {out['decode_vs_llamacpp_top20']:.2f}x (on); prefill {out['prefill_vs_llamacpp']:.2f}x"
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inference.bench precision", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="finish within a few minutes")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default=None, help="comma-separated (default: all on this device)")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--quality-tokens", type=int, default=24)
+    print(format_keys(main_precision(parser.parse_args(argv))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

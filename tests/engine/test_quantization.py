@@ -1,0 +1,169 @@
+"""Weight precision: int8 / int4 quantized linear layers, a GGUF's own 4-bit blocks, and what
+each precision does to the served model.
+
+The packed matmuls equal the float matmul of their dequantized weights (within the bfloat16
+activations' rounding); quantization errors stay within half a step; joined (fused QKV) and
+sliced weights equal their parts; the GGUF's Q4_1 blocks dequantize to exactly the weights the
+converter wrote; the lean runner, transformers' forward and the batching engine agree on a
+quantized model; int8 keeps the bundled model's greedy choices and distribution close to float32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference import EngineConfig, SamplingParams, Step
+from inference.bench.precision import quality
+from inference.engine import Engine
+from inference.models.bundled import bundled_gguf_path
+from inference.models.gguf_blocks import native_int4_weights
+from inference.models.loader import LoadedModel, load_model
+from inference.models.precision import cpu_has_bf16, decode_read_bytes, resolve_precision, weight_stats
+from inference.models.quant import Int4Weight, Int8Weight, QuantizedLinear, Stacked, linear
+from tests.engine.engines import engine_for
+from tests.engine.test_batching import alone, run_all, tokens
+
+BF16 = torch.bfloat16
+
+
+def random_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def close_to_reference(weight, x: torch.Tensor) -> None:
+    """The packed matmul equals x @ dequantized.T up to bfloat16 rounding of the output."""
+    got = weight.matmul(x).float()
+    want = x.float() @ weight.dequantize().t()
+    assert torch.allclose(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+def test_int8_codes_are_within_half_a_step_and_the_matmul_matches_the_float_reference() -> None:
+    w = random_weight(96, 64)
+    q = Int8Weight.quantize(w, BF16)
+    assert q.codes.dtype == torch.int8 and q.scales.dtype == BF16 and q.shape == (96, 64)
+    step = q.scales.float()[:, None]
+    assert ((q.dequantize() - w).abs() <= step / 2 + 1e-6).all()
+    assert q.nbytes == 96 * 64 + 96 * 2
+    close_to_reference(q, torch.randn(3, 64, dtype=BF16))
+
+
+def test_int4_groups_are_within_half_a_step_and_the_matmul_matches_the_float_reference() -> None:
+    w = random_weight(128, 96, seed=1)
+    q = Int4Weight.quantize(w, BF16)
+    assert q.shape == (128, 96) and q.scale_zeros.shape == (3, 128, 2)
+    scale = q.scale_zeros[..., 0].float().t().repeat_interleave(32, dim=1)  # (N, K)
+    # half a step, plus the bfloat16 rounding of the scale, the zero point and the kernel's output
+    assert ((q.dequantize() - w).abs() <= scale * (0.5 + 2**-5)).all()
+    assert q.nbytes == 128 * 96 // 2 + 3 * 128 * 2 * 2
+    close_to_reference(q, torch.randn(5, 96, dtype=BF16))
+
+
+@pytest.mark.parametrize("kind", [Int8Weight, Int4Weight])
+def test_joined_weights_compute_their_parts_and_slice_back_to_them(kind) -> None:
+    parts = [kind.quantize(random_weight(n, 64, seed=n), BF16) for n in (128, 64, 64)]
+    joined = kind.join(parts)
+    x = torch.randn(2, 64, dtype=BF16)
+    assert torch.equal(joined.matmul(x), torch.cat([p.matmul(x) for p in parts], dim=-1))
+    assert torch.equal(joined.rows(128, 192).matmul(x), parts[1].matmul(x))
+
+
+def test_int4_weights_off_the_64_row_tiles_are_stacked_not_joined() -> None:
+    parts = [Int4Weight.quantize(random_weight(n, 64, seed=n), BF16) for n in (32, 16, 16)]
+    assert not Int4Weight.can_join(parts)
+    with pytest.raises(ValueError, match="64-row tiles"):
+        Int4Weight.join(parts)
+    x = torch.randn(2, 64, dtype=BF16)
+    assert torch.equal(Stacked(tuple(parts)).matmul(x), torch.cat([p.matmul(x) for p in parts], dim=-1))
+
+
+def test_quantized_linear_takes_any_leading_shape_and_adds_its_bias() -> None:
+    weight, bias = Int8Weight.quantize(random_weight(32, 64), BF16), torch.randn(32, dtype=BF16)
+    module = QuantizedLinear(weight, bias, "quantized")
+    x = torch.randn(2, 3, 64, dtype=BF16)
+    assert torch.equal(module(x), linear(x.reshape(6, 64), weight, bias).view(2, 3, 32))
+    assert dict(module.named_buffers()).keys() == {"codes", "scales"}
+
+
+def test_auto_is_bfloat16_on_cpus_with_bfloat16_units_and_bad_names_are_refused(monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    expected = "bfloat16" if cpu_has_bf16() else "float32"
+    assert resolve_precision("auto", cpu) == expected
+    assert resolve_precision("int4", cpu) == "int4"
+    with pytest.raises(ValueError, match="precision='int3'"):
+        resolve_precision("int3", cpu)
+    with pytest.raises(ValueError, match="dtype='int3'"):
+        EngineConfig(dtype="int3")
+
+
+# --- the GGUF's own blocks ------------------------------------------------------------------
+
+
+def test_the_bundled_gguf_q4_1_blocks_are_served_as_they_are(bundled: LoadedModel) -> None:
+    """In float32 scales the file's blocks dequantize to exactly what the converter wrote (Q and K
+    rows included, which llama.cpp stores permuted); in bfloat16 the matmul stays within rounding."""
+    exact = native_int4_weights(bundled_gguf_path(), bundled.model, torch.float32)
+    assert len(exact) == 210 and {kind for _, kind in exact.values()} == {"Q4_1"}
+    state = bundled.model.state_dict()
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight"):
+        assert torch.equal(exact[name][0].dequantize(), state[name].float())
+    served = native_int4_weights(bundled_gguf_path(), bundled.model, BF16)
+    name = "model.layers.5.mlp.down_proj.weight"
+    x = torch.randn(4, 1536, dtype=BF16)
+    want = x.float() @ state[name].float().t()  # dequantize-then-matmul
+    got = served[name][0].matmul(x).float()
+    assert torch.allclose(got, want, atol=0.05 * want.abs().max().item())
+
+
+# --- the quantized model through the engine ---------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_lean_runner_and_transformers_read_the_same_quantized_weights(arch: str, precision: str) -> None:
+    engine = engine_for(arch, precision=precision)
+    assert engine.runner.name == "lean-llama"
+    assert engine.loaded.quantization.num_quantized == 7 * 2 + 1  # q k v o gate up down per layer + head
+    ids = [3 + (7 * j) % 200 for j in range(9)]
+    lean = engine.runner.forward(torch.tensor(ids), engine.runner.new_cache(16))  # (vocab,)
+    with torch.inference_mode():
+        hf = engine.model(torch.tensor([ids])).logits[0, -1].float()
+    assert torch.allclose(lean, hf, atol=0.05 * hf.abs().max().item())
+    info = engine.model_info()
+    assert info["precision"] == precision and info["dtype"] == "bfloat16"
+    assert info["quantization"]["head_bits"] == 8
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_every_precision_runs_through_the_batching_engine(precision: str) -> None:
+    engine = engine_for("llama", precision=precision)
+    params = SamplingParams(greedy=True, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
+    requests = [([3 + (i * 7 + j) % 200 for j in range(5 + 9 * i)], params) for i in range(4)]
+    batched = run_all(engine, requests)
+    for i, (prompt_ids, _) in enumerate(requests):
+        assert len(tokens(batched[i])) == 8
+        assert tokens(batched[i]) == tokens(alone(engine, prompt_ids, params)), f"request {i}"
+
+
+@pytest.fixture(scope="module")
+def bundled_int8(data_dir) -> Engine:
+    return Engine(load_model(EngineConfig(dtype="int8", device="cpu", data_dir=str(data_dir))), EngineConfig())
+
+
+@pytest.mark.slow
+def test_int8_keeps_the_bundled_models_greedy_choices_and_distribution(bundled: LoadedModel, bundled_int8) -> None:
+    reference = Engine(bundled, EngineConfig(dtype="float32", prefix_cache_bytes=0))
+    kl, agreement = quality(reference, bundled_int8, num_tokens=16)
+    assert kl < 0.02 and agreement >= 0.9, (kl, agreement)
+    q = bundled_int8.loaded.quantization
+    assert q.num_quantized == 30 * 7 + 1 and q.num_from_file == 0
+    _, num_bytes = weight_stats(bundled_int8.model)
+    # int8 linear layers + the bfloat16 embedding table (a token reads one row of it)
+    assert decode_read_bytes(bundled_int8.model) < 0.3 * decode_read_bytes(bundled.model)
+    assert num_bytes < 0.4 * weight_stats(bundled.model)[1]
+    steps = [e for e in bundled_int8.generate(bundled_int8.encode("The capital of France is"), _greedy(8))]
+    assert len([e for e in steps if isinstance(e, Step)]) == 8
+
+
+def _greedy(n: int) -> SamplingParams:
+    return SamplingParams(greedy=True, max_new_tokens=n, ignore_eos=True, num_alternatives=20)
