@@ -75,6 +75,7 @@ def test_routing_of_each_step_is_the_generations_own(session_key: str, demo_engi
     assert answer["ok"], answer
     result = answer["result"]
     config = model.config
+    assert demo_engine.model_info()["num_moe_layers"] == len(result["layers"]) == 3
     assert (result["n_routed_experts"], result["n_group"], result["topk_group"]) == (16, 4, 2)
     assert (result["num_experts_per_tok"], result["routed_scaling_factor"]) == (4, 2.5)
     assert result["first_k_dense_replace"] == config.first_k_dense_replace == result["layers"][0] == 1
