@@ -22,6 +22,7 @@ from inference.batching import BatchStep, ContinuousBatcher
 from inference.config import EngineConfig
 from inference.core.sequence import Sequence as CoreSequence
 from inference.events import Alternative, Event, Finished, Prefilled, Step
+from inference.introspect.moe import find_routers
 from inference.kv.cache import KVCache, LayerKV
 from inference.kv.prefix_cache import PrefixCache
 from inference.kv.transfer import HandedOff, Handoff, KVSpec, deserialize, serialize
@@ -119,6 +120,7 @@ class Engine:
             "runner": self.runner.name,
             "has_chat_template": bool(self.loaded.chat_template),
             "sliding_window": self.sliding_window,
+            "num_moe_layers": len(find_routers(self.model)),  # 0: dense; the explorer offers the MoE view if > 0
         }
 
     def kv_bytes_per_token(self) -> int:

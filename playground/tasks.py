@@ -72,11 +72,3 @@ def inspect_generation(generation_id: int, request: dict[str, Any], reply_channe
     from playground.worker import inspect
 
     inspect.run_inspection(generation_id, request, reply_channel)
-
-
-@shared_task(name="playground.tasks.moe_routing")
-def moe_routing(generation_id: int, reply_channel: str) -> None:
-    """Which experts each MoE layer chose per generated token (docs/deepseek.md); the answer goes to `reply_channel`."""
-    from playground.worker import moe_routing as routing
-
-    routing.run_moe_routing(generation_id, reply_channel)

@@ -57,21 +57,26 @@ def capture_routing(model: torch.nn.Module) -> Iterator[dict[int, dict[str, torc
             handle.remove()
 
 
+class NotMoE(ValueError):
+    """The model has no mixture-of-experts router (a dense model): there is no routing to show."""
+
+
 def recompute_routing(
     logits: torch.Tensor,
     bias: torch.Tensor,
     *,
-    top_k: int,
+    num_experts_per_tok: int,
     n_group: int,
     topk_group: int,
-    normalize: bool,
-    scale: float,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """V3's rule from router logits (tokens, experts), one token at a time: sigmoid scores; the
     choice uses score + bias; a group's strength is the sum of its 2 best biased scores; keep
-    the `topk_group` strongest groups; the top_k experts inside them; their weights are the
-    unbiased scores, normalised to sum 1 (if `normalize`) and times `scale`.
-    Returns (weights, indices), each (tokens, top_k), experts in descending chosen score."""
+    the `topk_group` strongest groups; the `num_experts_per_tok` experts inside them; their
+    weights are the unbiased scores, normalised to sum 1 (if `norm_topk_prob`) and times
+    `routed_scaling_factor`.
+    Returns (weights, indices), each (tokens, num_experts_per_tok), experts in descending chosen score."""
     scores = logits.float().sigmoid()
     num_experts = scores.shape[-1]
     per_group = num_experts // n_group
@@ -82,51 +87,61 @@ def recompute_routing(
         strength = [sum(values[:2]) for values in groups]
         kept = sorted(range(n_group), key=lambda g: -strength[g])[:topk_group]
         candidates = [e for e in range(num_experts) if e // per_group in kept]
-        chosen = sorted(candidates, key=lambda e: -biased[e])[:top_k]
+        chosen = sorted(candidates, key=lambda e: -biased[e])[:num_experts_per_tok]
         weights = row[chosen]
-        if normalize:
+        if norm_topk_prob:
             weights = weights / (weights.sum() + 1e-20)
-        all_weights.append(weights * scale)
+        all_weights.append(weights * routed_scaling_factor)
         all_indices.append(torch.tensor(chosen))
     return torch.stack(all_weights), torch.stack(all_indices)
 
 
 def router_settings(router: torch.nn.Module) -> dict[str, Any]:
+    """The router's routing rule under the config's names (`recompute_routing`'s keywords)."""
     return {
-        "top_k": int(router.top_k),
+        "num_experts_per_tok": int(router.top_k),
         "n_group": int(getattr(router, "num_group", getattr(router, "n_group", 1))),
         "topk_group": int(router.topk_group),
-        "normalize": bool(router.norm_topk_prob),
-        "scale": float(router.routed_scaling_factor),
+        "norm_topk_prob": bool(router.norm_topk_prob),
+        "routed_scaling_factor": float(router.routed_scaling_factor),
     }
 
 
 @torch.inference_mode()
 def routing_trace(model: torch.nn.Module, token_ids: list[int], first_position: int = 0) -> dict[str, Any]:
     """One forward pass over `token_ids`; for each position from `first_position` on, each MoE
-    layer's experts (descending weight) and weights. {} values when the model has no router."""
+    layer's experts (descending weight), their weights and the groups they came from, with the
+    routing rule's settings (the config's names). `NotMoE` when the model has no router."""
     routers = find_routers(model)
     if not routers:
-        raise ValueError("this model has no mixture-of-experts router to trace")
+        raise NotMoE("this model has no mixture-of-experts router to trace")
     device = next(model.parameters()).device
     with capture_routing(model) as captured:
         model(input_ids=torch.tensor([token_ids], device=device), use_cache=False, logits_to_keep=1)
     settings = router_settings(routers[0][1])
+    num_experts = int(routers[0][1].num_experts)
+    per_group = num_experts // settings["n_group"]
     layers = [layer for layer, _ in routers]
     tokens = []
     for position in range(first_position, len(token_ids)):
         per_layer = []
         for layer in layers:
-            weights, indices = captured[layer]["weights"][position], captured[layer]["indices"][position]
+            weights, indices = captured[layer]["weights"][position], captured[layer]["indices"][position]  # (k,)
             order = torch.argsort(weights, descending=True)
+            experts = indices[order].tolist()
             per_layer.append(
-                {"experts": indices[order].tolist(), "weights": [round(w, 5) for w in weights[order].tolist()]}
+                {
+                    "experts": experts,
+                    "weights": [round(w, 5) for w in weights[order].tolist()],
+                    "groups": sorted({e // per_group for e in experts}),
+                }
             )
         tokens.append({"position": position, "token_id": token_ids[position], "layers": per_layer})
     return {
         "layers": layers,
-        "num_experts": int(routers[0][1].num_experts),
-        "experts_per_group": int(routers[0][1].num_experts) // settings["n_group"],
+        "n_routed_experts": num_experts,
+        "experts_per_group": per_group,
+        "first_k_dense_replace": int(getattr(model.config, "first_k_dense_replace", layers[0])),
         **settings,
         "tokens": tokens,
     }

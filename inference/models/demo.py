@@ -93,9 +93,10 @@ def is_complete(folder: Path) -> bool:
     return marker.get("format") == DEMO_FORMAT and marker.get("random_weights") is True
 
 
-def ensure_demo_model(data_dir: str | Path, progress=None) -> Path:
-    """The demo folder under `data_dir`, built on first use (a few seconds); moved into place whole."""
-    out_dir = demo_model_dir(data_dir)
+def ensure_demo_model(data_dir: str | Path, progress=None, out_dir: str | Path | None = None) -> Path:
+    """The demo folder (`out_dir`, by default under `data_dir`, whose bundled model gives the
+    tokenizer), built on first use (a few seconds); moved into place whole."""
+    out_dir = Path(out_dir) if out_dir is not None else demo_model_dir(data_dir)
     if is_complete(out_dir):
         return out_dir
     tokenizer = AutoTokenizer.from_pretrained(ensure_bundled_model(data_dir, progress))

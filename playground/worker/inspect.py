@@ -76,6 +76,9 @@ def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[
         }
     if view == "kv":
         return loop_for(engine).call(lambda: _kv(engine, row, len(context_ids) + len(path)))
+    if view == "moe":
+        trace = loop_for(engine).call(lambda: _moe(engine, row, context_ids, path))
+        return {"view": view, "generation_id": generation_id, "num_steps": len(path), **_named(engine, trace)}
     if checked["step"] >= len(path):
         raise CommandError("invalid_field", f"step={checked['step']} is past the generation's {len(path)} steps")
     try:
@@ -148,6 +151,21 @@ def _kv(engine: Engine, row: Generation, num_tokens: int) -> dict[str, Any]:
         "num_prompt_tokens": row.num_prompt_tokens,
         "dtype": engine.model_info()["dtype"],
     }
+
+
+def _moe(engine: Engine, row: Generation, context_ids: list[int], path: list[int]) -> dict[str, Any]:
+    """Per step: the routing of the forward pass that predicted it, i.e. of the token read last
+    before it (the text's last token for step 0, then path[k-1]). These are exactly the
+    positions the real generation computed: the last token written was never read."""
+    from inference.introspect.moe import NotMoE, routing_trace
+
+    try:
+        trace = routing_trace(engine.model, context_ids + path[:-1], first_position=len(context_ids) - 1)
+    except NotMoE as exc:
+        raise CommandError("not_moe", f"{row.model.name} is a dense model: {exc}") from exc
+    for step, token in enumerate(trace["tokens"]):
+        token.update(step=step, sampled_token_id=path[step])
+    return trace
 
 
 def _named(engine: Engine, value: Any) -> Any:

@@ -105,6 +105,7 @@ function request(maxNewTokens) {
     onStarted: (event) => {
       if (!isCurrent()) return;
       Object.assign(state, { prompt: event.prompt, model: event.model, params: event.params });
+      inside.setModel(event.model);
       renderPipeline();
     },
     onPrefilled: (event) => {
@@ -184,6 +185,7 @@ function reset() {
   state.handle?.stop();
   Object.assign(state, { steps: [], selected: null, handle: null, prompt: null, prefilled: null, handoff: null,
     stats: null, beamSteps: [], beamSequences: [], generationId: null });
+  inside.setModel(null);  // another model may be chosen: offered again once a request has started
   renderAll();
   renderBeams();
   renderControls();

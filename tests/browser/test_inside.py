@@ -5,12 +5,16 @@ worker streamed, a real rerun, the model info)."""
 from __future__ import annotations
 
 import math
+import re
+import sys
 
 import pytest
 from playwright.sync_api import expect
 
+from tests.conftest import run_prepare_step
+
 from .test_explorer import all_steps, next_token, open_explorer
-from .ui import chart_data, events, set_range, visible_piece, wait_for_events
+from .ui import chart_data, events, set_range, steps_of_last_generation, visible_piece, wait_for_events
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -94,3 +98,64 @@ def test_layers_and_kv_cache(page, screenshot_dir):
         "async (n) => (await import('/static/js/format.js')).fmtBytes(n)", model["kv_bytes_per_token"]
     )
     expect(page.locator("#kv-per-token")).to_have_text(per_token)
+
+
+@pytest.fixture(scope="module")
+def demo_model(live_stack, tmp_path_factory) -> None:
+    """The random-weights DeepSeek-V3 demo, built by `manage.py demo_model` into a temporary
+    folder (not the shared data dir) and registered in the stack's database."""
+    out_dir = tmp_path_factory.mktemp("demo") / "deepseek-v3-demo-random"
+    argv = [sys.executable, "-m", "django", "demo_model", "--out-dir", str(out_dir)]
+    run_prepare_step("demo-model", argv, live_stack.env)
+
+
+def is_moe_answer(response) -> bool:
+    return response.url.endswith("/inspect/") and response.request.post_data_json["view"] == "moe"
+
+
+def test_moe_routing_of_the_demo_model(page, demo_model, screenshot_dir):
+    open_explorer(page)
+    moe_button = page.locator('[data-inside="moe"]')
+    next_token(page, 1)  # the bundled model is dense: no experts to show
+    assert events(page, "generation.started")[-1]["model"]["num_moe_layers"] == 0
+    expect(moe_button).to_be_hidden()
+    demo = page.locator("#ex-model option", has_text="random weights")
+    page.select_option("#ex-model", demo.get_attribute("value"))
+    expect(page.locator(".random-weights-notice")).to_be_visible()
+    expect(page.locator(".random-weights-notice")).to_contain_text("Random weights")
+    set_range(page, "#ex-run-length", 5)
+    page.click("#ex-run")
+    wait_for_events(page, "generation.finished", 2)
+    expect(page.locator("#ex-step")).to_be_enabled()
+    model = events(page, "generation.started")[-1]["model"]
+    steps = [s["token_id"] for s in steps_of_last_generation(page)]
+    with page.expect_response(is_moe_answer) as response:
+        moe_button.click()
+    api = response.value.json()
+    expect(page.locator("#inside-moe .moe-layer")).to_have_count(model["num_moe_layers"])
+    assert [t["sampled_token_id"] for t in api["tokens"]] == steps  # the streamed steps, in order
+    scale, layers = api["routed_scaling_factor"], api["layers"]
+    expected = set()
+    for token in api["tokens"]:
+        for layer, choice in zip(layers, token["layers"]):
+            assert sum(choice["weights"]) == pytest.approx(scale, abs=1e-3) and len(choice["groups"]) <= 2
+            expected |= {(layer, token["step"], e, w) for e, w in zip(choice["experts"], choice["weights"])}
+    drawn = page.locator("#inside-moe td.chosen").evaluate_all(
+        "cells => cells.map((c) => [c.closest('.moe-layer').dataset.layer, c.closest('tr').dataset.step,"
+        " c.dataset.expert, c.dataset.weight])"
+    )
+    assert {(int(layer), int(step), int(e), float(w)) for layer, step, e, w in drawn} == expected
+    for index, layer in enumerate(layers):
+        load = page.locator(f'.moe-layer[data-layer="{layer}"] tr.moe-load td').evaluate_all(
+            "cells => cells.map((c) => Number(c.dataset.load))"
+        )
+        chosen = [e for t in api["tokens"] for e in t["layers"][index]["experts"]]
+        assert load == [chosen.count(e) for e in range(api["n_routed_experts"])]
+    first = api["tokens"][0]["layers"][0]
+    cell = page.locator(
+        f'.moe-layer[data-layer="{layers[0]}"] tr[data-step="0"] td[data-expert="{first["experts"][0]}"]'
+    )
+    expect(cell).to_have_attribute(
+        "title", re.compile(rf"layer {layers[0] + 1} · expert {first['experts'][0]}: weight")
+    )
+    page.locator("#ex-inside").screenshot(path=str(screenshot_dir / "inside-moe.png"))

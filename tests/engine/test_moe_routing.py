@@ -48,15 +48,16 @@ def test_captured_choices_equal_a_recomputation(model) -> None:
 def test_group_limit_and_weight_sum(model) -> None:
     trace = moe.routing_trace(model, TOKENS, first_position=2)
     assert [t["position"] for t in trace["tokens"]] == list(range(2, len(TOKENS)))
+    assert trace["layers"][0] == trace["first_k_dense_replace"] == model.config.first_k_dense_replace
     for token in trace["tokens"]:
         for choice in token["layers"]:
-            assert len(choice["experts"]) == trace["top_k"] == len(set(choice["experts"]))
+            assert len(choice["experts"]) == trace["num_experts_per_tok"] == len(set(choice["experts"]))
             groups = {e // trace["experts_per_group"] for e in choice["experts"]}
-            assert len(groups) <= trace["topk_group"]
-            assert sum(choice["weights"]) == pytest.approx(trace["scale"], abs=1e-3)
+            assert sorted(groups) == choice["groups"] and len(groups) <= trace["topk_group"]
+            assert sum(choice["weights"]) == pytest.approx(trace["routed_scaling_factor"], abs=1e-3)
             assert choice["weights"] == sorted(choice["weights"], reverse=True)
     chosen = {e for t in trace["tokens"] for c in t["layers"] for e in c["experts"]}
-    assert len(chosen) > trace["top_k"]  # routing differs between tokens and layers
+    assert len(chosen) > trace["num_experts_per_tok"]  # routing differs between tokens and layers
 
 
 def test_bias_only_chooses() -> None:
@@ -86,5 +87,5 @@ def test_hooks_are_removed_even_after_an_error(model) -> None:
 
 
 def test_a_dense_model_has_nothing_to_trace() -> None:
-    with pytest.raises(ValueError, match="no mixture-of-experts"):
+    with pytest.raises(moe.NotMoE, match="no mixture-of-experts"):
         moe.routing_trace(make_tiny_model("llama"), TOKENS)

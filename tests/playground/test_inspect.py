@@ -14,6 +14,7 @@ from channels.layers import get_channel_layer
 from django.contrib.sessions.backends.db import SessionStore
 from django.test import AsyncClient
 
+from inference.engine import Engine
 from playground import inspection
 from playground.models import Generation, LanguageModel
 from playground.web import inspect_api, submit
@@ -26,23 +27,23 @@ TINY = engine_for("llama")
 SETTINGS = {"temperature": 1.2, "top_k": 40, "top_p": 0.9, "seed": 7, "max_new_tokens": 6, "num_alternatives": 10}
 
 
-def finished(session_key: str, token_ids: list[int] | None = None) -> Generation:
+def finished(session_key: str, token_ids: list[int] | None = None, engine: Engine = TINY) -> Generation:
     if not LanguageModel.objects.exists():  # a transactional test starts with empty tables
         LanguageModel.objects.create(name="tiny", source="bundled", is_default=True)
     queued = submit.complete(
         session_key, {"text": "hello world", "token_ids": token_ids or [], "overrides": dict(SETTINGS)}
     )
-    generation.run_generation(queued.generation_id, "w", load_engine=lambda model: TINY, send=lambda event: None)
+    generation.run_generation(queued.generation_id, "w", load_engine=lambda model: engine, send=lambda event: None)
     row = Generation.objects.get(pk=queued.generation_id)
     assert row.status == Generation.Status.FINISHED, row.error_message
     return row
 
 
-def ask(row: Generation, **request: Any) -> dict[str, Any]:
+def ask(row: Generation, engine: Engine = TINY, **request: Any) -> dict[str, Any]:
     replies: list[tuple[str, dict[str, Any]]] = []
     checked = inspection.parse(request, row.params)
     inspect.run_inspection(
-        row.pk, checked, "chan", load_engine=lambda model: TINY, reply=lambda c, m: replies.append((c, m))
+        row.pk, checked, "chan", load_engine=lambda model: engine, reply=lambda c, m: replies.append((c, m))
     )
     [(channel, message)] = replies
     assert channel == "chan" and message["type"] == "inspection.result"

@@ -20,14 +20,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--no-register", action="store_true", help="only build the folder")
+        parser.add_argument("--out-dir", help="build it here instead of under the data dir (tests: a temporary folder)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         from inference.models import demo
 
-        folder = demo.ensure_demo_model(settings.PLAYGROUND_DATA_DIR, progress=self.stdout.write)
+        data_dir = settings.PLAYGROUND_DATA_DIR
+        folder = demo.ensure_demo_model(data_dir, progress=self.stdout.write, out_dir=options["out_dir"])
         if options["no_register"]:
             return
-        source = str(folder.relative_to(settings.PLAYGROUND_DATA_DIR))
+        folder = folder.resolve()
+        source = str(folder.relative_to(data_dir) if folder.is_relative_to(data_dir) else folder)
         model, created = LanguageModel.objects.get_or_create(
             source=source, defaults={"name": demo.DEMO_MODEL_NAME, "is_default": False}
         )

@@ -1,0 +1,59 @@
+// The explorer's mixture-of-experts view: for each MoE layer a grid, one row per step of the
+// path, one column per routed expert (groups separated), a cell shaded by the weight the router
+// gave that expert for that step; below it how often each expert was chosen (its load).
+// Owns: drawing the "moe" inspection's answer (docs/inside.md). Must not know: the request.
+import { h } from "./dom.js";
+import { fmtNum, visiblePiece } from "./format.js";
+
+export const MOE_EXPLAIN = "In a mixture-of-experts layer a small router sends each token to a few of many expert "
+  + "networks and mixes their outputs by weight; each row is the step whose token the model wrote, each darker cell "
+  + "an expert the router chose to compute it.";
+
+export function renderMoe(r) {
+  const dense = r.first_k_dense_replace;
+  const rule = h("p", { class: "small", id: "moe-rule" },
+    `${r.n_routed_experts} routed experts in ${r.n_group} groups of ${r.experts_per_group}. For each token the router `
+    + `keeps the ${r.topk_group} strongest groups and picks ${r.num_experts_per_tok} experts inside them; their weights `
+    + `sum to ${r.routed_scaling_factor}. `
+    + (dense ? `The first ${dense === 1 ? "layer is" : `${dense} layers are`} dense (no router). ` : "")
+    + "Grey cells: a group the router did not keep for that step.");
+  const grids = r.layers.map((layer, i) => layerGrid(r, layer, i));
+  return h("div", { class: "inside-view", id: "inside-moe" }, rule, ...grids);
+}
+
+function layerGrid(r, layer, index) {
+  const per = r.experts_per_group;
+  const experts = Array.from({ length: r.n_routed_experts }, (_, e) => e);
+  const edge = (e) => (e > 0 && e % per === 0 ? "group-start" : "");
+  const load = experts.map(() => 0);
+  const rows = r.tokens.map((token) => {
+    const choice = token.layers[index];
+    const weights = new Map(choice.experts.map((e, j) => [e, choice.weights[j]]));
+    for (const e of choice.experts) load[e] += 1;
+    const label = `step ${token.step} “${visiblePiece(token.sampled_piece)}”`;
+    return h("tr", { dataset: { step: token.step } },
+      h("th", { class: "moe-token", title: `step ${token.step}: read “${token.piece}”, wrote “${token.sampled_piece}”` },
+        token.step, " ", h("span", { class: "piece" }, visiblePiece(token.sampled_piece))),
+      ...experts.map((e) => {
+        const w = weights.get(e);
+        const off = !choice.groups.includes(Math.floor(e / per));
+        return h("td", {
+          class: [edge(e), off ? "group-off" : "", w === undefined ? "" : "chosen"].join(" ").trim(),
+          style: w === undefined ? null : `--w: ${(w / r.routed_scaling_factor).toFixed(3)}`,
+          dataset: w === undefined ? {} : { expert: e, weight: w },
+          title: `${label} · layer ${layer + 1} · expert ${e}: ${w === undefined ? (off ? "group not kept" : "not chosen") : `weight ${fmtNum(w, 3)}`}`,
+        });
+      }));
+  });
+  const head = h("tr", {}, h("th", {}, "step"), ...experts.map((e) => h("th", { class: edge(e) }, e)));
+  const most = Math.max(1, ...load);
+  const foot = h("tr", { class: "moe-load" }, h("th", { title: "how many steps chose each expert" }, "load"),
+    ...experts.map((e) => h("td", { class: edge(e), style: `--w: ${(load[e] / most).toFixed(3)}`, dataset: { load: load[e] },
+      title: `layer ${layer + 1} · expert ${e}: chosen for ${load[e]} of ${r.tokens.length} steps` }, load[e])));
+  const unused = load.filter((n) => n === 0).length;
+  return h("div", { class: "moe-layer", dataset: { layer } },
+    h("p", { class: "chart-title" }, `Layer ${layer + 1}`,
+      h("span", { class: "muted small" }, ` · ${unused} of ${r.n_routed_experts} experts never chosen`)),
+    h("div", { class: "attention-scroll" },
+      h("table", { class: "moe-grid" }, h("thead", {}, head), h("tbody", {}, ...rows), h("tfoot", {}, foot))));
+}
