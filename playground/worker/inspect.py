@@ -76,6 +76,8 @@ def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[
         }
     if view == "kv":
         return loop_for(engine).call(lambda: _kv(engine, row, len(context_ids) + len(path)))
+    if view == "roofline":  # on the loop thread: the device is measured with nothing else running
+        return loop_for(engine).call(lambda: _roofline(engine, row))
     if checked["step"] >= len(path):
         raise CommandError("invalid_field", f"step={checked['step']} is past the generation's {len(path)} steps")
     try:
@@ -148,6 +150,32 @@ def _kv(engine: Engine, row: Generation, num_tokens: int) -> dict[str, Any]:
         "num_prompt_tokens": row.num_prompt_tokens,
         "dtype": engine.model_info()["dtype"],
     }
+
+
+def _roofline(engine: Engine, row: Generation) -> dict[str, Any]:
+    from inference.introspect import kv
+    from inference.introspect.architecture import ArchitectureError, shape_from_config
+    from inference.introspect.device_limits import device_limits
+    from inference.introspect.roofline import roofline
+    from inference.introspect.timeline import timeline
+
+    stats = row.stats or {}
+    if stats.get("prefill_ms") is None or row.num_prompt_tokens is None:
+        raise CommandError("invalid_params", f"generation {row.pk} has no timing to place on a roofline")
+    try:
+        shape = shape_from_config(engine.model.config.to_dict())
+    except ArchitectureError as exc:
+        raise CommandError("invalid_params", f"no roofline for this model: {exc}") from exc
+    result = roofline(
+        shape,
+        device_limits(engine.device, engine.loaded.dtype),
+        num_prompt=row.num_prompt_tokens,
+        num_cached=row.num_cached_tokens or 0,
+        element_bytes=kv.kv_shape(engine.model)["element_bytes"],
+        prefill_ms=stats["prefill_ms"],
+        decode_steps=[(step["index"], step["latency_ms"]) for step in row.steps if step.get("phase") == "decode"],
+    )
+    return {"view": "roofline", "generation_id": row.pk, "timeline": timeline(stats, row.steps), **result}
 
 
 def _named(engine: Engine, value: Any) -> Any:
