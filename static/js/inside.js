@@ -1,11 +1,12 @@
 // "Inside this step" in the explorer: the sampler stage by stage, what-if resampling, the
-// layers (logit lens, embedding, attention) and the KV cache of the last finished request,
-// each computed exactly by a worker (POST /api/generations/<id>/inspect/, docs/inside.md).
+// layers (logit lens, embedding, attention), the KV cache and the roofline (roofline.js) of
+// the last finished request, each computed exactly by a worker (POST /api/generations/<id>/inspect/, docs/inside.md).
 // Owns: the requests, the cache of the exact processed distribution per (step, settings)
-// and drawing the four views. Must not know: the socket, the explorer's other panels.
+// and drawing the views. Must not know: the socket, the explorer's other panels.
 import { api } from "./api.js";
 import { h } from "./dom.js";
 import { errorText, fmtBytes, fmtNum, fmtProb, visiblePiece } from "./format.js";
+import { EXPLAIN as ROOFLINE_EXPLAIN, renderRoofline } from "./roofline.js";
 
 const EXPLAIN = {
   waterfall: "The sampler turns the model's scores into the distribution a token is drawn from, one stage at a time "
@@ -19,6 +20,7 @@ const EXPLAIN = {
     + "layer: you see the prediction form layer by layer. Attention shows which earlier tokens each head of a layer reads.",
   kv: "During prefill and decode the model keeps every token's keys and values (the KV cache) so it never recomputes "
     + "them. Its size follows from the model's shapes.",
+  roofline: ROOFLINE_EXPLAIN,
 };
 
 export function createInside({ root, getTarget, onBranch, onExact }) {
@@ -81,6 +83,7 @@ export function createInside({ root, getTarget, onBranch, onExact }) {
     whatif: (r, target) => renderWhatIf(r, target, onBranch),
     lens: (r) => renderLens(r, (layer) => show("lens", { layer })),
     kv: renderKv,
+    roofline: renderRoofline,
   };
 
   for (const btn of root.querySelectorAll("[data-inside]")) {
