@@ -12,7 +12,8 @@ attention of each head of one layer), "kv" (the cache's size from the model's sh
 "prompt_logprobs" (each prompt token's logprob after the ones before it, with `top_n`
 alternatives: the OpenAI API's `echo` with `logprobs`), "moe" (for every step of the path,
 which experts each mixture-of-experts layer chose and with what weight; `not_moe` for a dense
-model).
+model), "roofline" (the request's timeline, and its prefill and decode on the roofline of the
+worker's measured device limits).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from inference.sampling_params import SamplingParams
 from playground.protocol import CommandError, get_field
 
-VIEWS = ("waterfall", "whatif", "lens", "kv", "prompt_logprobs", "moe")
+VIEWS = ("waterfall", "whatif", "lens", "kv", "prompt_logprobs", "moe", "roofline")
 SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "greedy")
 MAX_TOP_N = 50
 WAIT_S = 120.0  # the web side's wait for the worker's answer (the first one may load the model)

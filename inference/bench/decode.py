@@ -14,20 +14,10 @@ import torch
 from inference.bench import format_keys
 from inference.config import EngineConfig
 from inference.engine import Engine
+from inference.introspect.device_limits import read_bandwidth
 from inference.sampling_params import SamplingParams
 
 PROMPT = "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
-
-
-def measure_read_bandwidth(num_bytes: int = 512 * 1024 * 1024, repeats: int = 3) -> float:
-    """Bytes/s the machine streams from memory (best of `repeats` reductions over a large buffer)."""
-    x = torch.ones(num_bytes // 4, dtype=torch.float32)  # touched, so pages are really resident
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return num_bytes / best
 
 
 def time_ours_decode(engine: Engine, prompt_ids: list[int], num_tokens: int) -> float:
@@ -124,7 +114,8 @@ def main_decode(args: argparse.Namespace) -> dict[str, float]:
         else (["bfloat16"] if device.startswith("cuda") else ["float32", "bfloat16"])
     )
     num_tokens, repeats = (24, 2) if args.quick else (64, 3)
-    bandwidth = measure_read_bandwidth() if device == "cpu" else _cuda_bandwidth()
+    # the same reduction the roofline view times (inference/introspect/device_limits.py), over a bigger buffer
+    bandwidth = read_bandwidth(512 << 20 if device == "cpu" else 1 << 30, device=device)
     print(f"device={device}  threads={torch.get_num_threads()}  measured read bandwidth {bandwidth / 1e9:.1f} GB/s")
     print(f"decode: greedy, {num_tokens} tokens, ours with top-20 alternatives (raw + processed) every step")
     print(f"prefill: one {args.prompt_len}-token prompt; best of {repeats}, interleaved")
@@ -145,17 +136,6 @@ def main_decode(args: argparse.Namespace) -> dict[str, float]:
         results.update({k + suffix: v for k, v in r.items()})
     results["dtype"] = dtypes[0]
     return results
-
-
-def _cuda_bandwidth() -> float:
-    x = torch.ones(1024 * 1024 * 1024 // 4, device="cuda")
-    x.sum()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        x.sum()
-    torch.cuda.synchronize()
-    return 10 * x.numel() * 4 / (time.perf_counter() - t0)
 
 
 def main(argv: list[str] | None = None) -> int:

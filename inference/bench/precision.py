@@ -16,10 +16,11 @@ import argparse
 import torch
 
 from inference.bench import format_keys
-from inference.bench.decode import PROMPT, measure_read_bandwidth, time_ours_decode, time_ours_prefill
+from inference.bench.decode import PROMPT, time_ours_decode, time_ours_prefill
 from inference.bench.llamacpp import LlamaCppBench
 from inference.config import EngineConfig
 from inference.engine import Engine
+from inference.introspect.device_limits import read_bandwidth
 from inference.models.loader import gguf_source
 from inference.models.precision import decode_read_bytes
 
@@ -68,7 +69,7 @@ def main_precision(args: argparse.Namespace) -> dict:
     device = "cpu" if device == "auto" else device
     precisions = args.precision.split(",") if args.precision else default_precisions(device)
     num_tokens, repeats = (32, 2) if args.quick else (128, 3)
-    bandwidth = measure_read_bandwidth()
+    bandwidth = read_bandwidth(512 << 20 if device == "cpu" else 1 << 30, device=device)
     engines = {p: Engine.load(EngineConfig(dtype=p, device=device, prefix_cache_bytes=0)) for p in precisions}
     reference = engines.get("float32") or Engine.load(EngineConfig(dtype="float32", device=device))
     first = next(iter(engines.values()))

@@ -316,9 +316,16 @@ def decode_flops(s: Shape, context: int) -> dict[str, int]:
     return {"as_run": standard + expand, "absorbed": linear + absorbed_attention}
 
 
-def prefill_flops(s: Shape, prompt: int) -> int:
-    """A `prompt`-token prefill in one pass (causal: position t attends to t positions)."""
-    return 2 * matmul_parameters(s) * prompt + attention_flops_per_key(s) * prompt * (prompt + 1) // 2
+def prefill_flops(s: Shape, prompt: int, *, cached: int = 0, logits: int | None = None) -> int:
+    """A `prompt`-token prefill in one pass (causal: position t attends to t positions).
+
+    The first `cached` positions came from the prefix cache: attended to, not computed again.
+    `logits`: positions whose output logits are computed (default every computed one; the
+    engine's runners compute only the last, the one it samples from)."""
+    computed = prompt - cached
+    head_skipped = 0 if logits is None else 2 * s.vocab * s.hidden * (computed - logits)
+    attention = attention_flops_per_key(s) * (prompt * (prompt + 1) - cached * (cached + 1)) // 2
+    return 2 * matmul_parameters(s) * computed - head_skipped + attention
 
 
 def decode_bytes_read(s: Shape, context: int, weight_bytes: int, kv_bytes: int) -> dict[str, int]:

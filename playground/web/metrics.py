@@ -39,6 +39,8 @@ HELP = {
     "time_to_first_token_seconds": "Arrival at the worker to first token",
     "inter_token_latency_seconds": "Time between two tokens of one generation",
     "queue_time_seconds": "Arrival at the worker to first scheduled step",
+    "device_matmul_flops_per_second": "Matmul FLOP/s the worker measured on its device (model dtype)",
+    "device_memory_bytes_per_second": "Memory read bandwidth the worker measured on its device",
 }
 
 

@@ -79,6 +79,8 @@ def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[
     if view == "moe":
         trace = loop_for(engine).call(lambda: _moe(engine, row, context_ids, path))
         return {"view": view, "generation_id": generation_id, "num_steps": len(path), **_named(engine, trace)}
+    if view == "roofline":  # on the loop thread: the device is measured with nothing else running
+        return loop_for(engine).call(lambda: _roofline(engine, row))
     if checked["step"] >= len(path):
         raise CommandError("invalid_field", f"step={checked['step']} is past the generation's {len(path)} steps")
     try:
@@ -166,6 +168,32 @@ def _moe(engine: Engine, row: Generation, context_ids: list[int], path: list[int
     for step, token in enumerate(trace["tokens"]):
         token.update(step=step, sampled_token_id=path[step])
     return trace
+
+
+def _roofline(engine: Engine, row: Generation) -> dict[str, Any]:
+    from inference.introspect import kv
+    from inference.introspect.architecture import ArchitectureError, shape_from_config
+    from inference.introspect.device_limits import device_limits
+    from inference.introspect.roofline import roofline
+    from inference.introspect.timeline import timeline
+
+    stats = row.stats or {}
+    if stats.get("prefill_ms") is None or row.num_prompt_tokens is None:
+        raise CommandError("invalid_params", f"generation {row.pk} has no timing to place on a roofline")
+    try:
+        shape = shape_from_config(engine.model.config.to_dict())
+    except ArchitectureError as exc:
+        raise CommandError("invalid_params", f"no roofline for this model: {exc}") from exc
+    result = roofline(
+        shape,
+        device_limits(engine.device, engine.loaded.dtype),
+        num_prompt=row.num_prompt_tokens,
+        num_cached=row.num_cached_tokens or 0,
+        element_bytes=kv.kv_shape(engine.model)["element_bytes"],
+        prefill_ms=stats["prefill_ms"],
+        decode_steps=[(step["index"], step["latency_ms"]) for step in row.steps if step.get("phase") == "decode"],
+    )
+    return {"view": "roofline", "generation_id": row.pk, "timeline": timeline(stats, row.steps), **result}
 
 
 def _named(engine: Engine, value: Any) -> Any:

@@ -1,5 +1,6 @@
 """What a worker's engine loop measures for Prometheus: requests running and waiting, time to
-first token, inter-token latency, queue time, tokens, KV blocks, prefix-cache hits.
+first token, inter-token latency, queue time, tokens, KV blocks, prefix-cache hits, and the
+device's measured matmul FLOP/s and memory bandwidth (inference/introspect/device_limits.py).
 
 Owns: the counters and histogram buckets of one worker process, kept from the loop thread's
 events, and their snapshot in Redis (`coord.keys.worker_metrics`, about once a second, with
@@ -15,6 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from inference.introspect.device_limits import measured_limits
 from playground.coord import keys, store
 
 if TYPE_CHECKING:
@@ -81,6 +83,12 @@ class WorkerMetrics:
             "requests_running": num_requests - num_waiting,
             "requests_waiting": num_waiting,
         }
+        limits = measured_limits(engine.device, engine.loaded.dtype)  # once a roofline view measured them
+        if limits is not None:
+            gauges.update(
+                device_matmul_flops_per_second=limits.matmul_flops_per_s,
+                device_memory_bytes_per_second=limits.memory_bytes_per_s,
+            )
         counters = dict(self.counters)
         if batcher is not None:
             bm = batcher.block_manager

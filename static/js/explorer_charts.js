@@ -1,6 +1,6 @@
 // The explorer's Chart.js charts. Owns: chart set-up and turning steps into chart data.
 // Chart.js is loaded as a classic script (static/vendor/chart.js, global `Chart`).
-import { fmtBytes, fmtMs, fmtProb, visiblePiece } from "./format.js";
+import { fmtBytes, fmtMs, fmtProb, fmtSi, visiblePiece } from "./format.js";
 
 const Chart = window.Chart;
 const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
@@ -117,4 +117,47 @@ export function updateStepCharts(charts, steps) {
   charts.latency.data.datasets[0].backgroundColor = steps.map((s) => css(latencyColour(s)));
   charts.kv.data.datasets[0].data = steps.map((s) => s.kv_cache_bytes);
   for (const chart of Object.values(charts)) chart.update();
+}
+
+const isPowerOfTen = (v) => Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-9;
+
+/**
+ * The roofline, log-log: the roof min(peak, intensity x bandwidth) bending at the ridge, and
+ * where prefill and decode ran (their intensity, the FLOP/s they achieved). `r` is the
+ * inspection's roofline view (docs/inside.md).
+ */
+export function createRooflineChart(canvas, { device, prefill, decode }) {
+  applyTheme();
+  const phases = [prefill, decode].filter(Boolean);
+  const roofAt = (x) => Math.min(device.matmul_flops_per_s, x * device.memory_bytes_per_s);
+  const xs = [device.ridge, ...phases.map((p) => p.intensity)];
+  const [xMin, xMax] = [Math.min(...xs) / 4, Math.max(...xs) * 4];
+  const ys = [roofAt(xMin), ...phases.map((p) => p.achieved_flops_per_s).filter((y) => y > 0)];
+  const [yMin, yMax] = [Math.min(...ys) / 2, device.matmul_flops_per_s * 2];
+  const point = (phase, label, colour) => ({ label, data: phase ? [{ x: phase.intensity, y: phase.achieved_flops_per_s }] : [],
+    backgroundColor: css(colour), borderColor: css(colour), pointRadius: 7, pointHoverRadius: 9 });
+  const line = (label, data, colour, extra = {}) => ({ label, data, showLine: true, pointRadius: 0, borderWidth: 2,
+    borderColor: css(colour), backgroundColor: css(colour), ...extra });
+  return new Chart(canvas, {
+    type: "scatter",
+    data: { datasets: [
+      line("roof", [xMin, device.ridge, xMax].map((x) => ({ x, y: roofAt(x) })), "--text-2"),
+      line("ridge", [{ x: device.ridge, y: yMin }, { x: device.ridge, y: device.matmul_flops_per_s }], "--muted", { borderDash: [4, 4], borderWidth: 1 }),
+      point(prefill, "prefill", "--prefill"),
+      point(decode, "decode", "--decode"),
+    ] },
+    options: baseOptions({
+      interaction: { mode: "nearest", intersect: true },
+      plugins: {
+        legend: { display: true, position: "top", align: "end", labels: { boxWidth: 10, boxHeight: 10 } },
+        tooltip: { callbacks: { label: (ctx) => `${ctx.dataset.label}: ${fmtSi(ctx.parsed.x, "FLOP/B")}, ${fmtSi(ctx.parsed.y, "FLOP/s")}` } },
+      },
+      scales: {
+        x: { type: "logarithmic", min: xMin, max: xMax, title: { display: true, text: "arithmetic intensity (FLOP per byte moved)" },
+          ticks: { callback: (v) => (isPowerOfTen(v) ? fmtSi(v) : "") } },
+        y: { type: "logarithmic", min: yMin, max: yMax, title: { display: true, text: "FLOP/s" },
+          ticks: { callback: (v) => (isPowerOfTen(v) ? fmtSi(v, "FLOP/s") : "") } },
+      },
+    }),
+  });
 }

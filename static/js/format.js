@@ -53,3 +53,14 @@ export function precisionLabel(info) {
   const source = q.num_from_file ? ` (${q.file_types.join(", ")} from the GGUF file)` : "";
   return `${info.precision} weights${source} · ${info.dtype} activations`;
 }
+
+/** 8.61e9, "FLOP" -> "8.61 GFLOP": three significant digits, decimal (SI) prefixes. */
+export function fmtSi(value, unit = "") {
+  if (value === null || value === undefined || !Number.isFinite(value)) return "–";
+  const prefixes = ["", "k", "M", "G", "T", "P", "E"];
+  let scaled = Math.abs(value);
+  let i = 0;
+  while (scaled >= 999.5 && i < prefixes.length - 1) { scaled /= 1000; i += 1; }
+  const digits = scaled >= 99.95 ? 0 : scaled >= 9.995 ? 1 : 2;
+  return `${(Math.sign(value) * scaled).toFixed(digits)} ${prefixes[i]}${unit}`.trimEnd();
+}

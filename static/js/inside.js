@@ -1,14 +1,14 @@
 // "Inside this step" in the explorer: the sampler stage by stage, what-if resampling, the
-// layers (logit lens, embedding, attention), the KV cache and (for a mixture-of-experts model)
-// the experts chosen, of the last finished request, each computed exactly by a worker
-// (POST /api/generations/<id>/inspect/, docs/inside.md).
+// layers (logit lens, embedding, attention), the KV cache, the roofline (roofline.js) and (for a
+// mixture-of-experts model) the experts chosen (moe_view.js), of the last finished request, each
+// computed exactly by a worker (POST /api/generations/<id>/inspect/, docs/inside.md).
 // Owns: the requests, the cache of the exact processed distribution per (step, settings)
-// and drawing the views (the MoE one in moe_view.js). Must not know: the socket, the
-// explorer's other panels.
+// and drawing the views. Must not know: the socket, the explorer's other panels.
 import { api } from "./api.js";
 import { h } from "./dom.js";
 import { errorText, fmtBytes, fmtNum, fmtProb, visiblePiece } from "./format.js";
 import { MOE_EXPLAIN, renderMoe } from "./moe_view.js";
+import { EXPLAIN as ROOFLINE_EXPLAIN, renderRoofline } from "./roofline.js";
 
 const EXPLAIN = {
   waterfall: "The sampler turns the model's scores into the distribution a token is drawn from, one stage at a time "
@@ -23,6 +23,7 @@ const EXPLAIN = {
   kv: "During prefill and decode the model keeps every token's keys and values (the KV cache) so it never recomputes "
     + "them. Its size follows from the model's shapes.",
   moe: MOE_EXPLAIN,
+  roofline: ROOFLINE_EXPLAIN,
 };
 
 export function createInside({ root, getTarget, onBranch, onExact }) {
@@ -86,6 +87,7 @@ export function createInside({ root, getTarget, onBranch, onExact }) {
     lens: (r) => renderLens(r, (layer) => show("lens", { layer })),
     kv: renderKv,
     moe: renderMoe,
+    roofline: renderRoofline,
   };
 
   for (const btn of root.querySelectorAll("[data-inside]")) {

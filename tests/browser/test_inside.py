@@ -4,13 +4,18 @@ worker streamed, a real rerun, the model info)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
+from inference.introspect import architecture
+from inference.models.bundled import BUNDLED_FOLDER_NAME
 from tests.conftest import run_prepare_step
 
 from .test_explorer import all_steps, next_token, open_explorer
@@ -159,3 +164,81 @@ def test_moe_routing_of_the_demo_model(page, demo_model, screenshot_dir):
         "title", re.compile(rf"layer {layers[0] + 1} · expert {first['experts'][0]}: weight")
     )
     page.locator("#ex-inside").screenshot(path=str(screenshot_dir / "inside-moe.png"))
+
+
+LONG_PROMPT = (
+    "The lighthouse stood on the rocks above the harbour. Every night the keeper climbed the stairs, lit the"
+    " lamp and watched the ships pass by. One stormy evening a small boat appeared near the cliffs, and the keeper"
+)
+
+
+def shown(page, selector: str) -> list[str]:
+    return page.locator(selector).all_inner_texts()
+
+
+def fmt_si(page, value: float, unit: str) -> str:
+    return page.evaluate("async ([v, u]) => (await import('/static/js/format.js')).fmtSi(v, u)", [value, unit])
+
+
+def test_roofline_places_prefill_and_decode(page, screenshot_dir):
+    """Prefill and decode of a real run on the worker's measured roofline: the timeline is the
+    engine's records, the FLOPs are architecture.py's counts for the run's tokens."""
+    open_explorer(page, LONG_PROMPT)
+    set_range(page, "#ex-run-length", 8)
+    page.click("#ex-run")
+    finished = wait_for_events(page, "generation.finished", 1)[-1]
+    expect(page.locator("#ex-step")).to_be_enabled()
+    stats, decode_steps = finished["stats"], [s for s in all_steps(page) if s["phase"] == "decode"]
+    page.click('[data-inside="roofline"]')
+    expect(page.locator("#inside-roofline")).to_be_visible()
+    answer = page.evaluate(
+        "async (id) => (await import('/static/js/api.js')).api('POST', `/api/generations/${id}/inspect/`,"
+        " {view: 'roofline'})",
+        finished["generation_id"],
+    )
+    # the timeline: the engine's queue and prefill times, then each decode step's recorded latency
+    segments = page.locator("#rl-timeline .rl-seg").evaluate_all(
+        "els => els.map(e => [e.dataset.phase, Number(e.dataset.ms), e.dataset.step])"
+    )
+    assert segments[:2] == [["queue", stats["queue_ms"], ""], ["prefill", stats["prefill_ms"], ""]]
+    assert segments[2:] == [["decode", s["latency_ms"], str(s["index"])] for s in decode_steps]
+    # FLOPs from the bundled model's shapes and this run's tokens, shown as the API computed them
+    shape = architecture.shape_from_config(json.loads((bundled_dir() / "config.json").read_text()))
+    prompt, cached = stats["num_prompt_tokens"], stats["num_cached_tokens"]
+    prefill, decode, device = answer["prefill"], answer["decode"], answer["device"]
+    assert prefill["flops"] == architecture.prefill_flops(shape, prompt, cached=cached, logits=1)
+    assert decode["flops"] == sum(architecture.decode_flops(shape, prompt + s["index"])["as_run"] for s in decode_steps)
+    assert decode["ms"] == pytest.approx(stats["decode_ms"])
+    for phase, point in (("prefill", prefill), ("decode", decode)):
+        assert shown(page, f'#rl-table [data-row="flops"] [data-phase="{phase}"]') == [
+            fmt_si(page, point["flops"], "FLOP")
+        ]
+        assert shown(page, f'#rl-table [data-row="intensity"] [data-phase="{phase}"]') == [
+            fmt_si(page, point["intensity"], "FLOP/byte")
+        ]
+        # the sentence says the side of the ridge the measured numbers put it on
+        bound = "compute" if point["intensity"] >= device["ridge"] else "memory"
+        sentence = page.locator(f'#rl-verdict [data-phase="{phase}"]')
+        expect(sentence).to_have_attribute("data-bound", bound)
+        expect(sentence).to_contain_text(
+            "right of the ridge" if bound == "compute" else "left of the ridge", use_inner_text=True
+        )
+        expect(sentence).to_contain_text(fmt_si(page, point["intensity"], "FLOP/byte"))
+    assert 0.4 < decode["intensity"] < 0.6  # float32 at batch 1: 2 FLOPs per 4-byte weight
+    assert prefill["intensity"] > 10 * decode["intensity"]  # ~45 tokens share each weight read
+    expect(page.locator("#rl-ridge")).to_have_text(fmt_si(page, device["ridge"], "FLOP/byte"))
+    assert device["ridge"] == pytest.approx(device["matmul_flops_per_s"] / device["memory_bytes_per_s"])
+    assert device["matmul_flops_per_s"] > 1e8 and device["memory_bytes_per_s"] > 1e8  # sanity, not speed
+    roof, _, prefill_point, decode_point = chart_data(page, "roofline-chart")["datasets"]
+    assert roof["data"][1] == pytest.approx({"x": device["ridge"], "y": device["matmul_flops_per_s"]})
+    assert prefill_point["data"] == [{"x": prefill["intensity"], "y": prefill["achieved_flops_per_s"]}]
+    assert decode_point["data"] == [{"x": decode["intensity"], "y": decode["achieved_flops_per_s"]}]
+    page.locator("#ex-inside").screenshot(path=str(screenshot_dir / "inside-roofline.png"))
+
+
+def bundled_dir() -> Path:
+    return (
+        Path(os.environ.get("PLAYGROUND_DATA_DIR") or Path(__file__).resolve().parents[2] / "data")
+        / "models"
+        / (BUNDLED_FOLDER_NAME)
+    )

@@ -15,6 +15,7 @@ from django.contrib.sessions.backends.db import SessionStore
 from django.test import AsyncClient
 
 from inference.engine import Engine
+from inference.introspect import architecture
 from playground import inspection
 from playground.models import Generation, LanguageModel
 from playground.web import inspect_api, submit
@@ -96,6 +97,33 @@ def test_kv_view_is_the_measured_cache(session_key: str) -> None:
     assert result["shape"]["bytes_per_token"] == result["measured_bytes_per_token"] == TINY.kv_bytes_per_token()
     num_tokens = row.num_prompt_tokens + len(row.steps) - 1
     assert result["request"]["total_bytes"] == num_tokens * TINY.kv_bytes_per_token()
+
+
+def test_roofline_view_places_the_recorded_phases(session_key: str) -> None:
+    row = finished(session_key)
+    result = ask(row, view="roofline")["result"]
+    decode_steps = [s for s in row.steps if s["phase"] == "decode"]
+    assert result["timeline"][:2] == [
+        {"phase": "queue", "ms": row.stats["queue_ms"]},
+        {"phase": "prefill", "ms": row.stats["prefill_ms"]},
+    ]
+    assert [(s["step"], s["ms"]) for s in result["timeline"][2:]] == [
+        (s["index"], s["latency_ms"]) for s in decode_steps
+    ]
+    shape = architecture.shape_from_config(TINY.model.config.to_dict())
+    prefill, decode = result["prefill"], result["decode"]
+    cached = row.num_cached_tokens  # the prefix cache may hold an earlier test's prompt: attended, not computed
+    assert prefill["flops"] == architecture.prefill_flops(shape, row.num_prompt_tokens, cached=cached, logits=1)
+    assert prefill["ms"] == row.stats["prefill_ms"] and prefill["num_tokens"] == row.num_prompt_tokens - cached
+    contexts = [row.num_prompt_tokens + s["index"] for s in decode_steps]
+    assert decode["flops"] == sum(architecture.decode_flops(shape, c)["as_run"] for c in contexts)
+    assert decode["ms"] == pytest.approx(row.stats["decode_ms"])  # the engine's own sum of decode steps
+    weights = sum(p.numel() * p.element_size() for p in TINY.model.parameters())
+    unread = 0 if shape.tied_embeddings else (shape.vocab - 1) * shape.hidden * 4  # one embedding row is looked up
+    assert decode["bytes"]["weights"] == len(decode_steps) * (weights - unread)  # every other weight, every step
+    device = result["device"]
+    assert device["ridge"] == device["matmul_flops_per_s"] / device["memory_bytes_per_s"] > 0
+    assert device["device"] == "cpu" and device["dtype"] == "float32"
 
 
 def test_bad_requests_are_refused_with_codes(session_key: str) -> None:

@@ -12,8 +12,10 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from inference import SamplingParams
+from inference.introspect.device_limits import device_limits
 from playground.asgi import application
 from playground.coord import keys, store
+from playground.worker.metrics import WorkerMetrics
 from playground.worker.observer import WorkerObserver
 from playground.worker.serve_loop import ServeLoop
 from tests.engine.engines import engine_for
@@ -73,3 +75,11 @@ def test_metrics_answer_without_any_worker() -> None:
     store.client().flushdb()
     response = Client().get("/metrics")
     assert response.status_code == 200 and "playground_generations_queued 0.0" in response.content.decode()
+
+
+def test_metrics_report_the_device_limits_once_measured() -> None:
+    engine = engine_for("llama")
+    limits = device_limits(engine.device, engine.loaded.dtype)  # what the first roofline view does
+    gauges = WorkerMetrics("w3@test").snapshot(engine, 0)["gauges"]
+    assert gauges["device_matmul_flops_per_second"] == limits.matmul_flops_per_s > 0
+    assert gauges["device_memory_bytes_per_second"] == limits.memory_bytes_per_s > 0
