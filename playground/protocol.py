@@ -30,6 +30,7 @@ ERROR_CODES = (
     "invalid_unicode",
     "server_busy",
     "inspection_timeout",
+    "not_comparable",
 )
 TERMINAL_TYPES = ("generation.finished", "generation.error")
 
