@@ -13,7 +13,9 @@ attention of each head of one layer), "kv" (the cache's size from the model's sh
 alternatives: the OpenAI API's `echo` with `logprobs`), "moe" (for every step of the path,
 which experts each mixture-of-experts layer chose and with what weight; `not_moe` for a dense
 model), "roofline" (the request's timeline, and its prefill and decode on the roofline of the
-worker's measured device limits).
+worker's measured device limits), "ab" (this generation as side A against
+`other_generation_id` as side B: both chosen tokens per step, the flips and the KL divergence
+between the two sides' distributions; each side keeps its own settings).
 """
 
 from __future__ import annotations
@@ -23,15 +25,15 @@ from typing import Any
 from inference.sampling_params import SamplingParams
 from playground.protocol import CommandError, get_field
 
-VIEWS = ("waterfall", "whatif", "lens", "kv", "prompt_logprobs", "moe", "roofline")
+VIEWS = ("waterfall", "whatif", "lens", "kv", "prompt_logprobs", "moe", "roofline", "ab")
 SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "greedy")
 MAX_TOP_N = 50
 WAIT_S = 120.0  # the web side's wait for the worker's answer (the first one may load the model)
 
 
 def parse(content: dict[str, Any], generation_params: dict[str, Any]) -> dict[str, Any]:
-    """The checked request: {view, step, layer, top_n, params}; `params` is the generation's
-    own settings with the request's changes (a CommandError names the bad field)."""
+    """The checked request: {view, step, layer, top_n, other_generation_id, params}; `params` is
+    the generation's own settings with the request's changes (a CommandError names the bad field)."""
     if not isinstance(content, dict):
         raise CommandError("invalid_field", "the request body must be a JSON object")
     view = get_field(content, "view", str, required=True)
@@ -44,13 +46,27 @@ def parse(content: dict[str, Any], generation_params: dict[str, Any]) -> dict[st
         raise CommandError("invalid_field", f"step={step} must be >= 0")
     if not (0 if view == "prompt_logprobs" else 1) <= top_n <= MAX_TOP_N:
         raise CommandError("invalid_field", f"top_n={top_n} must be in 1..{MAX_TOP_N}")
+    other_generation_id = get_field(content, "other_generation_id", int, required=view == "ab")
     changes = get_field(content, "params", dict, default={})
-    unknown = sorted(set(changes) - set(SETTINGS))
+    if view == "ab" and changes:
+        raise CommandError("invalid_field", "view='ab' compares the two generations' own settings: send no params")
+    return {
+        "view": view,
+        "step": step,
+        "layer": layer,
+        "top_n": top_n,
+        "other_generation_id": other_generation_id,
+        "params": settings_of(generation_params, changes),
+    }
+
+
+def settings_of(generation_params: dict[str, Any], changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A generation's settings with `changes`, as one sampled path (no beams), checked."""
+    unknown = sorted(set(changes or {}) - set(SETTINGS))
     if unknown:
         raise CommandError("invalid_field", f"params may change only {', '.join(SETTINGS)}; not {', '.join(unknown)}")
-    merged = {**generation_params, **changes, "num_beams": 1, "num_return_sequences": 1}
+    merged = {**generation_params, **(changes or {}), "num_beams": 1, "num_return_sequences": 1}
     try:
-        params = SamplingParams.from_dict(merged)
+        return SamplingParams.from_dict(merged).to_dict()
     except (TypeError, ValueError) as exc:
         raise CommandError("invalid_params", str(exc)) from exc
-    return {"view": view, "step": step, "layer": layer, "top_n": top_n, "params": params.to_dict()}

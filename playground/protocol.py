@@ -31,6 +31,7 @@ ERROR_CODES = (
     "server_busy",
     "inspection_timeout",
     "not_moe",
+    "not_comparable",
 )
 TERMINAL_TYPES = ("generation.finished", "generation.error")
 

@@ -7,6 +7,7 @@ from playground.web.openai_api import views as openai_api
 urlpatterns = [
     path("", pages.chat, name="chat"),
     path("explorer/", pages.explorer, name="explorer"),
+    path("explorer/ab/", pages.explorer_ab, name="explorer-ab"),
     path("serving/", pages.serving, name="serving"),
     path("architecture/", pages.architecture, name="architecture"),
     path("metrics", metrics.metrics, name="metrics"),

@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from playground import inspection, tasks
 from playground.coord import worker_routing
+from playground.models import Generation
 from playground.protocol import CommandError
 from playground.web.api import error_response
 from playground.web.submit import owned_generation
@@ -43,16 +44,24 @@ async def _inspect(request: HttpRequest, generation_id: int) -> dict[str, Any]:
         content = json.loads(request.body or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:
         raise CommandError("bad_json", f"the body is not JSON: {exc}") from exc
-    session_key = await sync_to_async(lambda: request.session.session_key)()
-    row = await sync_to_async(owned_generation)(session_key or "", generation_id)
+    session_key = await sync_to_async(lambda: request.session.session_key)() or ""
+    row = await sync_to_async(_finished)(session_key, generation_id)
+    # A run that gave no seed drew one, reported in its stats: what-ifs replay with it.
+    seed = row.params.get("seed")
+    params = {**row.params, "seed": seed if seed is not None else (row.stats or {}).get("seed")}
+    checked = inspection.parse(content, params)
+    if checked["other_generation_id"] is not None:  # the "ab" view's side B: this session's too
+        await sync_to_async(_finished)(session_key, checked["other_generation_id"])
+    return await ask_worker(generation_id, checked)
+
+
+def _finished(session_key: str, generation_id: int) -> Generation:
+    row = owned_generation(session_key, generation_id)
     if row.is_active:
         raise CommandError(
             "invalid_params", f"generation {generation_id} is still {row.status}: inspect it once it ends"
         )
-    # A run that gave no seed drew one, reported in its stats: what-ifs replay with it.
-    seed = row.params.get("seed")
-    params = {**row.params, "seed": seed if seed is not None else (row.stats or {}).get("seed")}
-    return await ask_worker(generation_id, inspection.parse(content, params))
+    return row
 
 
 async def ask_worker(generation_id: int, checked: dict[str, Any]) -> dict[str, Any]:

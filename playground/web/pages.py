@@ -1,4 +1,5 @@
-"""The HTML pages: the chat UI at `/`, the token-probability explorer at `/explorer/` and the
+"""The HTML pages: the chat UI at `/`, the token-probability explorer at `/explorer/` (and its
+side-by-side A/B of two sampling settings at `/explorer/ab/`), the
 live view of continuous batching at `/serving/`, the architecture card at `/architecture/`.
 
 Owns: which template each page renders. The pages are static shells; everything they show
@@ -21,6 +22,12 @@ def chat(request: HttpRequest) -> HttpResponse:
 @ensure_csrf_cookie
 def explorer(request: HttpRequest) -> HttpResponse:
     return render(request, "explorer.html", {"page": "explorer"})
+
+
+@ensure_csrf_cookie
+def explorer_ab(request: HttpRequest) -> HttpResponse:
+    """One text, two sampling settings, generated side by side and aligned step by step."""
+    return render(request, "ab.html", {"page": "explorer"})
 
 
 def serving(request: HttpRequest) -> HttpResponse:

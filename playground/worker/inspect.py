@@ -81,6 +81,11 @@ def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[
         return {"view": view, "generation_id": generation_id, "num_steps": len(path), **_named(engine, trace)}
     if view == "roofline":  # on the loop thread: the device is measured with nothing else running
         return loop_for(engine).call(lambda: _roofline(engine, row))
+    if view == "ab":
+        other_id = checked["other_generation_id"]
+        b = _side_b(row, other_id, context_ids)
+        result = loop_for(engine).call(lambda: _ab(engine, context_ids, (path, params), b))
+        return {"view": view, "generation_id": generation_id, "other_generation_id": other_id, **result}
     if checked["step"] >= len(path):
         raise CommandError("invalid_field", f"step={checked['step']} is past the generation's {len(path)} steps")
     try:
@@ -112,6 +117,34 @@ def tokens_of(row: Generation) -> tuple[list[int], list[int]]:
     if not generated or len(prompt_ids) <= num_sent:
         raise CommandError("invalid_params", f"generation {row.pk} has no generated token to inspect")
     return prompt_ids[: len(prompt_ids) - num_sent], prompt_ids[len(prompt_ids) - num_sent :] + generated
+
+
+def _side_b(row: Generation, other_id: int, context_ids: list[int]) -> tuple[list[int], SamplingParams]:
+    """The "ab" view's side B: its path and its own settings, refused unless it continues the
+    same text with the same model (`not_comparable`)."""
+    other = Generation.objects.filter(pk=other_id).first()
+    if other is None:
+        raise CommandError("not_found", f"generation {other_id} does not exist")
+    if other.model_id != row.model_id:
+        raise CommandError("not_comparable", f"generations {row.pk} and {other_id} ran different models")
+    other_context, other_path = tokens_of(other)
+    if other_context != context_ids:
+        raise CommandError("not_comparable", f"generations {row.pk} and {other_id} continue different prompts")
+    return other_path, SamplingParams.from_dict(inspection.settings_of(other.params))
+
+
+def _ab(
+    engine: Engine,
+    context_ids: list[int],
+    a: tuple[list[int], SamplingParams],
+    b: tuple[list[int], SamplingParams],
+) -> dict[str, Any]:
+    """Side A (path, settings) against side B, each path teacher-forced after the same text."""
+    from inference.introspect.ab import Side, compare
+    from inference.introspect.recompute import recompute
+
+    side_a, side_b = (Side(recompute(engine.model, context_ids, path), params) for path, params in (a, b))
+    return _named(engine, compare(side_a, side_b))
 
 
 def _run(
@@ -200,7 +233,7 @@ def _named(engine: Engine, value: Any) -> Any:
     """Adds each token's piece next to its id, recursively."""
     if isinstance(value, dict):
         named = {key: _named(engine, item) for key, item in value.items()}
-        for key in ("token_id", "original_token_id", "sampled_token_id"):
+        for key in ("token_id", "original_token_id", "sampled_token_id", "a_token_id", "b_token_id"):
             if isinstance(value.get(key), int):
                 named[key.replace("token_id", "piece")] = engine.piece(value[key])
         return named

@@ -24,6 +24,16 @@ function append(el, children) {
   }
 }
 
+/** A range input `selector` whose `<output id="<selector>-value">` shows `format(value)`; `onInput` after each move. */
+export function bindSlider(selector, format, onInput) {
+  const input = $(selector);
+  const output = $(`${selector}-value`);
+  const show = () => { output.textContent = format(Number(input.value)); };
+  input.addEventListener("input", () => { show(); onInput(); });
+  show();
+  return input;
+}
+
 export function $(selector, root = document) {
   const el = root.querySelector(selector);
   if (!el) throw new Error(`missing element ${selector}`);

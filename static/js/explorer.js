@@ -3,9 +3,9 @@
 // and redrawing the panels when steps, the selected step or the sliders change.
 import { getJson } from "./api.js";
 import { beamTree } from "./beam_tree.js";
-import { $, h } from "./dom.js";
+import { $, bindSlider, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
-import { errorText, fmtBytes, fmtMs, fmtNum, fmtProb, visiblePiece } from "./format.js";
+import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
 import { promptView } from "./prompt_view.js";
@@ -30,10 +30,10 @@ const state = {
 
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
 const sliders = {
-  temperature: slider("#ex-temperature", (v) => (v === 0 ? "0 · greedy" : v.toFixed(2))),
-  top_k: slider("#ex-top-k", (v) => (v === 0 ? "off" : String(v))),
-  top_p: slider("#ex-top-p", (v) => (v >= 1 ? "off" : v.toFixed(2))),
-  min_p: slider("#ex-min-p", (v) => (v === 0 ? "off" : v.toFixed(2))),
+  temperature: slider("#ex-temperature", SETTING_FORMATS.temperature),
+  top_k: slider("#ex-top-k", SETTING_FORMATS.top_k),
+  top_p: slider("#ex-top-p", SETTING_FORMATS.top_p),
+  min_p: slider("#ex-min-p", SETTING_FORMATS.min_p),
   num_alternatives: slider("#ex-alternatives", String),
   run_length: slider("#ex-run-length", String),
 };
@@ -50,12 +50,7 @@ const stepCharts = createStepCharts({
 }, selectStep);
 
 function slider(selector, format) {
-  const input = $(selector);
-  const output = $(`${selector}-value`);
-  const show = () => { output.textContent = format(Number(input.value)); };
-  input.addEventListener("input", () => { show(); renderDistribution(); });
-  show();
-  return input;
+  return bindSlider(selector, format, () => renderDistribution());
 }
 
 function samplingParams() {

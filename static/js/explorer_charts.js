@@ -3,11 +3,11 @@
 import { fmtBytes, fmtMs, fmtProb, fmtSi, visiblePiece } from "./format.js";
 
 const Chart = window.Chart;
-const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+export const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
 
 const MAX_DIST_BARS = 20;
 
-function baseOptions(extra = {}) {
+export function baseOptions(extra = {}) {
   return {
     animation: false,
     responsive: true,
@@ -18,7 +18,7 @@ function baseOptions(extra = {}) {
   };
 }
 
-function applyTheme() {
+export function applyTheme() {
   Chart.defaults.font.family = css("--font");
   Chart.defaults.font.size = 11;
   Chart.defaults.color = css("--muted");

@@ -25,6 +25,19 @@ export function fmtNum(value, digits = 2) {
 }
 
 /** "2054686520" -> "20 54 68 65" */
+/** How a sampling slider shows its value ("off" where the setting does nothing). */
+export const SETTING_FORMATS = {
+  temperature: (v) => (v === 0 ? "0 · greedy" : v.toFixed(2)),
+  top_k: (v) => (v === 0 ? "off" : String(v)),
+  top_p: (v) => (v >= 1 ? "off" : v.toFixed(2)),
+  min_p: (v) => (v === 0 ? "off" : v.toFixed(2)),
+};
+
+/** A KL divergence in nats; null is infinite (JSON has no Infinity). */
+export function fmtKl(kl) {
+  return kl === null || kl === undefined ? "∞" : kl.toFixed(4);
+}
+
 export function spacedHex(hex) {
   return (hex || "").replace(/(..)(?!$)/g, "$1 ");
 }

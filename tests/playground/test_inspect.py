@@ -10,12 +10,16 @@ import threading
 from typing import Any
 
 import pytest
+import torch
 from channels.layers import get_channel_layer
 from django.contrib.sessions.backends.db import SessionStore
 from django.test import AsyncClient
 
 from inference.engine import Engine
 from inference.introspect import architecture
+from inference.introspect.recompute import recompute
+from inference.sampling.logits import apply_processors, build_processors
+from inference.sampling_params import SamplingParams
 from playground import inspection
 from playground.models import Generation, LanguageModel
 from playground.web import inspect_api, submit
@@ -28,11 +32,17 @@ TINY = engine_for("llama")
 SETTINGS = {"temperature": 1.2, "top_k": 40, "top_p": 0.9, "seed": 7, "max_new_tokens": 6, "num_alternatives": 10}
 
 
-def finished(session_key: str, token_ids: list[int] | None = None, engine: Engine = TINY) -> Generation:
+def finished(
+    session_key: str,
+    token_ids: list[int] | None = None,
+    text: str = "hello world",
+    engine: Engine = TINY,
+    **overrides: Any,
+) -> Generation:
     if not LanguageModel.objects.exists():  # a transactional test starts with empty tables
         LanguageModel.objects.create(name="tiny", source="bundled", is_default=True)
     queued = submit.complete(
-        session_key, {"text": "hello world", "token_ids": token_ids or [], "overrides": dict(SETTINGS)}
+        session_key, {"text": text, "token_ids": token_ids or [], "overrides": {**SETTINGS, **overrides}}
     )
     generation.run_generation(queued.generation_id, "w", load_engine=lambda model: engine, send=lambda event: None)
     row = Generation.objects.get(pk=queued.generation_id)
@@ -138,6 +148,60 @@ def test_bad_requests_are_refused_with_codes(session_key: str) -> None:
         inspection.parse({"view": "whatif", "params": {"temperature": -1}}, {})
 
 
+def test_ab_kl_is_the_two_processed_distributions(session_key: str) -> None:
+    a = finished(session_key)
+    b = finished(session_key, temperature=0.7, top_k=0, top_p=1.0, seed=9)
+    answer = ask(a, view="ab", other_generation_id=b.pk)
+    assert answer["ok"], answer
+    result = answer["result"]
+    tokens_a, tokens_b = [s["token_id"] for s in a.steps], [s["token_id"] for s in b.steps]
+    assert result["num_steps"] == min(len(tokens_a), len(tokens_b))
+    flips = [x != y for x, y in zip(tokens_a, tokens_b)]
+    assert [s["flipped"] for s in result["steps"]] == flips
+    assert [(s["a_piece"], s["b_piece"]) for s in result["steps"]] == [
+        (x["piece"], y["piece"]) for x, y in zip(a.steps, b.steps)
+    ]
+    # Step 0 reads the text alone: the KL of the two processed distributions, computed here.
+    context, path = inspect.tokens_of(a)
+    logits = recompute(TINY.model, context, path).logits(0)[None]
+    ids = torch.tensor([context])
+    lp_a, lp_b = (
+        torch.log_softmax(apply_processors(build_processors(SamplingParams.from_dict(p)), logits, ids), -1)[0].double()
+        for p in ({**a.params, "seed": 7}, {**b.params, "seed": 9})
+    )
+    kept = torch.isfinite(lp_a)
+    direct = float((lp_a[kept].exp() * (lp_a[kept] - lp_b[kept])).sum())
+    assert result["steps"][0]["kl"] == pytest.approx(direct, rel=1e-6)
+
+
+def test_ab_of_the_same_settings_and_seed_has_no_flip(session_key: str) -> None:
+    a, b = finished(session_key), finished(session_key)
+    result = ask(a, view="ab", other_generation_id=b.pk)["result"]
+    assert result["first_flip"] is None and result["num_steps"] == len(a.steps)
+    assert [(s["flipped"], s["kl"]) for s in result["steps"]] == [(False, 0.0)] * len(a.steps)
+
+
+def test_ab_refuses_what_cannot_be_compared(session_key: str) -> None:
+    a = finished(session_key)
+    other_text = finished(session_key, text="goodbye")
+    assert ask(a, view="ab", other_generation_id=other_text.pk)["code"] == "not_comparable"
+    other_model = finished(session_key)
+    other_model.model = LanguageModel.objects.create(name="other", source="bundled")
+    other_model.save()
+    assert ask(a, view="ab", other_generation_id=other_model.pk)["code"] == "not_comparable"
+    running = finished(session_key)
+    Generation.objects.filter(pk=running.pk).update(status=Generation.Status.RUNNING)
+    assert ask(a, view="ab", other_generation_id=running.pk)["code"] == "invalid_params"
+    beams = finished(session_key)
+    Generation.objects.filter(pk=beams.pk).update(steps=[{"type": "beam_step", "index": 0, "beams": []}])
+    assert ask(a, view="ab", other_generation_id=beams.pk)["code"] == "invalid_params"
+    assert ask(a, view="ab", other_generation_id=10**6)["code"] == "not_found"
+    with pytest.raises(inspection.CommandError, match="other_generation_id is required"):
+        inspection.parse({"view": "ab"}, a.params)
+    with pytest.raises(inspection.CommandError, match="send no params"):
+        inspection.parse({"view": "ab", "other_generation_id": a.pk, "params": {"temperature": 1.0}}, a.params)
+
+
 # ---- HTTP ---------------------------------------------------------------------------------
 
 
@@ -194,6 +258,11 @@ async def test_http_inspection_answers_from_the_worker(worker_thread: dict[str, 
     assert response.status_code == 404  # another session's generation
     response = await _post(_client(session.session_key), row.pk, {"view": "waterfall", "top_n": 0})
     assert (response.status_code, response.json()["error"]["code"]) == (400, "invalid_field")
+    theirs = await sync_to_async(finished)(other.session_key)
+    response = await _post(_client(session.session_key), row.pk, {"view": "ab", "other_generation_id": theirs.pk})
+    assert (response.status_code, response.json()["error"]["code"]) == (404, "not_found")  # side B is theirs
+    response = await _post(_client(session.session_key), row.pk, {"view": "ab", "other_generation_id": row.pk})
+    assert response.status_code == 200 and response.json()["first_flip"] is None
 
 
 @pytest.mark.django_db(transaction=True, serialized_rollback=True)
