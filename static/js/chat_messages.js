@@ -12,7 +12,8 @@ import { promptSummary, surpriseStrip } from "./surprise.js";
 /** An assistant message as the page tracks it (server fields plus streaming state). */
 export function newAssistantMessage(fields = {}) {
   return { role: "assistant", id: null, content: "", generation_id: null, stats: null, steps: [],
-    prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), segments: [], ...fields };
+    prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), segments: [],
+    promptPerplexity: null, ...fields };
 }
 
 /** The step with `index` (steps arrive in order, so this is normally `steps[index]`). */
@@ -24,8 +25,11 @@ export function streamedText(message) {
   return message.steps.map((s) => s.text_delta).join("");
 }
 
+const actionsOf = new WeakMap();  // an assistant message's element -> the callbacks its buttons call
+
 export function renderMessage(message, actions) {
   message.el = message.role === "user" ? userElement(message, actions) : assistantElement(message, actions);
+  actionsOf.set(message.el, actions);
   if (message.role === "assistant") updateAssistant(message);
   return message.el;
 }
@@ -92,7 +96,7 @@ export function updateAssistant(message) {
   const error = el.querySelector(".msg-error");
   error.hidden = !message.error;
   error.textContent = message.error ? errorText(message.error) : "";
-  el.querySelector(".msg-strip").replaceChildren(...stripView(message, actions));
+  el.querySelector(".msg-strip").replaceChildren(...stripView(message, actionsOf.get(el)));
   el.querySelector(".msg-stats").replaceChildren(...statBadges(message));
   el.querySelector(".msg-serving").replaceChildren(...servingView({ stats: message.stats, handoff: message.handoff,
     liveDecodeMs: message.handoff ? Date.now() - message.handoff.receivedAt : 0 }));

@@ -65,7 +65,7 @@ export class ChatSettings {
       const input = $(`#${id}`);
       const value = params[spec.name];
       const isUnused = spec.isSampling && unusedBy !== null;
-      input.placeholder = isUnused ? `unused (${unusedBy})` : value === null || value === undefined ? "preset" : String(value);
+      input.placeholder = isUnused ? `n/a (${unusedBy})` : value === null || value === undefined ? "preset" : String(value);
       input.title = isUnused ? `${unusedBy} picks each token without ${spec.name}: a value here changes nothing` : "";
     }
   }

@@ -34,7 +34,7 @@ const state = {
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
 const sliderOutputs = [];  // each slider's "show its value" function: one slider can change another's text
 // Temperature 0 is greedy: the filters after it then choose nothing, and say so.
-const unlessGreedy = (format) => (v) => (Number($("#ex-temperature").value) === 0 ? "unused (greedy)" : format(v));
+const unlessGreedy = (format) => (v) => (Number($("#ex-temperature").value) === 0 ? "n/a (greedy)" : format(v));
 const sliders = {
   temperature: slider("#ex-temperature", (v) => (v === 0 ? "0 · greedy" : v.toFixed(2))),
   top_k: slider("#ex-top-k", unlessGreedy((v) => (v === 0 ? "off" : String(v)))),

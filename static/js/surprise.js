@@ -7,8 +7,9 @@ import { api } from "./api.js";
 import { h } from "./dom.js";
 import { fmtNum, fmtProb, tokenLabel } from "./format.js";
 
-// A cell is full height at this many bits (p = 1/65536); higher surprises are clipped.
-const FULL_BITS = 16;
+// A cell is full height at this many bits (p = 1/256); higher surprises are clipped (the
+// number in the hover text is not).
+export const FULL_BITS = 8;
 
 export const EXPLAIN = "Each bar is one generated token: its height is the token's surprise, −log₂ p of the chosen "
   + "token under the model's raw distribution in bits (1 bit = as unexpected as a fair coin flip), and its line is "
