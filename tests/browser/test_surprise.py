@@ -101,6 +101,12 @@ def test_chat_strip_perplexities_export_and_placeholders(page, screenshot_dir, t
     stored = page.request.get(href).json()["steps"]
     assert [s["token_id"] for s in stored] == [s["token_id"] for s in steps]
 
+    # Reloaded, the stored answer draws the same strip once its steps load.
+    page.reload()
+    answer = page.locator(".msg-assistant").last
+    answer.locator(".strip-load").click()
+    check_strip(answer.locator(".surprise-strip"), steps)
+
 
 def test_explorer_strip_partial_utf8_greedy_sliders_and_kv_axis(page, screenshot_dir):
     open_explorer(page, "My parrot 🦜 says")
@@ -131,5 +137,13 @@ def test_explorer_strip_partial_utf8_greedy_sliders_and_kv_axis(page, screenshot
         label = "<" + " ".join(f"0x{b:02X}" for b in bytes.fromhex(token["bytes"])) + ">"
         assert label in chips
     assert not any("\ufffd" in chip for chip in chips)
+    # The token card of such a piece shows its bytes too.
+    card_piece = page.evaluate("""async () => {
+        const { stepDetails } = await import("/static/js/token_popover.js");
+        const step = { piece: "\\ufffd", token_bytes: "e280", token_id: 1, raw_logprob: -1, logprob: -1, rank: 1,
+                       entropy: 1, latency_ms: 1, phase: "decode", top_raw: [], top_processed: [] };
+        return stepDetails(step).querySelector(".popover-head .piece").textContent;
+    }""")
+    assert card_piece == "<0xE2 0x80>"
     page.locator("#ex-strip").scroll_into_view_if_needed()
     page.screenshot(path=str(screenshot_dir / "explorer-strip.png"))
