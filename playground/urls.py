@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path
 
-from playground.web import api, architecture, inspect_api, metrics, pages
+from playground.web import api, architecture, export, inspect_api, metrics, pages
 from playground.web.openai_api import views as openai_api
 
 urlpatterns = [
@@ -21,6 +21,7 @@ urlpatterns = [
     path("api/conversations/<int:conversation_id>/", api.conversation_detail, name="api-conversation"),
     path("api/generations/<int:generation_id>/", api.generation_detail, name="api-generation"),
     path("api/generations/<int:generation_id>/inspect/", inspect_api.inspect_generation, name="api-inspect"),
+    path("api/generations/<int:generation_id>/steps.<str:fmt>", export.generation_steps, name="api-generation-steps"),
     path("v1/models", openai_api.models, name="openai-models"),
     path("v1/chat/completions", openai_api.chat_completions, name="openai-chat-completions"),
     path("v1/completions", openai_api.completions, name="openai-completions"),

@@ -143,9 +143,21 @@ def generation_json(generation: Generation) -> dict[str, Any]:
 
 @endpoint("GET")
 def model_list(request: HttpRequest) -> HttpResponse:
-    rows = LanguageModel.objects.filter(is_enabled=True)
+    # imported here: model_template reads files through architecture, which imports this module
+    from playground.web.model_template import model_default_system_prompt
+
+    rows = LanguageModel.objects.select_related("default_chat_template").filter(is_enabled=True)
     return JsonResponse(
-        [{"id": m.pk, "name": m.name, "is_default": m.is_default, "max_context": m.max_context} for m in rows],
+        [
+            {
+                "id": m.pk,
+                "name": m.name,
+                "is_default": m.is_default,
+                "max_context": m.max_context,
+                "default_system_prompt": model_default_system_prompt(m),
+            }
+            for m in rows
+        ],
         safe=False,
     )
 

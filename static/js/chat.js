@@ -10,6 +10,7 @@ import { $, h, wirePanelToggles } from "./dom.js";
 import { errorText } from "./format.js";
 import { renderIcons } from "./icons.js";
 import { promptView } from "./prompt_view.js";
+import { promptPerplexity } from "./surprise.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { TokenPopover } from "./token_popover.js";
 
@@ -44,6 +45,7 @@ const actions = {
   regenerate,
   showPrompt,
   ensureSteps,
+  promptPerplexity: showPromptPerplexity,
 };
 
 // ---------- sending ----------
@@ -263,6 +265,17 @@ async function ensureSteps(answer) {
   } finally {
     answer.isLoading = false;
   }
+}
+
+async function showPromptPerplexity(answer) {
+  answer.promptPerplexity = { isLoading: true };
+  updateAssistant(answer);
+  try {
+    answer.promptPerplexity = await promptPerplexity(answer.generation_id);
+  } catch (err) {
+    answer.promptPerplexity = { error: err };
+  }
+  updateAssistant(answer);
 }
 
 async function showPrompt(answer) {

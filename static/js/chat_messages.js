@@ -7,11 +7,13 @@ import { errorText, fmtMs, fmtNum } from "./format.js";
 import { icon } from "./icons.js";
 import { charTokensFromSteps, renderAnswer } from "./markdown.js";
 import { servingView } from "./serving.js";
+import { promptSummary, surpriseStrip } from "./surprise.js";
 
 /** An assistant message as the page tracks it (server fields plus streaming state). */
 export function newAssistantMessage(fields = {}) {
   return { role: "assistant", id: null, content: "", generation_id: null, stats: null, steps: [],
-    prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), segments: [], ...fields };
+    prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), segments: [],
+    promptPerplexity: null, ...fields };
 }
 
 /** The step with `index` (steps arrive in order, so this is normally `steps[index]`). */
@@ -23,8 +25,11 @@ export function streamedText(message) {
   return message.steps.map((s) => s.text_delta).join("");
 }
 
+const actionsOf = new WeakMap();  // an assistant message's element -> the callbacks its buttons call
+
 export function renderMessage(message, actions) {
   message.el = message.role === "user" ? userElement(message, actions) : assistantElement(message, actions);
+  actionsOf.set(message.el, actions);
   if (message.role === "assistant") updateAssistant(message);
   return message.el;
 }
@@ -57,13 +62,16 @@ function assistantElement(message, actions) {
   return h("div", { class: "msg msg-assistant", dataset: { role: "assistant" } },
     h("div", { class: "msg-head" }, h("span", { class: "avatar" }, "AI"), h("span", { class: "model-name" }, message.modelName || "Assistant")),
     body,
+    h("div", { class: "msg-strip" }),
     h("div", { class: "alert msg-error", hidden: true, role: "alert" }),
     h("div", { class: "msg-stats" }),
     h("div", { class: "msg-serving" }),
     h("div", { class: "msg-actions" },
       h("button", { class: "btn ghost small prompt-btn", type: "button", onclick: () => actions.showPrompt(message) }, icon("code", 14), "Show prompt"),
       h("button", { class: "btn ghost small regenerate-btn", type: "button", onclick: () => actions.regenerate(message) }, icon("refresh", 14), "Regenerate"),
-      h("button", { class: "btn ghost small copy-btn", type: "button", onclick: (e) => copyText(e.currentTarget, message) }, icon("copy", 14), "Copy")));
+      h("button", { class: "btn ghost small copy-btn", type: "button", onclick: (e) => copyText(e.currentTarget, message) }, icon("copy", 14), "Copy"),
+      ...["json", "csv"].map((fmt) => h("a", { class: `btn ghost small export-btn export-${fmt}`, download: "",
+        title: `every step record of this answer as ${fmt.toUpperCase()}` }, icon("download", 14), `Steps ${fmt.toUpperCase()}`))));
 }
 
 async function copyText(button, message) {
@@ -88,12 +96,39 @@ export function updateAssistant(message) {
   const error = el.querySelector(".msg-error");
   error.hidden = !message.error;
   error.textContent = message.error ? errorText(message.error) : "";
+  el.querySelector(".msg-strip").replaceChildren(...stripView(message, actionsOf.get(el)));
   el.querySelector(".msg-stats").replaceChildren(...statBadges(message));
   el.querySelector(".msg-serving").replaceChildren(...servingView({ stats: message.stats, handoff: message.handoff,
     liveDecodeMs: message.handoff ? Date.now() - message.handoff.receivedAt : 0 }));
   el.querySelector(".model-name").textContent = message.modelName || "Assistant";
   for (const btn of el.querySelectorAll(".regenerate-btn, .copy-btn")) btn.hidden = message.isStreaming;
+  for (const link of el.querySelectorAll(".export-btn")) {
+    link.hidden = message.isStreaming || message.generation_id === null;
+    link.href = `/api/generations/${message.generation_id}/steps.${link.classList.contains("export-csv") ? "csv" : "json"}`;
+  }
   el.querySelector(".prompt-btn").hidden = !message.prompt && !message.generation_id;
+}
+
+/** The surprise strip, once the steps are here (an older answer loads them on request). */
+function stripView(message, actions) {
+  if (message.steps.some((s) => s.type === "beam_step")) return [];
+  if (!message.steps.length) {
+    const canLoad = !message.isStreaming && message.generation_id !== null;
+    return canLoad ? [h("button", { class: "btn ghost small strip-load", type: "button",
+      onclick: () => actions.ensureSteps(message) }, "Show surprise per token")] : [];
+  }
+  return [surpriseStrip(message.steps, message.isStreaming ? null : promptPart(message, actions))];
+}
+
+/** The prompt's perplexity: asked of a worker on request, then kept on the message. */
+function promptPart(message, actions) {
+  const ppl = message.promptPerplexity;
+  if (ppl?.value !== undefined) return promptSummary(ppl);
+  if (ppl?.error) return h("span", { class: "strip-error" }, errorText(ppl.error));
+  if (ppl?.isLoading) return h("span", { class: "muted" }, "a worker is computing the prompt's perplexity…");
+  if (message.generation_id === null) return null;
+  return h("button", { class: "btn ghost small prompt-ppl-btn", type: "button", title: "a worker scores every prompt token "
+    + "given the ones before it (one forward pass)", onclick: () => actions.promptPerplexity(message) }, "Prompt perplexity");
 }
 
 const pendingUpdates = new Set();

@@ -6,13 +6,15 @@ import { getJson } from "./api.js";
 import { $, h } from "./dom.js";
 
 // field id -> SamplingParams name, parser and bounds (the server validates again).
+// `isSampling`: only random sampling reads it; greedy and beam search pick tokens without it.
 const OVERRIDE_FIELDS = {
-  "ov-temperature": { name: "temperature", parse: Number, min: 0, max: 100 },
-  "ov-top-k": { name: "top_k", parse: Number, min: 0, integer: true },
-  "ov-top-p": { name: "top_p", parse: Number, min: 0, max: 1 },
+  "ov-temperature": { name: "temperature", parse: Number, min: 0, max: 100, isSampling: true },
+  "ov-top-k": { name: "top_k", parse: Number, min: 0, integer: true, isSampling: true },
+  "ov-top-p": { name: "top_p", parse: Number, min: 0, max: 1, isSampling: true },
   "ov-max-tokens": { name: "max_new_tokens", parse: Number, min: 1, integer: true },
-  "ov-seed": { name: "seed", parse: Number, min: 0, integer: true },
+  "ov-seed": { name: "seed", parse: Number, min: 0, integer: true, isSampling: true },
 };
+const GENERIC_SYSTEM_PROMPT = "Optional: instructions sent before the conversation";
 
 export class OverrideError extends Error {}
 
@@ -25,7 +27,7 @@ export class ChatSettings {
     this.presetSelect = $("#preset-select");
     this.systemPrompt = $("#system-prompt");
     this.pdToggle = $("#pd-toggle");
-    this.modelSelect.addEventListener("change", () => onChange({ model_id: this.modelId }));
+    this.modelSelect.addEventListener("change", () => { this.showSystemPromptPlaceholder(); onChange({ model_id: this.modelId }); });
     this.presetSelect.addEventListener("change", () => { this.showPresetPlaceholders(); onChange({ preset_id: this.presetId }); });
     this.systemPrompt.addEventListener("change", () => onChange({ system_prompt: this.systemPrompt.value }));
     $("#reset-overrides").addEventListener("click", () => this.resetOverrides());
@@ -39,6 +41,7 @@ export class ChatSettings {
     fillSelect(this.modelSelect, this.models, (m) => `${m.name}${m.max_context ? ` · ${m.max_context.toLocaleString()} ctx` : ""}`);
     fillSelect(this.presetSelect, this.presets, (p) => p.name);
     this.showPresetPlaceholders();
+    this.showSystemPromptPlaceholder();
   }
 
   get modelId() { return this.modelSelect.value ? Number(this.modelSelect.value) : null; }
@@ -49,17 +52,28 @@ export class ChatSettings {
   /** Show a conversation's own settings (null: a new chat keeps the current choices). */
   showConversation(conversation) {
     if (!conversation) { this.systemPrompt.value = ""; return; }
-    if (conversation.model_id) this.modelSelect.value = conversation.model_id;
+    if (conversation.model_id) { this.modelSelect.value = conversation.model_id; this.showSystemPromptPlaceholder(); }
     if (conversation.preset_id) { this.presetSelect.value = conversation.preset_id; this.showPresetPlaceholders(); }
     this.systemPrompt.value = conversation.system_prompt || "";
   }
 
+  /** Each field's placeholder is the preset's value, or why the preset does not use it. */
   showPresetPlaceholders() {
     const params = this.presets.find((p) => p.id === this.presetId)?.params ?? {};
+    const unusedBy = params.num_beams > 1 ? "beam search" : params.greedy || params.temperature === 0 ? "greedy" : null;
     for (const [id, spec] of Object.entries(OVERRIDE_FIELDS)) {
+      const input = $(`#${id}`);
       const value = params[spec.name];
-      $(`#${id}`).placeholder = value === null || value === undefined ? "preset" : String(value);
+      const isUnused = spec.isSampling && unusedBy !== null;
+      input.placeholder = isUnused ? `n/a (${unusedBy})` : value === null || value === undefined ? "preset" : String(value);
+      input.title = isUnused ? `${unusedBy} picks each token without ${spec.name}: a value here changes nothing` : "";
     }
+  }
+
+  /** The system prompt's placeholder: what the model's template sends when this box is empty. */
+  showSystemPromptPlaceholder() {
+    const injected = this.models.find((m) => m.id === this.modelId)?.default_system_prompt;
+    this.systemPrompt.placeholder = injected ? `Empty: the template sends its own, “${injected}”` : GENERIC_SYSTEM_PROMPT;
   }
 
   /** The filled-in fields as SamplingParams overrides; OverrideError names a bad field. */

@@ -5,13 +5,14 @@ import { getJson } from "./api.js";
 import { beamTree } from "./beam_tree.js";
 import { $, bindSlider, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
-import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, visiblePiece } from "./format.js";
+import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, tokenLabel, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
 import { promptView } from "./prompt_view.js";
 import { processedProbs } from "./sampling.js";
 import { servingView } from "./serving.js";
 import { GenerationSocket, showConnection } from "./socket.js";
+import { promptPerplexity, promptSummary, surpriseStrip } from "./surprise.js";
 
 const state = {
   steps: [],          // the chosen path; steps[i].index === i
@@ -26,14 +27,19 @@ const state = {
   beamSteps: [],
   beamSequences: [],  // a finished beam search's returned sequences, best first
   generationId: null, // the last finished request: its row holds the whole path (inspections)
+  numSent: 0,         // tokens of the path the last request sent after the text
+  promptPerplexity: null, // the text's perplexity ({value, ...}, {isLoading} or {error}) for generationId
 };
 
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
+const sliderOutputs = [];  // each slider's "show its value" function: one slider can change another's text
+// Temperature 0 is greedy: the filters after it then choose nothing, and say so.
+const unlessGreedy = (format) => (v) => (Number($("#ex-temperature").value) === 0 ? "n/a (greedy)" : format(v));
 const sliders = {
   temperature: slider("#ex-temperature", SETTING_FORMATS.temperature),
-  top_k: slider("#ex-top-k", SETTING_FORMATS.top_k),
-  top_p: slider("#ex-top-p", SETTING_FORMATS.top_p),
-  min_p: slider("#ex-min-p", SETTING_FORMATS.min_p),
+  top_k: slider("#ex-top-k", unlessGreedy(SETTING_FORMATS.top_k)),
+  top_p: slider("#ex-top-p", unlessGreedy(SETTING_FORMATS.top_p)),
+  min_p: slider("#ex-min-p", unlessGreedy(SETTING_FORMATS.min_p)),
   num_alternatives: slider("#ex-alternatives", String),
   run_length: slider("#ex-run-length", String),
 };
@@ -50,7 +56,9 @@ const stepCharts = createStepCharts({
 }, selectStep);
 
 function slider(selector, format) {
-  return bindSlider(selector, format, () => renderDistribution());
+  const output = $(`${selector}-value`);
+  sliderOutputs.push(() => { output.textContent = format(Number($(selector).value)); });
+  return bindSlider(selector, format, () => { for (const show of sliderOutputs) show(); renderDistribution(); });
 }
 
 function samplingParams() {
@@ -131,14 +139,15 @@ function request(maxNewTokens) {
     },
     onFinished: (event) => {
       if (isCurrent()) {
-        state.stats = event.stats;
-        state.generationId = handle.generationId;
+        // promptPerplexity stays: every request of the path starts with the same text.
+        Object.assign(state, { stats: event.stats, generationId: handle.generationId, numSent: base });
         renderDistribution();  // now the worker can answer with the exact processed distribution
         if (numBeams > 1) { state.beamSequences = event.stats?.sequences ?? []; renderBeams(); }
         renderServing();
       }
       renderControls();
       renderPipeline();
+      renderStrip();
     },
     onError: (error) => {
       if (isCurrent()) showError(error);
@@ -179,7 +188,7 @@ function selectStep(index) {
 function reset() {
   state.handle?.stop();
   Object.assign(state, { steps: [], selected: null, handle: null, prompt: null, prefilled: null, handoff: null,
-    stats: null, beamSteps: [], beamSequences: [], generationId: null });
+    stats: null, beamSteps: [], beamSequences: [], generationId: null, numSent: 0, promptPerplexity: null });
   inside.setModel(null);  // another model may be chosen: offered again once a request has started
   renderAll();
   renderBeams();
@@ -246,6 +255,42 @@ function renderContinuation() {
   }, step.piece));
   box.replaceChildren(h("span", { class: "prompt-part" }, $("#ex-text").value), ...tokens);
   $("#ex-count").textContent = `${state.steps.length} token${state.steps.length === 1 ? "" : "s"}`;
+  renderStrip();
+}
+
+/** Surprise and entropy per token, the perplexities, and the last request's step export. */
+function renderStrip() {
+  $("#ex-strip").replaceChildren(...(state.steps.length ? [surpriseStrip(state.steps, promptPart())] : []));
+  const id = state.generationId;
+  $("#ex-export").hidden = id === null || isBusy();
+  $("#ex-export-json").href = `/api/generations/${id}/steps.json`;
+  $("#ex-export-csv").href = `/api/generations/${id}/steps.csv`;
+}
+
+function promptPart() {
+  const ppl = state.promptPerplexity;
+  if (ppl?.value !== undefined) return promptSummary(ppl);
+  if (ppl?.error) return h("span", { class: "strip-error" }, errorText(ppl.error));
+  if (ppl?.isLoading) return h("span", { class: "muted" }, "a worker is computing the prompt's perplexity…");
+  if (state.generationId === null || isBusy() || state.beamSteps.length) return null;
+  return h("button", { class: "btn ghost small prompt-ppl-btn", type: "button", title: "a worker scores every token of "
+    + "the prompt (the text) given the ones before it (one forward pass)", onclick: showPromptPerplexity }, "Prompt perplexity");
+}
+
+async function showPromptPerplexity() {
+  const generationId = state.generationId;
+  state.promptPerplexity = { isLoading: true };
+  renderStrip();
+  let result;
+  try {
+    // The last request's prompt is the text, then the tokens it sent: those are generated, not the text.
+    result = await promptPerplexity(generationId, state.numSent);
+  } catch (err) {
+    result = { error: err };
+  }
+  if (state.generationId !== generationId) return;  // a newer request or Reset replaced it
+  state.promptPerplexity = result;
+  renderStrip();
 }
 
 function renderDistribution() {
@@ -271,7 +316,7 @@ function scheduleExact() {
 function stepBadges(step) {
   const badge = (text, title) => h("span", { class: "badge", title }, text);
   return [
-    h("span", { class: "badge" }, "chosen ", h("span", { class: "piece" }, visiblePiece(step.piece)), ` id ${step.token_id}`),
+    h("span", { class: "badge" }, "chosen ", h("span", { class: "piece" }, tokenLabel(step.piece, step.token_bytes)), ` id ${step.token_id}`),
     badge(`raw p ${fmtProb(Math.exp(step.raw_logprob))} · rank ${step.rank}`, "probability and rank under the model's own distribution"),
     badge(`sampled p ${fmtProb(Math.exp(step.logprob))}`, "probability under the distribution it was sampled from"),
     badge(`entropy ${fmtNum(step.entropy)} nats`),

@@ -97,7 +97,9 @@ export function createStepCharts(canvases, onSelect) {
       }),
     }),
     kv: line(canvases.kv, [{ label: "KV cache", borderColor: css("--cached"), backgroundColor: css("--cached"), fill: false }],
-      { min: 0, ticks: { callback: (v) => fmtBytes(v) } }, (ctx) => fmtBytes(ctx.parsed.y)),
+      // With no bytes yet (no step, or the KV cache off) Chart.js would span 0..1 and label
+      // fractions of a byte: whole bytes only, and at least 1 KiB of axis.
+      { min: 0, suggestedMax: 1024, ticks: { precision: 0, callback: (v) => fmtBytes(v) } }, (ctx) => fmtBytes(ctx.parsed.y)),
   };
 }
 

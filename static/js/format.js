@@ -48,6 +48,15 @@ export function visiblePiece(piece) {
   return piece.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍");
 }
 
+/**
+ * A token's piece for display; a piece holding U+FFFD is part of a multi-byte character (its
+ * bytes alone are no valid UTF-8), so its bytes are shown instead: "<0xE2 0x80>".
+ */
+export function tokenLabel(piece, hexBytes) {
+  if (!piece.includes("\ufffd") || !hexBytes) return visiblePiece(piece);
+  return `<${hexBytes.match(/../g).map((b) => `0x${b.toUpperCase()}`).join(" ")}>`;
+}
+
 export function probFromLogprob(logprob) {
   return logprob === null || logprob === undefined ? null : Math.exp(logprob);
 }

@@ -10,6 +10,7 @@ const PATHS = {
   menu: "M4 6h16M4 12h16M4 18h16",
   sliders: "M4 6h9m4 0h3M4 12h3m4 0h9M4 18h11m4 0h1M15 4v4M9 10v4M17 16v4",
   copy: "M9 9h11v11H9zM5 15H4V4h11v1",
+  download: "M12 4v11M7 10l5 5 5-5M5 20h14",
   check: "M5 12l5 5 9-10",
   x: "M6 6l12 12M18 6L6 18",
 };

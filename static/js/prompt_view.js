@@ -2,7 +2,7 @@
 // highlighted, then its tokens (piece, id, bytes on hover), the prefix-cache hits marked.
 // Owns: presentation of a `generation.started` `prompt` record; shared by both pages.
 import { h } from "./dom.js";
-import { spacedHex, visiblePiece } from "./format.js";
+import { spacedHex, tokenLabel } from "./format.js";
 
 const SPECIAL_PIECE = /^<\|[^|\s]*\|>$|^<\/?s>$|^<\/?think>$/;
 
@@ -30,7 +30,7 @@ export function tokenChips(tokens, numCachedTokens = 0) {
     if (SPECIAL_PIECE.test(tok.piece)) classes.push("special");
     const cached = i < numCachedTokens ? " · from the prefix cache" : "";
     return h("span", { class: classes.join(" "), title: `#${i} · id ${tok.id} · bytes ${spacedHex(tok.bytes)}${cached}` },
-      h("span", { class: "chip-piece" }, visiblePiece(tok.piece)),
+      h("span", { class: "chip-piece" }, tokenLabel(tok.piece, tok.bytes)),
       h("span", { class: "chip-id" }, tok.id));
   }));
 }

@@ -2,7 +2,7 @@
 // the top alternatives, raw (the model's softmax) and processed (what was sampled from).
 // Owns: showing/hiding on hover, tap and keyboard; it never fetches anything.
 import { h } from "./dom.js";
-import { fmtMs, fmtNum, fmtProb, spacedHex, visiblePiece } from "./format.js";
+import { fmtMs, fmtNum, fmtProb, spacedHex, tokenLabel, visiblePiece } from "./format.js";
 
 const MAX_ROWS = 12;
 const HIDE_DELAY_MS = 180;
@@ -31,7 +31,7 @@ export function stepDetails(step) {
   const maxProb = Math.max(...rows.map((r) => r.rawProb), 1e-9);
   return h("div", {},
     h("div", { class: "popover-head" },
-      h("span", { class: "piece" }, visiblePiece(step.piece)),
+      h("span", { class: "piece" }, tokenLabel(step.piece, step.token_bytes)),
       h("span", { class: "muted small" }, `id ${step.token_id} · bytes ${spacedHex(step.token_bytes)}`)),
     h("div", { class: "popover-meta" },
       h("span", {}, "p ", h("b", {}, fmtProb(Math.exp(step.raw_logprob))), " raw"),

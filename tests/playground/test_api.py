@@ -11,7 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from playground.coord import cancel
-from playground.models import Conversation, Generation, SamplingPreset
+from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, SamplingPreset
 from playground.web import submit
 
 pytestmark = pytest.mark.django_db
@@ -147,3 +147,16 @@ def test_deleting_a_conversation_stops_its_running_generation(browser: Client) -
     assert response.status_code == 204
     assert cancel.is_cancel_requested(queued.generation_id)
     assert not Generation.objects.filter(pk=queued.generation_id).exists()
+
+
+def test_models_say_which_system_prompt_their_template_adds(browser: Client) -> None:
+    """The chat page's placeholder: what the bundled template sends when the user gives none,
+    read from the template itself; an admin template without one gives null."""
+    bundled = browser.get("/api/models/").json()[0]
+    assert bundled["default_system_prompt"] == "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+    plain = ChatTemplate.objects.create(
+        name="plain", source="{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    )
+    LanguageModel.objects.filter(pk=bundled["id"]).update(default_chat_template=plain)
+    assert browser.get("/api/models/").json()[0]["default_system_prompt"] is None
