@@ -146,6 +146,9 @@ def stack_env(redis_url: str, db_path: Path) -> dict[str, str]:
         }
     )
     env.setdefault("PLAYGROUND_DEVICE", "cpu")  # a CUDA dev box still tests the CPU path
+    # Served tokens are compared with in-process float32 references, and the exact counts the
+    # pages show (top-k 10 keeps 10) assume float32 logits: bfloat16's coarse logits tie often.
+    env.setdefault("PLAYGROUND_DTYPE", "float32")
     return env
 
 

@@ -104,10 +104,8 @@ class BatchedLlamaRunner:
         self, i: int, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: StepInput
     ) -> torch.Tensor:
         lean, num_rows = self.lean, x.shape[0]
-        q, k, v = linear(x, layer.qkv_weight, layer.qkv_bias).split([lean.q_size, lean.kv_size, lean.kv_size], -1)
-        q = lean._rotate(q.view(num_rows, lean.num_heads, lean.head_dim), cos, sin)  # (T, H, D)
-        k = lean._rotate(k.view(num_rows, lean.num_kv_heads, lean.head_dim), cos, sin)  # (T, KVH, D)
-        self.pool.write(i, step.slots, k, v.view(num_rows, lean.num_kv_heads, lean.head_dim))
+        q, k, v = lean.split_rotate(linear(x, layer.qkv_weight, layer.qkv_bias), cos, sin)  # (T, heads, D)
+        self.pool.write(i, step.slots, k, v)
         is_gqa = lean.num_heads != lean.num_kv_heads
         if not step.prefills:  # decodes only (the common step): the rows are the decodes, in order
             return self._decode_attention(i, q, step, is_gqa).reshape(num_rows, lean.q_size)

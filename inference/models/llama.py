@@ -111,10 +111,17 @@ class LlamaRunner:
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * x32.to(x.dtype)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+    def split_rotate(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv (T, q + 2 kv), cos/sin (T, 1, D) -> q (T, H, D), k and v (T, KVH, D), with the rotary
+        embedding applied to q and k in one pass (one set of ops for both: decode is op-bound)."""
+        num_qk_heads = self.num_heads + self.num_kv_heads
+        qk = qkv[:, : self.q_size + self.kv_size].unflatten(-1, (num_qk_heads, self.head_dim))  # (T, H+KVH, D)
+        half = self.head_dim // 2
+        qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        return q, k, qkv[:, self.q_size + self.kv_size :].unflatten(-1, (self.num_kv_heads, self.head_dim))
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: ContiguousKVCache | None) -> torch.Tensor:
@@ -124,7 +131,7 @@ class LlamaRunner:
             cache = self.new_cache(num_new)
         cache.reserve(num_new)
         start = cache.num_tokens
-        cos, sin = self.cos[start : start + num_new], self.sin[start : start + num_new]  # (T, head_dim)
+        cos, sin = self.cos[start : start + num_new, None], self.sin[start : start + num_new, None]  # (T, 1, D)
         mask = None
         if num_new > 1 and start > 0:  # causal mask offset by the cached prefix: query i sees keys 0..start+i
             key_pos = torch.arange(start + num_new, device=self.device)
@@ -152,11 +159,8 @@ class LlamaRunner:
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         num_new = x.shape[0]
-        qkv = linear(x, layer.qkv_weight, layer.qkv_bias)  # (T, q + 2 kv)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self._rotate(q.view(num_new, self.num_heads, self.head_dim).transpose(0, 1), cos, sin)  # (H, T, D)
-        k = self._rotate(k.view(num_new, self.num_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
-        v = v.view(num_new, self.num_kv_heads, self.head_dim).transpose(0, 1)  # (KVH, T, D)
+        q, k, v = self.split_rotate(linear(x, layer.qkv_weight, layer.qkv_bias), cos, sin)  # (T, heads, D)
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (heads, T, D)
         keys, values = cache.write(i, k, v)  # (KVH, start+T, D)
         # Without a cached prefix, queries and keys align: the fused causal kernel needs no mask tensor.
         is_causal = mask is None and num_new > 1
