@@ -43,6 +43,7 @@ def test_r1_distill_prompt_and_reasoning(checkpoint: Path) -> None:
     prompt = render_chat(HISTORY, loaded.chat_template, special_tokens=TemplateTokens.from_tokenizer(loaded.tokenizer))
     assert prompt.text.endswith("<｜Assistant｜><think>\n") and prompt_opens_reasoning(prompt.text)
     assert "OLD REASONING" not in prompt.text and "It is 4." in prompt.text  # R1 drops earlier reasoning
+    assert prompt.dropped_reasoning == (1,)  # ... and the prompt says whose
     ids = loaded.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
     think_id = loaded.tokenizer.convert_tokens_to_ids("<think>")
     assert ids[-2:] == [think_id, ord("\n")]  # one token, not the tag's bytes
