@@ -33,8 +33,10 @@ from inference.models.precision import weight_stats
 from inference.sampling.beam import beam_search
 from inference.sampling.sampler import Sampler, entropy, token_rank, top_alternatives
 from inference.sampling.stopping import StopStringMatcher
+from inference.sampling.thinking import ThinkingTracker
 from inference.sampling_params import SamplingParams
 from inference.text.chat_template import RenderedPrompt, TemplateTokens, render_chat
+from inference.text.reasoning import THINK_CLOSE, prompt_opens_reasoning
 from inference.text.tokenization import IncrementalDetokenizer, TokenInfo, token_infos, token_table, tokenize
 
 ShouldCancel = Callable[[], bool]
@@ -52,6 +54,7 @@ class _Run:
     num_tokens: int  # valid length of context_ids
     detokenizer: IncrementalDetokenizer
     stopper: StopStringMatcher
+    thinking: ThinkingTracker
     started_at: float
     generated_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -75,6 +78,7 @@ class Engine:
         self.prefix_cache = PrefixCache(config.prefix_cache_bytes)
         self.token_table = token_table(self.tokenizer)
         self.template_tokens = TemplateTokens.from_tokenizer(self.tokenizer)
+        self.think_close_ids = self._think_close_ids()
         self.batcher = ContinuousBatcher(self, self.runner, config) if use_lean else None
         self._request_ids = itertools.count()
         self.alone = AloneRequests()
@@ -154,6 +158,19 @@ class Engine:
 
     def piece(self, token_id: int) -> str:
         return self.token_table.piece_of(token_id)
+
+    def _think_close_ids(self) -> tuple[int, ...]:
+        """`</think>` as the thinking budget forces it: the vocabulary's own token when it has
+        one (R1's tokenizers do), else the tag's token sequence."""
+        if THINK_CLOSE in self.token_table.pieces:
+            return (self.token_table.pieces.index(THINK_CLOSE),)
+        return tuple(self.encode(THINK_CLOSE))
+
+    def _opens_reasoning(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the prompt leaves a `<think>` open (R1's template ends with one), read from
+        the tokens' own text so a tag the tokenizer treats as special counts too."""
+        raw = b"".join(self.token_table.bytes_of(i) for i in prompt_ids)
+        return prompt_opens_reasoning(raw.decode("utf-8", errors="replace"))
 
     def prefix_cache_stats(self, params: SamplingParams | None = None) -> dict:
         """The counters of the prefix cache a request with `params` uses: the batch's shared KV
@@ -353,6 +370,9 @@ class Engine:
             num_tokens=len(prompt_ids),
             detokenizer=IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True),
             stopper=StopStringMatcher(params.stop),
+            thinking=ThinkingTracker(
+                self.think_close_ids, params.max_thinking_tokens, is_open=self._opens_reasoning(prompt_ids)
+            ),
             started_at=time.perf_counter(),
         )
 
@@ -385,6 +405,10 @@ class Engine:
             run.cache.load(handoff.layers)
         run.sampler.generator.set_state(handoff.rng_state)
         run.prefilled = handoff.prefilled
+        first = handoff.first_step
+        if first.is_forced:
+            run.thinking.forced_token()  # the prefill worker's budget forced it: take up the same state
+        run.thinking.push(self.piece(first.token_id), is_forced=first.is_forced)
         self._append(run, handoff.first_step.token_id)
         run.text = run.stopper.feed(run.detokenizer.push(handoff.first_step.token_id))
         run.ttft_ms = handoff.ttft_ms
@@ -397,9 +421,12 @@ class Engine:
 
     def _sample_step(self, run: _Run, logits: torch.Tensor, phase: str, forward_ms: float) -> Step:
         t0 = time.perf_counter()
+        forced_id = run.thinking.forced_token()
+        # Sampled even when forced: the random stream then stays the one the same seed gives.
         out = run.sampler(logits[None], run.context_ids[None, : run.num_tokens])
-        token_id = int(out.token_ids[0])
+        token_id = int(out.token_ids[0]) if forced_id is None else forced_id
         logprobs, raw_logprobs = out.logprobs[0], out.raw_logprobs[0]  # (vocab,)
+        is_reasoning = run.thinking.push(self.piece(token_id), is_forced=forced_id is not None)
         self._append(run, token_id)
         delta = run.stopper.feed(run.detokenizer.push(token_id))
         run.text += delta
@@ -419,6 +446,8 @@ class Engine:
             top_raw=self._alternatives(raw_logprobs, k),
             top_processed=self._alternatives(logprobs, k),
             kv_cache_bytes=self._kv_bytes(run),
+            is_reasoning=is_reasoning,
+            is_forced=forced_id is not None,
         )
         if phase == "prefill":
             run.ttft_ms = (time.perf_counter() - run.started_at) * 1000
@@ -483,6 +512,8 @@ class Engine:
             kv_cache_bytes=self._kv_bytes(run),
             queue_ms=prefilled.queue_ms,
             seed=run.sampler.seed,
+            num_reasoning_tokens=run.thinking.num_reasoning_tokens,
+            thinking_ended_by_budget=run.thinking.ended_by_budget,
         )
 
     def _kv_bytes(self, run: _Run) -> int:

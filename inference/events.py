@@ -49,6 +49,9 @@ class Step:
     `logprob` is the chosen token's log-probability under the processed distribution,
     `raw_logprob` under the raw one; `rank` is its 1-based rank in the raw distribution.
     The first token comes out of the prefill forward pass, so its phase is "prefill".
+    `is_reasoning`: generated inside a `<think>` block (`inference.sampling.thinking`'s rule);
+    `is_forced`: the thinking budget chose the token (`</think>` or a piece of it), not the
+    sampler; the model still ran and the distributions are the ones it gave.
     """
 
     index: int
@@ -65,6 +68,8 @@ class Step:
     top_raw: tuple[Alternative, ...] = ()
     top_processed: tuple[Alternative, ...] = ()
     kv_cache_bytes: int = 0
+    is_reasoning: bool = False
+    is_forced: bool = False
     type: str = "step"
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,6 +118,8 @@ class Finished:
     kv_cache_bytes: int
     queue_ms: float = 0.0
     seed: int | None = None  # the sampler's seed (drawn when the request gave none): replays the run
+    num_reasoning_tokens: int = 0  # steps with is_reasoning
+    thinking_ended_by_budget: bool = False  # max_thinking_tokens forced a `</think>`
     sequences: tuple[Beam, ...] = ()  # beam search: the returned sequences, best first
     error: str | None = None
     type: str = "finished"

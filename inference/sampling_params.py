@@ -26,6 +26,8 @@ class SamplingParams:
     `top_k=0`, `top_p=1.0`, `min_p=0.0` and `repetition_penalty=1.0` mean "off".
     `num_beams > 1` selects beam search (deterministic; sampling knobs then do not apply).
     `num_alternatives` is how many top tokens each step reports (raw and processed).
+    `max_thinking_tokens`: after that many reasoning tokens (inside `<think>` ... `</think>`)
+    the engine forces `</think>` and the answer follows; None = unlimited.
     `use_kv_cache=False` recomputes the whole sequence every step (same tokens, slower: shows what
     the cache saves); `use_prefix_cache=False` skips reusing KV from earlier requests.
     """
@@ -47,6 +49,7 @@ class SamplingParams:
     length_penalty: float = 1.0
     early_stopping: bool = False
     num_return_sequences: int = 1
+    max_thinking_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, (list, tuple, str)):  # a dict would iterate its keys
@@ -70,6 +73,10 @@ class SamplingParams:
         _check_int("num_beams", self.num_beams, 1, 16)
         _check_float("length_penalty", self.length_penalty, -10.0, 10.0)
         _check_int("num_return_sequences", self.num_return_sequences, 1, self.num_beams)
+        if self.max_thinking_tokens is not None:
+            _check_int("max_thinking_tokens", self.max_thinking_tokens, 0, 1_000_000)
+            if self.num_beams > 1:  # beams do not go through the per-token loop that forces the tag
+                raise ValueError(f"max_thinking_tokens={self.max_thinking_tokens} does not apply to beam search")
         for name in ("greedy", "ignore_eos", "use_kv_cache", "use_prefix_cache", "early_stopping"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")

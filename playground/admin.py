@@ -127,7 +127,7 @@ class SamplingPresetAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "description", "is_default")}),
         ("Sampling", {"fields": ("greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")}),
-        ("Length and stopping", {"fields": ("max_new_tokens", "stop", "ignore_eos")}),
+        ("Length and stopping", {"fields": ("max_new_tokens", "stop", "ignore_eos", "max_thinking_tokens")}),
         ("Beam search", {"fields": ("num_beams", "length_penalty", "early_stopping", "num_return_sequences")}),
         ("Reporting and caching", {"fields": ("num_alternatives", "use_kv_cache", "use_prefix_cache")}),
     )

@@ -225,6 +225,9 @@ class SamplingPreset(DefaultFlagModel):
     length_penalty = models.FloatField(default=_SAMPLING_DEFAULTS.length_penalty)
     early_stopping = models.BooleanField(default=_SAMPLING_DEFAULTS.early_stopping)
     num_return_sequences = models.PositiveIntegerField(default=_SAMPLING_DEFAULTS.num_return_sequences)
+    max_thinking_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="After this many reasoning tokens `</think>` is forced. Empty: unlimited."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

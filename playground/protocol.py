@@ -138,7 +138,7 @@ def generation_queued(
 def generation_started(
     generation_id: int, worker: str, model: dict[str, Any], params: dict[str, Any], prompt: dict[str, Any]
 ) -> dict[str, Any]:
-    """`prompt` is {text, spans, tokens} (see `prompt_record`)."""
+    """`prompt` is {text, spans, tokens, dropped_reasoning} (see `prompt_record`)."""
     return {
         "type": "generation.started",
         "generation_id": generation_id,
@@ -149,9 +149,12 @@ def generation_started(
     }
 
 
-def prompt_record(text: str, spans: list[dict[str, Any]], tokens: list[dict[str, Any]]) -> dict[str, Any]:
-    """`tokens` are `inference.text.tokenization.TokenInfo.to_dict()`s: {id, piece, bytes (hex), ...}."""
-    return {"text": text, "spans": spans, "tokens": tokens}
+def prompt_record(
+    text: str, spans: list[dict[str, Any]], tokens: list[dict[str, Any]], dropped_reasoning: list[int] | None = None
+) -> dict[str, Any]:
+    """`tokens` are `inference.text.tokenization.TokenInfo.to_dict()`s: {id, piece, bytes (hex), ...};
+    `dropped_reasoning`: the messages whose reasoning the template left out (`RenderedPrompt`)."""
+    return {"text": text, "spans": spans, "tokens": tokens, "dropped_reasoning": dropped_reasoning or []}
 
 
 def generation_waiting(generation_id: int, position: int, num_waiting: int, waited_ms: float) -> dict[str, Any]:
@@ -252,6 +255,8 @@ _STATS_FIELDS = (
     "queue_ms",
     "seed",
     "finish_reason",
+    "num_reasoning_tokens",
+    "thinking_ended_by_budget",
 )
 
 

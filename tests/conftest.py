@@ -60,6 +60,20 @@ def run_prepare_step(name: str, argv: list[str], env: dict[str, str]) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}):\n" + "\n".join(tail))
 
 
+def django_shell(code: str, env: dict[str, str]) -> str:
+    """Runs `code` in `manage.py shell` against a stack's DB (`env`); returns its last printed line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "shell", "-c", code],
+        cwd=REPO_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
 def wait_until(is_ready: Callable[[], bool], service: Service, what: str, timeout_s: float = READY_TIMEOUT_S) -> None:
     """Poll `is_ready()` until true; fail early (with the log) if `service` dies."""
     deadline = time.monotonic() + timeout_s

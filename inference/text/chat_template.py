@@ -28,6 +28,8 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from inference.text.reasoning import split_reasoning
+
 VALID_ROLES = ("system", "user", "assistant", "tool")
 SpanKind = str  # "special" | "role" | "content"
 
@@ -65,13 +67,20 @@ class Span:
 
 @dataclass(frozen=True)
 class RenderedPrompt:
-    """The prompt text and spans that cover it in order, without gaps or overlap."""
+    """The prompt text and spans that cover it in order, without gaps or overlap.
+    `dropped_reasoning`: indices of the messages whose `<think>` reasoning the template left
+    out (DeepSeek-R1's drops earlier turns' reasoning from the history)."""
 
     text: str
     spans: tuple[Span, ...]
+    dropped_reasoning: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "spans": [s.to_dict() for s in self.spans]}
+        return {
+            "text": self.text,
+            "spans": [s.to_dict() for s in self.spans],
+            "dropped_reasoning": list(self.dropped_reasoning),
+        }
 
 
 @dataclass(frozen=True)
@@ -123,7 +132,18 @@ def render_chat(
     }
     text = _render(compiled, {**context, "messages": chat})
     spans = _spans(compiled, context, chat, text, tokens.strings, add_generation_prompt)
-    return RenderedPrompt(text, tuple(spans))
+    return RenderedPrompt(text, tuple(spans), _dropped_reasoning(chat, text))
+
+
+def _dropped_reasoning(chat: list[dict[str, str]], text: str) -> tuple[int, ...]:
+    """Assistant messages with reasoning (`reasoning`'s rule) that the rendered text lacks."""
+    dropped = []
+    for i, message in enumerate(chat):
+        if message["role"] == "assistant":
+            reasoning, _ = split_reasoning(message["content"])
+            if reasoning and reasoning not in text:
+                dropped.append(i)
+    return tuple(dropped)
 
 
 def validate_messages(messages: Any) -> list[dict[str, str]]:

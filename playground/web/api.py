@@ -116,8 +116,9 @@ def conversation_json(conversation: Conversation, messages: list[Message]) -> di
 
 
 def generation_json(generation: Generation) -> dict[str, Any]:
+    saved = generation.prompt
     prompt = prompt_record(
-        generation.prompt_text, generation.prompt.get("spans", []), generation.prompt.get("tokens", [])
+        generation.prompt_text, saved.get("spans", []), saved.get("tokens", []), saved.get("dropped_reasoning", [])
     )
     error = (
         {"code": generation.error_code, "message": generation.error_message}

@@ -150,7 +150,7 @@ class GenerationRun:
         self.starts_in_reasoning = prompt_opens_reasoning(prompt["text"])
         self._save(
             prompt_text=prompt["text"],
-            prompt={"spans": prompt["spans"], "tokens": prompt["tokens"]},
+            prompt={key: prompt[key] for key in ("spans", "tokens", "dropped_reasoning")},
             num_prompt_tokens=len(prompt_ids),
         )
         self.send(
@@ -199,6 +199,7 @@ class GenerationRun:
             messages = [{"role": "user", "content": inputs["text"]}]
         else:  # raw completion: the text as it is
             messages = None
+        dropped_reasoning: list[int] = []
         if messages is None:
             text = inputs["text"]
             spans = [{"start": 0, "end": len(text), "kind": "content", "role": None}] if text else []
@@ -208,6 +209,7 @@ class GenerationRun:
             except ValueError as exc:  # includes ChatTemplateError
                 raise CommandError("invalid_params", f"the prompt could not be built: {exc}") from exc
             text, spans = rendered.text, [span.to_dict() for span in rendered.spans]
+            dropped_reasoning = list(rendered.dropped_reasoning)
         vocab_size = engine.model_info().get("vocab_size")
         bad = [i for i in inputs.get("token_ids", []) if vocab_size and not 0 <= i < vocab_size]
         if bad:
@@ -215,7 +217,8 @@ class GenerationRun:
         # On the loop thread: the tokenizer is not safe to share between threads.
         tokens = self.loop.call(lambda: engine.tokenize(text) + engine.token_infos(inputs.get("token_ids", [])))
         limits.check_prompt_tokens(len(tokens), max_context)
-        return [t.id for t in tokens], protocol.prompt_record(text, spans, [t.to_dict() for t in tokens])
+        record = protocol.prompt_record(text, spans, [t.to_dict() for t in tokens], dropped_reasoning)
+        return [t.id for t in tokens], record
 
     def _chat_messages(self) -> list[dict[str, str]]:
         """System prompt first, then the active messages before this generation's answer."""

@@ -6,6 +6,7 @@ import { h } from "./dom.js";
 import { errorText, fmtMs, fmtNum } from "./format.js";
 import { icon } from "./icons.js";
 import { charTokensFromSteps, renderAnswer } from "./markdown.js";
+import { reasoningNotes } from "./reasoning_stats.js";
 import { servingView } from "./serving.js";
 import { promptSummary, surpriseStrip } from "./surprise.js";
 
@@ -90,7 +91,8 @@ export function updateAssistant(message) {
   const body = el.querySelector(".msg-body");
   const text = message.isStreaming ? streamedText(message) : message.content;
   const charTokens = message.steps.length ? charTokensFromSteps(message.steps) : null;
-  renderAnswer(body, text, charTokens, message.openReasoning, message.segments);
+  const notes = reasoningNotes(message.steps, message.segments ?? [], message.stats);
+  renderAnswer(body, text, charTokens, message.openReasoning, message.segments, notes);
   colourTokens(body, message.steps);
   body.classList.toggle("streaming", message.isStreaming);
   const error = el.querySelector(".msg-error");
@@ -169,6 +171,11 @@ function statBadges(message) {
   if (stats.ttft_ms != null) add("time to first token", `TTFT ${fmtMs(stats.ttft_ms)}`);
   if (stats.prefill_ms != null) add("prefill forward pass", `prefill ${fmtMs(stats.prefill_ms)}`);
   if (stats.decode_tok_s != null) add("decode speed", `${fmtNum(stats.decode_tok_s, 1)} tok/s`);
+  if (stats.num_reasoning_tokens) add("tokens generated inside <think> blocks", `${stats.num_reasoning_tokens} thinking tok`, "thinking");
+  if (stats.thinking_ended_by_budget) {
+    add("after max_thinking_tokens reasoning tokens the engine forced </think>; the answer followed",
+      "thinking budget ended thinking", "thinking-budget");
+  }
   if (stats.finish_reason) add("finish reason", stats.finish_reason, `finish finish-${stats.finish_reason}`);
   return badges;
 }

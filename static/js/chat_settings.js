@@ -13,6 +13,7 @@ const OVERRIDE_FIELDS = {
   "ov-top-p": { name: "top_p", parse: Number, min: 0, max: 1, isSampling: true },
   "ov-max-tokens": { name: "max_new_tokens", parse: Number, min: 1, integer: true },
   "ov-seed": { name: "seed", parse: Number, min: 0, integer: true, isSampling: true },
+  "ov-max-thinking": { name: "max_thinking_tokens", parse: Number, min: 0, integer: true },
 };
 const GENERIC_SYSTEM_PROMPT = "Optional: instructions sent before the conversation";
 

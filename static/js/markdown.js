@@ -51,8 +51,9 @@ export function renderMarkdown(text) {
  * `openReasoning`: which reasoning blocks start expanded (by order), kept across re-renders.
  * `segments`: [{kind: "reasoning"|"answer", start, end, is_open}] over `text` (tags excluded),
  * as the server computed them; none means the whole text is answer.
+ * `notes[n]`: a line beside reasoning block n's title (how many tokens it took), if any.
  */
-export function renderAnswer(container, text, charTokens = null, openReasoning = new Set(), segments = null) {
+export function renderAnswer(container, text, charTokens = null, openReasoning = new Set(), segments = null, notes = []) {
   const parts = [];
   const segs = segments?.length ? segments : [{ kind: "answer", start: 0, end: text.length }];
   segs.forEach((seg, n) => {
@@ -68,6 +69,12 @@ export function renderAnswer(container, text, charTokens = null, openReasoning =
     details.addEventListener("toggle", () => (details.open ? openReasoning.add(n) : openReasoning.delete(n)));
     const summary = document.createElement("summary");
     summary.textContent = seg.is_open ? "Reasoning…" : "Reasoning";
+    if (notes[n]) {
+      const note = document.createElement("span");
+      note.className = "reasoning-note";
+      note.textContent = notes[n];
+      summary.append(" ", note);
+    }
     details.append(summary, body);
     parts.push(details);
   });

@@ -44,11 +44,21 @@ export function legend(numTokens, numCachedTokens) {
       : h("span", {}, `${numTokens} tokens, none from the prefix cache`));
 }
 
-/** The whole view: legend, text, tokens. */
+/** What the template left out: earlier answers' `<think>` reasoning (R1's drops it), or null. */
+export function droppedReasoningNote(prompt) {
+  const n = prompt.dropped_reasoning?.length ?? 0;
+  if (!n) return null;
+  return h("p", { class: "hint small dropped-reasoning" },
+    `The chat template dropped the reasoning of ${n} earlier answer${n === 1 ? "" : "s"} from the history `
+    + "(as DeepSeek-R1's template requires): the model does not see it, only the answers.");
+}
+
+/** The whole view: legend, what the template dropped, text, tokens. */
 export function promptView(prompt, numCachedTokens = 0) {
   const tokens = prompt.tokens || [];
   return h("div", { class: "prompt-view" },
     legend(tokens.length, numCachedTokens),
+    droppedReasoningNote(prompt),
     promptText(prompt),
     h("p", { class: "panel-title" }, `Tokens (${tokens.length})`),
     tokenChips(tokens, numCachedTokens));

@@ -98,8 +98,10 @@ def make_tiny_tokenizer(
     bos_token: str | None = None,
     eos_token: str | None = None,
     chat_template: str | None = None,
+    plain_tokens: list[str] | tuple[str, ...] = (),
 ) -> PreTrainedTokenizerFast:
-    """Byte-level BPE without merges: id == byte for 0-255, then `special_tokens` from 256.
+    """Byte-level BPE without merges: id == byte for 0-255, then `special_tokens` from 256,
+    then `plain_tokens`: added tokens that decoded text keeps (as R1's `<think>` and `</think>`).
 
     BOS and EOS default to the first and the last special token."""
     vocab = {char: b for b, char in bytes_to_unicode().items()}
@@ -107,6 +109,7 @@ def make_tiny_tokenizer(
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain_tokens])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token=bos_token or special_tokens[0], eos_token=eos_token or special_tokens[-1]
     )

@@ -20,6 +20,15 @@ CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# ChatML the way DeepSeek-R1's template treats reasoning: earlier answers lose everything up to
+# their `</think>`, and the prompt opens a `<think>` block for the new answer.
+R1_CHATML = (
+    "{% for m in messages %}{% set content = m.content %}"
+    "{% if m.role == 'assistant' and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1] %}{% endif %}"
+    "<|im_start|>{{ m.role }}\n{{ content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
 
 
 class FakeEngine:

@@ -99,6 +99,9 @@ async def test_fields_of_the_wrong_type_are_invalid_field(
         ({"top_k": 2.5}, "top_k=2.5"),
         ({"warp_speed": 9}, "warp_speed"),
         ({"max_new_tokens": 10**6}, "server's limit"),
+        ({"max_thinking_tokens": -1}, "max_thinking_tokens=-1"),
+        ({"max_thinking_tokens": "3"}, "max_thinking_tokens='3'"),
+        ({"max_thinking_tokens": 4, "num_beams": 2}, "max_thinking_tokens=4 does not apply to beam search"),
     ],
 )
 async def test_invalid_sampling_settings_are_invalid_params(

@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from playground.coord import cancel, store
-from playground.models import Generation, Message
+from playground.models import ChatTemplate, Generation, Message
 from playground.protocol import is_terminal
 from playground.web import submit
+from playground.web.api import generation_json
 from playground.worker import generation
 
-from .fake_engine import FakeEngine
+from .fake_engine import R1_CHATML, FakeEngine
 
 pytestmark = pytest.mark.django_db
 
@@ -195,6 +196,26 @@ def test_the_worker_sends_the_reasoning_split_when_the_prompt_opens_a_think_bloc
         ("reasoning", "plan", False),
         ("answer", "Paris", False),
     ]
+
+
+def test_the_prompt_record_says_which_earlier_reasoning_the_template_dropped(session_key: str) -> None:
+    first = queue_chat(session_key, "One?")
+    run(first.generation_id, FakeEngine("<think>counting</think>1"))
+    conversation = Generation.objects.get(pk=first.generation_id).conversation
+    conversation.chat_template = ChatTemplate.objects.create(name="R1 ChatML", source=R1_CHATML)
+    conversation.save()
+    second = queue_chat(session_key, "Two?", conversation_id=first.conversation_id)
+    started = run(second.generation_id, FakeEngine("2"))[0]
+    assert started["type"] == "generation.started"
+    prompt = started["prompt"]
+    assert "counting" not in prompt["text"] and prompt["text"].endswith("<think>\n")
+    assert prompt["dropped_reasoning"] == [1]  # the first answer (user, assistant, user)
+    assert generation_json(Generation.objects.get(pk=second.generation_id))["prompt"]["dropped_reasoning"] == [1]
+    conversation.chat_template = None  # back to the model's ChatML, which keeps the reasoning
+    conversation.save()
+    third = queue_chat(session_key, "Three?", conversation_id=first.conversation_id)
+    prompt = run(third.generation_id, FakeEngine("3"))[0]["prompt"]
+    assert "counting" in prompt["text"] and prompt["dropped_reasoning"] == []
 
 
 def test_without_a_think_block_the_whole_answer_is_one_answer_segment(session_key: str) -> None:

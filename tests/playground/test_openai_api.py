@@ -124,6 +124,14 @@ async def test_reasoning_goes_to_reasoning_content_with_its_logprobs_apart(engin
     assert response.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] == len("<think>hmm</think>")
 
 
+async def test_max_thinking_tokens_reaches_the_engine(engine: FakeEngine) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_thinking_tokens": 5}
+    response = await post("/v1/chat/completions", body)
+    assert response.status_code == 200, response.content
+    generation = await sync_to_async(Generation.objects.get)()
+    assert generation.params["max_thinking_tokens"] == 5
+
+
 async def test_a_stream_is_framed_as_openai_chunks(engine: FakeEngine) -> None:
     response = await post(
         "/v1/chat/completions",
@@ -210,6 +218,12 @@ async def test_legacy_completion_with_echo_and_logprobs(engine: FakeEngine) -> N
             "unknown_parameter",
         ),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "preset": "nope"}, 404, "preset", None),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_thinking_tokens": -1},
+            400,
+            "max_thinking_tokens",
+            None,
+        ),
         (
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream_options": {}},
             400,

@@ -5,13 +5,11 @@ report lands on the record; a source that cannot load reports its exact error.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.conftest import REPO_DIR
+from tests.conftest import django_shell
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -35,19 +33,6 @@ from playground.models import LanguageModel
 m = LanguageModel.objects.get(pk={pk})
 print(json.dumps({{"status": m.test_load_status, "result": m.test_load_result, "error": m.test_load_error}}))
 """
-
-
-def django_shell(code: str, env: dict[str, str]) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "django", "shell", "-c", code],
-        cwd=REPO_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout.strip().splitlines()[-1]
 
 
 def test_the_admin_test_load_runs_on_a_real_worker_and_reports_back(live_stack) -> None:

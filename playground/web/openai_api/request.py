@@ -1,7 +1,7 @@
 """Reads and checks an OpenAI request body: every refusal is an `ApiError` naming its field.
 
 Owns: which request fields exist (OpenAI's, plus our extras `top_k`, `min_p`,
-`repetition_penalty`, `preset`, `ignore_eos`, `timings`, `raw_logprobs`), their types and
+`repetition_penalty`, `preset`, `ignore_eos`, `timings`, `raw_logprobs`, `max_thinking_tokens`), their types and
 ranges, and their translation into the `overrides` of `SamplingParams` (whose own checks
 then apply, in `submit`). Must not know: the ORM, the channel layer.
 """
@@ -39,6 +39,7 @@ _COMMON = {
     "ignore_eos",
     "timings",
     "raw_logprobs",
+    "max_thinking_tokens",
     *_IGNORED,
 }
 CHAT_FIELDS = {*_COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools", "response_format"}
@@ -156,6 +157,7 @@ def _sampling(fields: _Fields, overrides: dict[str, Any]) -> None:
         "repetition_penalty": fields.number("repetition_penalty"),
         "ignore_eos": fields.get("ignore_eos", bool),
         "stop": _stop(fields.data.get("stop")),
+        "max_thinking_tokens": fields.integer("max_thinking_tokens", 0),
     }
     overrides.update({name: value for name, value in values.items() if value is not None})
     if values["temperature"] is not None:  # a temperature asks for sampling even under a greedy preset

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("playground", "0004_model_test_load_and_stop_ids"),
+        ("playground", "0005_preset_max_thinking_tokens"),
     ]
 
     operations = [
