@@ -15,24 +15,28 @@ which experts each mixture-of-experts layer chose and with what weight; `not_moe
 model), "roofline" (the request's timeline, and its prefill and decode on the roofline of the
 worker's measured device limits), "ab" (this generation as side A against
 `other_generation_id` as side B: both chosen tokens per step, the flips and the KL divergence
-between the two sides' distributions; each side keeps its own settings).
+between the two sides' distributions; each side keeps its own settings), "precision" (every
+step's next-token distribution under the served weights and under the same model in another
+`precision`, with the KL divergence between them).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from inference.config import VALID_DTYPES
 from inference.sampling_params import SamplingParams
 from playground.protocol import CommandError, get_field
 
-VIEWS = ("waterfall", "whatif", "lens", "kv", "prompt_logprobs", "moe", "roofline", "ab")
+VIEWS = ("waterfall", "whatif", "lens", "kv", "prompt_logprobs", "moe", "roofline", "ab", "precision")
+PRECISIONS = tuple(p for p in VALID_DTYPES if p != "auto")
 SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "greedy")
 MAX_TOP_N = 50
 WAIT_S = 120.0  # the web side's wait for the worker's answer (the first one may load the model)
 
 
 def parse(content: dict[str, Any], generation_params: dict[str, Any]) -> dict[str, Any]:
-    """The checked request: {view, step, layer, top_n, other_generation_id, params}; `params` is
+    """The checked request: {view, step, layer, top_n, other_generation_id, precision, params}; `params` is
     the generation's own settings with the request's changes (a CommandError names the bad field)."""
     if not isinstance(content, dict):
         raise CommandError("invalid_field", "the request body must be a JSON object")
@@ -47,6 +51,9 @@ def parse(content: dict[str, Any], generation_params: dict[str, Any]) -> dict[st
     if not (0 if view == "prompt_logprobs" else 1) <= top_n <= MAX_TOP_N:
         raise CommandError("invalid_field", f"top_n={top_n} must be in 1..{MAX_TOP_N}")
     other_generation_id = get_field(content, "other_generation_id", int, required=view == "ab")
+    precision = get_field(content, "precision", str, required=view == "precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise CommandError("invalid_field", f"precision={precision!r} must be one of {', '.join(PRECISIONS)}")
     changes = get_field(content, "params", dict, default={})
     if view == "ab" and changes:
         raise CommandError("invalid_field", "view='ab' compares the two generations' own settings: send no params")
@@ -56,6 +63,7 @@ def parse(content: dict[str, Any], generation_params: dict[str, Any]) -> dict[st
         "layer": layer,
         "top_n": top_n,
         "other_generation_id": other_generation_id,
+        "precision": precision,
         "params": settings_of(generation_params, changes),
     }
 

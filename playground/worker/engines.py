@@ -33,6 +33,7 @@ SWITCH_TIMEOUT_S = 600.0  # how long a request for another model waits for the c
 _lock = threading.Lock()
 _loaded: tuple[tuple[Any, ...], Engine] | None = None
 _loops: dict[int, ServeLoop] = {}  # id(engine) -> its loop
+_comparison: tuple[tuple[Any, ...], Any] | None = None  # (key, LoadedModel): one at a time
 
 
 def get_engine(model: LanguageModel) -> Engine:
@@ -59,6 +60,23 @@ def get_engine(model: LanguageModel) -> Engine:
         engine = Engine.load(config, progress=lambda message: logger.info("%s: %s", model.name, message))
         _loaded = (key, engine)
         return engine
+
+
+def comparison_model(model: LanguageModel, precision: str) -> Any:
+    """`model` loaded in another weight precision (a `LoadedModel`, no engine around it), for
+    the "precision" inspection: kept until another precision or model is asked for."""
+    global _comparison
+    from inference.models.loader import load_model
+
+    config = replace(model.to_engine_config(), dtype=precision)
+    key = (model.pk, config)
+    with _lock:
+        if _comparison is None or _comparison[0] != key:
+            _comparison = None
+            gc.collect()
+            logger.info("loading model %r in %s for a precision comparison", model.name, precision)
+            _comparison = (key, load_model(config))
+        return _comparison[1]
 
 
 def loop_for(engine: Engine) -> ServeLoop:

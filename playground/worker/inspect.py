@@ -26,7 +26,7 @@ from inference.sampling_params import SamplingParams
 from playground import inspection, protocol
 from playground.models import Generation, LanguageModel
 from playground.protocol import CommandError
-from playground.worker.engines import get_engine, loop_for
+from playground.worker.engines import comparison_model, get_engine, loop_for
 
 if TYPE_CHECKING:
     from inference.engine import Engine
@@ -86,6 +86,8 @@ def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[
         b = _side_b(row, other_id, context_ids)
         result = loop_for(engine).call(lambda: _ab(engine, context_ids, (path, params), b))
         return {"view": view, "generation_id": generation_id, "other_generation_id": other_id, **result}
+    if view == "precision":
+        return {"view": view, "generation_id": generation_id, **_precision(engine, row, checked, context_ids, path)}
     if checked["step"] >= len(path):
         raise CommandError("invalid_field", f"step={checked['step']} is past the generation's {len(path)} steps")
     try:
@@ -227,6 +229,21 @@ def _roofline(engine: Engine, row: Generation) -> dict[str, Any]:
         decode_steps=[(step["index"], step["latency_ms"]) for step in row.steps if step.get("phase") == "decode"],
     )
     return {"view": "roofline", "generation_id": row.pk, "timeline": timeline(stats, row.steps), **result}
+
+
+def _precision(
+    engine: Engine, row: Generation, checked: dict[str, Any], context_ids: list[int], path: list[int]
+) -> dict[str, Any]:
+    """The path under the served weights and under `checked["precision"]` (loaded beside the
+    served model the first time: seconds), both teacher-forced on the engine loop thread."""
+    from inference.introspect.precision import compare_precisions
+
+    other = comparison_model(row.model, checked["precision"])
+    result = loop_for(engine).call(
+        lambda: compare_precisions(engine.model, other.model, context_ids, path, checked["top_n"])
+    )
+    served = engine.model_info()["precision"]
+    return {"served_precision": served, "other_precision": other.precision, **_named(engine, result)}
 
 
 def _named(engine: Engine, value: Any) -> Any:

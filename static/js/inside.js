@@ -8,6 +8,7 @@ import { api } from "./api.js";
 import { h } from "./dom.js";
 import { errorText, fmtBytes, fmtNum, fmtProb, visiblePiece } from "./format.js";
 import { MOE_EXPLAIN, renderMoe } from "./moe_view.js";
+import { EXPLAIN as PRECISION_EXPLAIN, defaultOther, renderPrecision } from "./precision_view.js";
 import { EXPLAIN as ROOFLINE_EXPLAIN, renderRoofline } from "./roofline.js";
 
 const EXPLAIN = {
@@ -24,12 +25,14 @@ const EXPLAIN = {
     + "them. Its size follows from the model's shapes.",
   moe: MOE_EXPLAIN,
   roofline: ROOFLINE_EXPLAIN,
+  precision: PRECISION_EXPLAIN,
 };
 
 export function createInside({ root, getTarget, onBranch, onExact }) {
   const exact = new Map();  // "gen:step:settings" -> Map(token_id -> prob): the waterfall's last stage
   let view = null;
   let pending = 0;
+  let servedPrecision = null;
 
   async function inspect(kind, extra = {}) {
     const target = getTarget();
@@ -88,14 +91,17 @@ export function createInside({ root, getTarget, onBranch, onExact }) {
     kv: renderKv,
     moe: renderMoe,
     roofline: renderRoofline,
+    precision: (r, target) => renderPrecision(r, target, (precision) => show("precision", { precision })),
   };
+  const FIRST_ASK = { lens: () => ({ layer: 0 }), precision: () => ({ precision: defaultOther(servedPrecision) }) };
 
   for (const btn of root.querySelectorAll("[data-inside]")) {
-    btn.addEventListener("click", () => show(btn.dataset.inside, btn.dataset.inside === "lens" ? { layer: 0 } : {}));
+    btn.addEventListener("click", () => show(btn.dataset.inside, FIRST_ASK[btn.dataset.inside]?.() ?? {}));
   }
   /** Offers the MoE view only for a model with routers (`model.num_moe_layers`, from generation.started). */
   function setModel(model) {
     root.querySelector('[data-inside="moe"]').hidden = !(model?.num_moe_layers > 0);
+    servedPrecision = model?.precision ?? servedPrecision;
   }
 
   return { show, exactFor, refreshExact, setModel, get view() { return view; } };

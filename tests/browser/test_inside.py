@@ -242,3 +242,32 @@ def bundled_dir() -> Path:
         / "models"
         / (BUNDLED_FOLDER_NAME)
     )
+
+
+def test_one_step_under_two_precisions(page, screenshot_dir):
+    """The served float32 weights beside the bundled model's int8 (loaded beside it on the worker):
+    the numbers shown are the worker's, the served side is the step's own streamed distribution."""
+    open_explorer(page)
+    set_range(page, "#ex-run-length", 4)
+    page.click("#ex-run")
+    finished = wait_for_events(page, "generation.finished", 1)[-1]
+    expect(page.locator("#ex-step")).to_be_enabled()
+    steps = all_steps(page)
+    page.click('[data-inside="precision"]')
+    expect(page.locator("#inside-precision")).to_be_visible(timeout=180_000)
+    expect(page.locator("#precision-other")).to_have_value("int8")
+    answer = page.evaluate(
+        "async (id) => (await import('/static/js/api.js')).api('POST', `/api/generations/${id}/inspect/`,"
+        " {view: 'precision', precision: 'int8'})",
+        finished["generation_id"],
+    )
+    assert (answer["served_precision"], answer["other_precision"]) == ("float32", "int8")
+    assert [s["token_id"] for s in answer["steps"]] == [s["token_id"] for s in steps]
+    for step, streamed in zip(answer["steps"], steps):
+        assert step["served"]["top"][0]["token_id"] == streamed["top_raw"][0]["token_id"]
+        assert 0 < step["kl"] < 0.5
+    expect(page.locator("#precision-mean-kl")).to_have_text(f"{answer['mean_kl']:.2e}".replace("e-0", "e-"))
+    assert page.locator("#inside-precision .prob-strip span").count() == len(steps)
+    shown = page.locator("#precision-table tbody tr").first.locator("td").all_inner_texts()
+    assert shown[1] == visible_piece(answer["steps"][-1]["served"]["top"][0]["piece"])
+    page.screenshot(path=str(screenshot_dir / "inside-precision.png"), full_page=True)
