@@ -30,13 +30,29 @@ class LlamaCppBench:
             return None
         if gguf_path is None:
             return None
-        # Its AMX kernels ("extra buffer types") crashed on multi-token prompts on this CPU:
-        # the plain AVX512 kernels are the fair comparison anyway (ours use no AMX tiles either).
-        options = dict(n_threads=num_threads, n_threads_batch=num_threads, n_ctx=n_ctx, verbose=False)
+        # Its AMX kernels ("extra buffer types", weight repacking) crashed on multi-token prompts on
+        # this CPU: the plain AVX512 kernels run. The switch is a model parameter Llama() does not
+        # expose, so its defaults are wrapped for the load.
+        import llama_cpp.llama_cpp as lib
+
+        defaults = lib.llama_model_default_params
+
+        def plain_kernels():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        lib.llama_model_default_params = plain_kernels
         try:
-            llama = Llama(model_path=str(gguf_path), use_extra_bufts=False, **options)
-        except TypeError:  # an older llama-cpp-python without that switch
-            llama = Llama(model_path=str(gguf_path), **options)
+            llama = Llama(
+                model_path=str(gguf_path),
+                n_threads=num_threads,
+                n_threads_batch=num_threads,
+                n_ctx=n_ctx,
+                verbose=False,
+            )
+        finally:
+            lib.llama_model_default_params = defaults
         return cls(llama)
 
     def decode_tok_s(self, prompt_ids: list[int], num_tokens: int, top_k: int) -> float:

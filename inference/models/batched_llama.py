@@ -18,7 +18,7 @@ import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
 from inference.core.scheduler import Chunk
 from inference.kv.paged import PagedKVPool
-from inference.models.llama import LlamaRunner
+from inference.models.llama import LlamaRunner, decode_attention
 from inference.models.quant import linear
 
 
@@ -108,10 +108,10 @@ class BatchedLlamaRunner:
         self.pool.write(i, step.slots, k, v)
         is_gqa = lean.num_heads != lean.num_kv_heads
         if not step.prefills:  # decodes only (the common step): the rows are the decodes, in order
-            return self._decode_attention(i, q, step, is_gqa).reshape(num_rows, lean.q_size)
+            return self._decode_attention(i, q, step).reshape(num_rows, lean.q_size)
         out = torch.empty(num_rows, lean.num_heads, lean.head_dim, dtype=x.dtype, device=x.device)
         if step.decode_slots is not None:
-            out[step.decode_rows] = self._decode_attention(i, q[step.decode_rows], step, is_gqa)
+            out[step.decode_rows] = self._decode_attention(i, q[step.decode_rows], step)
         for p in step.prefills:
             keys, values = self.pool.gather(i, p.context_slots)  # (L, KVH, D)
             mask = None
@@ -129,10 +129,7 @@ class BatchedLlamaRunner:
             out[p.row : p.row + p.num_tokens] = attended[0].transpose(0, 1)
         return out.view(num_rows, lean.q_size)
 
-    def _decode_attention(self, i: int, q: torch.Tensor, step: StepInput, is_gqa: bool) -> torch.Tensor:
+    def _decode_attention(self, i: int, q: torch.Tensor, step: StepInput) -> torch.Tensor:
         """q (B, H, D) of single-token chunks -> (B, H, D), each over its own context (padded, masked)."""
         keys, values = self.pool.gather(i, step.decode_slots)  # (B, L, KVH, D)
-        attended = F.scaled_dot_product_attention(
-            q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2), attn_mask=step.decode_mask, enable_gqa=is_gqa
-        )  # (B, H, 1, D)
-        return attended[:, :, 0]
+        return decode_attention(q, keys.transpose(1, 2), values.transpose(1, 2), step.decode_mask)

@@ -12,7 +12,8 @@ from transformers import DynamicCache
 
 import inference.models.bundled
 from inference.config import EngineConfig
-from inference.models.loader import ModelLoadError, load_model, resolve_device, resolve_dtype
+from inference.models.loader import ModelLoadError, load_model, resolve_device
+from inference.models.precision import activation_dtype, cpu_has_bf16, resolve_precision
 from tests.engine.tiny_models import TINY_ARCHITECTURES, make_tiny_model, make_tiny_tokenizer
 
 
@@ -93,8 +94,18 @@ def test_eos_ids_are_generation_config_and_tokenizer_together(tiny_folder: Path)
 def test_dtype_choice(tiny_folder: Path) -> None:
     loaded = load_model(cpu(tiny_folder, dtype="bfloat16"))
     assert loaded.dtype == torch.bfloat16 and next(loaded.model.parameters()).dtype == torch.bfloat16
-    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
+    cpu_device = torch.device("cpu")
+    auto = resolve_precision("auto", cpu_device)
+    assert auto == ("bfloat16" if cpu_has_bf16() else "float32")
+    assert activation_dtype("float16", cpu_device) == torch.float16
+    assert activation_dtype("int8", cpu_device) == torch.bfloat16  # the int8/int4 kernels' activations
+
+
+def test_int4_weights_of_a_model_folder_are_quantized_from_its_float_weights(tiny_folder: Path) -> None:
+    loaded = load_model(cpu(tiny_folder, dtype="int4"))
+    assert loaded.precision == "int4" and loaded.dtype == torch.bfloat16
+    q = loaded.quantization
+    assert q.num_quantized > 0 and q.num_from_file == 0  # no GGUF behind a folder
 
 
 def test_num_threads_is_applied(tiny_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
