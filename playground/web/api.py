@@ -89,6 +89,7 @@ def message_json(message: Message) -> dict[str, Any]:
         "id": message.pk,
         "role": message.role,
         "content": message.content,
+        "images": message.images,  # with their data: the page shows them as thumbnails
         "segments": segments,
         "created_at": message.created_at.isoformat(),
         "generation_id": message.generation_id,
