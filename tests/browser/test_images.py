@@ -99,3 +99,23 @@ def test_explorer_with_an_image_reuses_its_kv(page, vl_demo, png_file, screensho
     assert all(len(command["images"]) == 1 for command in sent_commands(page, "complete"))
     check_image_block(page, page.locator("#ex-tokenization"), started, prefilled["num_cached_tokens"])
     page.screenshot(path=str(screenshot_dir / "images-explorer.png"), full_page=True)
+
+
+def test_the_architecture_card_shows_image_tokens(page, vl_demo, screenshot_dir):
+    page.goto("/architecture/")
+    option = page.locator("#arch-model option", has_text="DeepSeek-VL")
+    page.select_option("#arch-model", option.get_attribute("value"))
+    page.select_option("#arch-dtype", "float32")
+    card = page.locator("#arch-card")
+    expect(card).to_contain_text("Images (tokens and KV cache per image)")
+    model_id = option.get_attribute("value").split(":")[1]
+    api = page.evaluate(f"async () => (await fetch('/api/models/{model_id}/architecture/?dtype=float32')).json()")
+    own = api["vision"]["model"]
+
+    def value(row_name: str):
+        return card.locator("tr", has=page.locator("th", has_text=row_name)).locator("td").first
+
+    expect(value("this model")).to_have_text(f"{own['tokens_per_image']} tokens")
+    for tiles, total in (("1×1", "421"), ("2×1", "617"), ("2×2", "1,023"), ("3×3", "2,017")):
+        expect(value(f"VL2, {tiles} tiles")).to_have_text(f"{total} tokens")
+    card.locator(".arch-block", has_text="Images").screenshot(path=str(screenshot_dir / "images-architecture.png"))

@@ -14,6 +14,8 @@ from PIL import Image
 
 from inference import EngineConfig, Finished, Prefilled, SamplingParams, Step
 from inference.engine import Engine
+from inference.introspect import architecture as arch
+from inference.introspect.vision_tokens import vision_section, vl2_image_tokens
 from inference.models import vl_demo
 from inference.models.loader import load_model
 from inference.vision.images import ImageError, PromptImage, decode_image
@@ -199,3 +201,23 @@ def test_unsupported_formats_and_the_content_hash() -> None:
     jpeg_free.putpixel((3, 4), (55, 10, 200))
     assert PromptImage.from_pil(jpeg_free).content_hash == RED.content_hash  # pixels, not file bytes
     assert RED.content_hash != BLUE.content_hash and RED.media_type == "image/png"
+
+
+def test_vl2_tiling_counts_are_the_published_ones() -> None:
+    counts = {tuple(row["tiles"]): row["total"] for row in vision_section({"vision_config": {}}, 1)["vl2_tilings"]}
+    assert counts == {(1, 1): 421, (2, 1): 617, (2, 2): 1023, (3, 3): 2017}
+    assert vl2_image_tokens(1, 1)["global"] == 210 and vl2_image_tokens(1, 1)["separator"] == 1
+    with pytest.raises(ValueError):
+        vl2_image_tokens(0, 1)
+
+
+def test_the_architecture_card_counts_the_demos_image_tokens(vl_dir: Path, engine: Engine) -> None:
+    card = arch.card(json.loads((vl_dir / "config.json").read_text()), context=1, dtype="float32")
+    assert card["shape"]["model_type"] == "llama" and card["shape"]["layers"] == 4  # the language model's
+    assert card["kv_cache"]["bytes_per_token"] == engine.kv_bytes_per_token()
+    own = card["vision"]["model"]
+    assert own["tokens_per_image"] == engine.model_info()["vision"]["tokens_per_image"] == 64
+    assert own["kv_bytes_per_image"] == 64 * engine.kv_bytes_per_token()
+    one_tile = card["vision"]["vl2_tilings"][0]
+    assert one_tile["kv_bytes"] == 421 * engine.kv_bytes_per_token()
+    assert arch.reference_card("deepseek_v3_671b")["vision"] is None
