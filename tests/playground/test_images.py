@@ -109,3 +109,19 @@ def test_the_demo_vl_model_answers_and_the_prompt_shows_the_image_block(session_
     assert blocks[0]["kv_bytes"] == 64 * started["model"]["kv_bytes_per_token"]
     assert blocks[0]["content_hash"] != blocks[1]["content_hash"]
     assert finished["stats"]["num_prompt_tokens"] == len(ids)
+
+
+def test_an_images_kv_goes_from_a_prefill_worker_to_a_decode_worker(session_key: str, vl_engine: Engine) -> None:
+    from .test_pd import GREEDY, run_decode, run_prefill
+
+    engines = {role: Engine(vl_engine.loaded, vl_engine.config) for role in ("prefill", "decode")}
+    command = {"text": "Describe it:", "images": [{"data": png_b64()}], "overrides": GREEDY}
+    colocated = run(submit.complete(session_key, command).generation_id, Engine(vl_engine.loaded, vl_engine.config))
+    queued = submit.complete(session_key, command)
+    events: list[dict[str, Any]] = []
+    (task,) = run_prefill(queued.generation_id, engines, events)
+    run_decode(task, engines, events)
+    assert events[-1]["type"] == "generation.finished", events[-1]
+    assert events[0]["prompt"]["images"][0]["num_tokens"] == 64
+    assert any(event["type"] == "generation.handoff" for event in events)
+    assert events[-1]["text"] == colocated[-1]["text"] and colocated[-1]["stats"]["num_generated_tokens"] == 12
