@@ -59,6 +59,7 @@ prepare: $(RUN_STAMP)
 		echo "$(MANAGE) collectstatic --noinput"; $(MANAGE) collectstatic --noinput -v 0; fi
 	$(PY) -m inference.models.bundled
 	$(MANAGE) demo_model  # the random-weights DeepSeek-V3 demo (docs/deepseek.md)
+	$(MANAGE) demo_vl_model  # the random-weights DeepSeek-VL demo: images (docs/deepseek.md)
 
 run: prepare
 	$(PY) scripts/run.py

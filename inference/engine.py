@@ -38,6 +38,9 @@ from inference.sampling_params import SamplingParams
 from inference.text.chat_template import RenderedPrompt, TemplateTokens, render_chat
 from inference.text.reasoning import THINK_CLOSE, prompt_opens_reasoning
 from inference.text.tokenization import IncrementalDetokenizer, TokenInfo, token_infos, token_table, tokenize
+from inference.vision.encoder import VisionSpec
+from inference.vision.images import PromptImage
+from inference.vision.spans import ImageSpan, cache_key_ids, cut_before_image, image_spans
 
 ShouldCancel = Callable[[], bool]
 
@@ -62,6 +65,8 @@ class _Run:
     ttft_ms: float = 0.0
     decode_ms: float = 0.0
     seq: CoreSequence | None = None  # batched requests: the scheduler's view (its KV is in the paged pool)
+    images: tuple[PromptImage, ...] = ()  # their pixels: for the prefill (and every step without a KV cache)
+    image_spans: tuple[ImageSpan, ...] = ()  # where each image's tokens are; they key the prefix cache
 
 
 class Engine:
@@ -83,6 +88,7 @@ class Engine:
         self._request_ids = itertools.count()
         self.alone = AloneRequests()
         self.num_not_cached_sliding_window = 0
+        self.vision = VisionSpec.of(self.model, self.tokenizer, loaded.image_processor)  # None: text only
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Engine":
@@ -102,7 +108,7 @@ class Engine:
         return dict(self._model_info)
 
     def _describe_model(self) -> dict:
-        cfg = self.model.config
+        cfg = self.model.config.get_text_config()  # a vision-language model's language half
         num_params, weight_bytes = weight_stats(self.model)
         quantization = self.loaded.quantization
         return {
@@ -125,6 +131,7 @@ class Engine:
             "has_chat_template": bool(self.loaded.chat_template),
             "sliding_window": self.sliding_window,
             "num_moe_layers": len(find_routers(self.model)),  # 0: dense; the explorer offers the MoE view if > 0
+            "vision": self.vision.to_dict() if self.vision else None,  # None: the model takes no images
         }
 
     def kv_bytes_per_token(self) -> int:
@@ -146,6 +153,11 @@ class Engine:
         return render_chat(
             messages, source, special_tokens=self.template_tokens, add_generation_prompt=add_generation_prompt
         )
+
+    def expand_image_placeholders(self, token_ids: Sequence[int]) -> list[int]:
+        """Each image token (one per image, as the chat template writes it) as the image's block
+        of tokens: the prompt `generate(..., images=...)` takes. Text-only models: unchanged."""
+        return self.vision.expand_placeholders(token_ids) if self.vision else list(token_ids)
 
     def tokenize(self, text: str) -> list[TokenInfo]:
         return tokenize(self.tokenizer, text)
@@ -199,6 +211,7 @@ class Engine:
         params: SamplingParams,
         handoff: Handoff | None = None,
         prefill_only: bool = False,
+        images: Sequence[PromptImage] = (),
     ) -> int:
         """Queue a request; its events come out of `step()`. Bad input raises `ValueError` here.
 
@@ -207,10 +220,14 @@ class Engine:
         between the batch's steps. A handoff's KV is loaded into the batch's blocks: the request
         decodes in the batch. `prefill_only`: the request ends after its first token with a
         `HandedOff` record (its KV exported for a decode worker) instead of a `Finished`.
+        `images`: their blocks of image tokens are in `prompt_ids` (`expand_image_placeholders`),
+        in order; such requests run alone (the batch's runner has no vision tower).
         """
         if prefill_only and (params.is_beam_search or not params.use_kv_cache):
             raise ValueError("prefill/decode handoff needs use_kv_cache=True and num_beams=1")
         prompt_ids = self._check_prompt(prompt_ids)
+        if handoff is None:
+            self._check_images(prompt_ids, images, params)
         request_id = next(self._request_ids)
         if self.batcher is not None and self.batcher.accepts(params):
             if handoff is None:
@@ -218,9 +235,11 @@ class Engine:
             else:
                 self.batcher.add_handoff(request_id, handoff)
         elif prefill_only:
-            self.alone.add(request_id, lambda is_cancelled: self._prefill_alone(prompt_ids, params))
+            self.alone.add(request_id, lambda is_cancelled: self._prefill_alone(prompt_ids, params, images))
         else:
-            self.alone.add(request_id, lambda is_cancelled: self.generate(prompt_ids, params, is_cancelled, handoff))
+            self.alone.add(
+                request_id, lambda is_cancelled: self.generate(prompt_ids, params, is_cancelled, handoff, images)
+            )
         return request_id
 
     def cancel(self, request_id: int) -> None:
@@ -261,13 +280,17 @@ class Engine:
         params: SamplingParams,
         should_cancel: ShouldCancel | None = None,
         handoff: Handoff | None = None,
+        images: Sequence[PromptImage] = (),
     ) -> Iterator[Event]:
         """Yield `Prefilled`, one `Step` per token (`BeamStep`s under beam search), then one `Finished`.
 
         `should_cancel` is polled after every token (finish reason "cancelled"). With `handoff`
         the prefill already happened on another worker: its KV cache and first token are used.
+        `images` go through the vision tower once, in the prefill (see `add_request`).
         """
         prompt_ids = self._check_prompt(prompt_ids)
+        # a handoff's images were checked by the prefill worker; their spans come with its KV
+        spans = self._check_images(prompt_ids, images, params) if handoff is None else ()
         if params.is_beam_search:
             yield from beam_search(
                 self.model,
@@ -284,7 +307,7 @@ class Engine:
             yield run.prefilled
             step = handoff.first_step
         else:
-            run = self._new_run(prompt_ids, params)
+            run = self._new_run(prompt_ids, params, images=tuple(images), spans=spans)
             logits = self._prefill(run)
             yield run.prefilled
             step = self._sample_step(run, logits, "prefill", run.prefilled.prefill_ms)
@@ -300,12 +323,16 @@ class Engine:
             logits = self._forward_next(run)
             step = self._sample_step(run, logits, "decode", (time.perf_counter() - t0) * 1000)
 
-    def prefill_for_handoff(self, prompt_ids: Sequence[int], params: SamplingParams) -> Handoff:
-        """Run only the prefill (and the first token) and package the KV cache for another worker."""
+    def prefill_for_handoff(
+        self, prompt_ids: Sequence[int], params: SamplingParams, images: Sequence[PromptImage] = ()
+    ) -> Handoff:
+        """Run only the prefill (and the first token) and package the KV cache for another worker
+        (the images' KV travels with it; their pixels stay here)."""
         if params.is_beam_search or not params.use_kv_cache:
             raise ValueError("prefill/decode handoff needs use_kv_cache=True and num_beams=1")
         prompt_ids = self._check_prompt(prompt_ids)
-        run = self._new_run(prompt_ids, params)
+        spans = self._check_images(prompt_ids, images, params)
+        run = self._new_run(prompt_ids, params, images=tuple(images), spans=spans)
         logits = self._prefill(run)
         first = self._sample_step(run, logits, "prefill", run.prefilled.prefill_ms)
         layers = run.cache.export(len(prompt_ids))
@@ -320,10 +347,13 @@ class Engine:
             rng_state=run.sampler.generator.get_state(),
             seed=run.sampler.seed,
             ttft_ms=run.ttft_ms,
+            image_spans=spans,
         )
 
-    def _prefill_alone(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Event | HandedOff]:
-        handoff = self.prefill_for_handoff(prompt_ids, params)
+    def _prefill_alone(
+        self, prompt_ids: list[int], params: SamplingParams, images: Sequence[PromptImage] = ()
+    ) -> Iterator[Event | HandedOff]:
+        handoff = self.prefill_for_handoff(prompt_ids, params, images)
         yield from (handoff.prefilled, handoff.first_step, HandedOff(handoff))
 
     def export_handoff(self, handoff: Handoff) -> bytes:
@@ -352,8 +382,28 @@ class Engine:
             )
         return ids
 
+    def _check_images(
+        self, prompt_ids: list[int], images: Sequence[PromptImage], params: SamplingParams
+    ) -> tuple[ImageSpan, ...]:
+        """Where each image's tokens are; ValueError when the model takes no images, the prompt's
+        image tokens do not match the images, or the request is a beam search."""
+        if self.vision is None:
+            if images:
+                raise ValueError(f"model {self.loaded.name!r} takes no images (it has no vision tower)")
+            return ()
+        if images and params.is_beam_search:
+            raise ValueError("beam search with images is not supported")
+        hashes = [image.content_hash for image in images]
+        return image_spans(prompt_ids, self.vision.image_token_id, self.vision.tokens_per_image, hashes)
+
     def _new_run(
-        self, prompt_ids: list[int], params: SamplingParams, seed: int | None = None, with_cache: bool = True
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        seed: int | None = None,
+        with_cache: bool = True,
+        images: tuple[PromptImage, ...] = (),
+        spans: tuple[ImageSpan, ...] = (),
     ) -> _Run:
         """A request's state; `with_cache=False` for batched requests, whose KV is in the paged pool."""
         max_total = min(len(prompt_ids) + params.max_new_tokens, self.max_context)
@@ -374,6 +424,8 @@ class Engine:
                 self.think_close_ids, params.max_thinking_tokens, is_open=self._opens_reasoning(prompt_ids)
             ),
             started_at=time.perf_counter(),
+            images=images,
+            image_spans=spans,
         )
 
     def _prefill(self, run: _Run) -> torch.Tensor:
@@ -381,12 +433,13 @@ class Engine:
         num_cached = 0
         if run.cache is not None and run.params.use_prefix_cache:
             # Keep at least the last prompt token to compute: its logits give the first token.
-            num_cached, layers = self.prefix_cache.match(run.prompt_ids[:-1])
+            num_cached, layers = self.prefix_cache.match(cache_key_ids(run.prompt_ids[:-1], run.image_spans))
+            num_cached = cut_before_image(num_cached, run.image_spans)
             if num_cached:
-                run.cache.load(layers)
+                run.cache.load([(k[:, :num_cached], v[:, :num_cached]) for k, v in layers])
         t0 = time.perf_counter()
         ids = run.context_ids[num_cached : run.num_tokens]
-        logits = self.runner.forward(ids, run.cache)  # (vocab,)
+        logits = self._forward(run, ids, run.cache, num_cached)  # (vocab,)
         prefill_ms = (time.perf_counter() - t0) * 1000
         run.prefilled = Prefilled(
             num_prompt_tokens=len(run.prompt_ids),
@@ -404,6 +457,7 @@ class Engine:
         if run.cache is not None:
             run.cache.load(handoff.layers)
         run.sampler.generator.set_state(handoff.rng_state)
+        run.image_spans = handoff.image_spans  # the images' KV came with the handoff; they key the prefix cache
         run.prefilled = handoff.prefilled
         first = handoff.first_step
         if first.is_forced:
@@ -415,9 +469,18 @@ class Engine:
         return run
 
     def _forward_next(self, run: _Run) -> torch.Tensor:
-        if run.cache is None:  # no-KV-cache mode: recompute every position, every step
-            return self.runner.forward(run.context_ids[: run.num_tokens], None)
+        if run.cache is None:  # no-KV-cache mode: recompute every position (and image), every step
+            return self._forward(run, run.context_ids[: run.num_tokens], None, 0)
         return self.runner.forward(run.context_ids[run.num_tokens - 1 : run.num_tokens], run.cache)
+
+    def _forward(self, run: _Run, ids: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:
+        """The runner's forward pass over `ids` (positions `start`...), with the pixels of the
+        images whose tokens are among them: each image goes through the vision tower here."""
+        images = [image for image, span in zip(run.images, run.image_spans) if span.start >= start]
+        if not images:
+            return self.runner.forward(ids, cache)
+        pixel_values = self.vision.pixel_values(images, self.loaded.dtype, self.device)  # (n, 3, H, W)
+        return self.runner.forward(ids, cache, pixel_values=pixel_values)
 
     def _sample_step(self, run: _Run, logits: torch.Tensor, phase: str, forward_ms: float) -> Step:
         t0 = time.perf_counter()
@@ -528,7 +591,7 @@ class Engine:
         if any(k.shape[1] != keep for k, _ in layers):  # a sliding-window cache forgot early positions
             self.num_not_cached_sliding_window += 1  # not reusable as a prefix: say so in the stats
             return
-        self.prefix_cache.insert(run.context_ids[:keep].tolist(), layers)
+        self.prefix_cache.insert(cache_key_ids(run.context_ids[:keep].tolist(), run.image_spans), layers)
 
     def _decode_text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

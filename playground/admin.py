@@ -16,6 +16,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from inference.text.chat_template import ChatTemplateError, validate_template
+from playground.images import without_data
 from playground.models import (
     ApiKey,
     ChatTemplate,
@@ -247,7 +248,10 @@ class GenerationAdmin(_PlaygroundAdmin):
 
     @admin.display(description="inputs")
     def inputs_display(self, generation: Generation) -> str:
-        return _pre(generation.inputs)
+        inputs = generation.inputs or {}
+        if inputs.get("images"):  # their hashes and sizes, not megabytes of base64
+            inputs = {**inputs, "images": without_data(inputs["images"])}
+        return _pre(inputs)
 
     @admin.display(description="stats")
     def stats_display(self, generation: Generation) -> str:

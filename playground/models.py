@@ -377,6 +377,9 @@ class Message(models.Model):
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)
+    # Attached images (user messages, vision-language models): playground/images.py's records,
+    # {media_type, data (base64), content_hash, width, height}, in the order they go in the prompt.
+    images = models.JSONField(default=list, blank=True)
     position = models.PositiveIntegerField(help_text="Place in the conversation; superseded messages keep theirs.")
     is_active = models.BooleanField(default=True, help_text="False once an edit or regenerate replaced it.")
     generation = models.ForeignKey(

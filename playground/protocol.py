@@ -32,6 +32,12 @@ ERROR_CODES = (
     "inspection_timeout",
     "not_moe",
     "not_comparable",
+    "invalid_image",
+    "image_too_large",
+    "image_too_many_pixels",
+    "unsupported_image_type",
+    "too_many_images",
+    "images_not_supported",
 )
 TERMINAL_TYPES = ("generation.finished", "generation.error")
 
@@ -150,11 +156,37 @@ def generation_started(
 
 
 def prompt_record(
-    text: str, spans: list[dict[str, Any]], tokens: list[dict[str, Any]], dropped_reasoning: list[int] | None = None
+    text: str,
+    spans: list[dict[str, Any]],
+    tokens: list[dict[str, Any]],
+    images: list[dict[str, Any]] | None = None,
+    dropped_reasoning: list[int] | None = None,
 ) -> dict[str, Any]:
     """`tokens` are `inference.text.tokenization.TokenInfo.to_dict()`s: {id, piece, bytes (hex), ...};
-    `dropped_reasoning`: the messages whose reasoning the template left out (`RenderedPrompt`)."""
-    return {"text": text, "spans": spans, "tokens": tokens, "dropped_reasoning": dropped_reasoning or []}
+    `images` the blocks of image tokens among them (`image_block`); `dropped_reasoning`: the
+    messages whose reasoning the template left out (`RenderedPrompt`)."""
+    return {
+        "text": text,
+        "spans": spans,
+        "tokens": tokens,
+        "images": images or [],
+        "dropped_reasoning": dropped_reasoning or [],
+    }
+
+
+def image_block(span: dict[str, Any], grid: tuple[int, int], record: dict[str, Any], kv_bytes: int) -> dict[str, Any]:
+    """One image in the prompt: tokens [start, start + num_tokens), a (rows, columns) patch
+    grid of one token each, the image's size and hash, and the KV cache bytes its tokens take."""
+    return {
+        "start": span["start"],
+        "num_tokens": span["num_tokens"],
+        "grid": list(grid),
+        "content_hash": span["content_hash"],
+        "width": record["width"],
+        "height": record["height"],
+        "media_type": record["media_type"],
+        "kv_bytes": kv_bytes,
+    }
 
 
 def generation_waiting(generation_id: int, position: int, num_waiting: int, waited_ms: float) -> dict[str, Any]:

@@ -61,9 +61,17 @@ PLAYGROUND_MAX_NEW_TOKENS = env_int("PLAYGROUND_MAX_NEW_TOKENS", 2_048)
 PLAYGROUND_MAX_CONCURRENT_PER_CLIENT = env_int("PLAYGROUND_MAX_CONCURRENT_PER_CLIENT", 2)
 # Generations waiting for a worker, over all clients; more are refused with `server_busy` (0: no bound).
 PLAYGROUND_MAX_QUEUED = env_int("PLAYGROUND_MAX_QUEUED", 200)
+# Images attached to one message (vision-language models; playground/images.py): how many, the
+# bytes of each file and its pixels (checked before the pixels are decoded).
+PLAYGROUND_MAX_IMAGES = env_int("PLAYGROUND_MAX_IMAGES", 4)
+PLAYGROUND_MAX_IMAGE_BYTES = env_int("PLAYGROUND_MAX_IMAGE_BYTES", 1024 * 1024)
+PLAYGROUND_MAX_IMAGE_PIXELS = env_int("PLAYGROUND_MAX_IMAGE_PIXELS", 4096 * 4096)
 # One WebSocket message; larger ones are refused (`message_too_large`) and the socket stays
 # open. Keep it below daphne's --websocket-max-message-size (16 MiB in scripts/run.py), which drops the connection.
-PLAYGROUND_MAX_MESSAGE_BYTES = env_int("PLAYGROUND_MAX_MESSAGE_BYTES", 512 * 1024)
+# The default leaves room for the images' base64 (4/3 of their bytes) beside 512 KiB of text.
+PLAYGROUND_MAX_MESSAGE_BYTES = env_int(
+    "PLAYGROUND_MAX_MESSAGE_BYTES", 512 * 1024 + PLAYGROUND_MAX_IMAGES * PLAYGROUND_MAX_IMAGE_BYTES * 4 // 3 + 4096
+)
 # KV reuse across turns and branches, per worker process (0 disables it): the radix cache of
 # the requests that run alone (beam search, other architectures).
 PLAYGROUND_PREFIX_CACHE_MB = env_int("PLAYGROUND_PREFIX_CACHE_MB", 256)

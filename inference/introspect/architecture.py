@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.introspect.vision_tokens import vision_section
+
 REFERENCE_DIR = Path(__file__).with_name("reference_configs")
 REFERENCE_MODELS: dict[str, str] = {
     "deepseek_v3_671b": "DeepSeek-V3 / R1 (671B)",
@@ -348,7 +350,7 @@ def card(config: dict[str, Any], *, context: int = 4096, dtype: str | None = Non
         raise ArchitectureError(f"context must be an integer from 1 to {MAX_CONTEXT}, not {context!r}")
     if dtype is not None and dtype not in DTYPE_BYTES:
         raise ArchitectureError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, not {dtype!r}")
-    s = shape_from_config(config)
+    s = shape_from_config(_language_config(config))
     weights_dtype = dtype or s.weights_dtype
     kv_dtype = dtype if dtype and dtype != "fp8" else ("float32" if weights_dtype == "float32" else "bfloat16")
     wb, kb = DTYPE_BYTES[weights_dtype], DTYPE_BYTES[kv_dtype]
@@ -380,7 +382,17 @@ def card(config: dict[str, Any], *, context: int = 4096, dtype: str | None = Non
             "prefill_per_token": prefill_flops(s, context) // context,
         },
         "decode_bytes_read": decode_bytes_read(s, context, wb, kb),
+        # A vision-language model: the counts above are its language model's; images' tokens here.
+        "vision": vision_section(config, kv["cached"] * kb) if isinstance(config, dict) else None,
     }
+
+
+def _language_config(config: Any) -> Any:
+    """A vision-language config's `text_config` (with the outer dtype when it names none)."""
+    text = config.get("text_config") if isinstance(config, dict) else None
+    if not isinstance(text, dict):
+        return config
+    return {"torch_dtype": config.get("torch_dtype") or config.get("dtype"), **text}
 
 
 def _sliding_window(config: dict[str, Any]) -> int | None:

@@ -31,6 +31,7 @@ import torch
 from inference.events import Alternative, Prefilled, Step
 from inference.kv.cache import LayerKV, layer_kv_nbytes
 from inference.sampling_params import SamplingParams
+from inference.vision.spans import ImageSpan
 
 MAGIC = b"PGKV"
 FORMAT_VERSION = 1
@@ -60,6 +61,8 @@ class Handoff:
     rng_state: torch.Tensor  # sampler generator state after the first token (seeded runs continue identically)
     seed: int
     ttft_ms: float
+    # The prompt's images: their KV is in `layers`; their content hashes key the decode worker's prefix cache.
+    image_spans: tuple[ImageSpan, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,7 @@ def _request_record(handoff: Handoff) -> dict[str, Any]:
         "first_step": handoff.first_step.to_dict(),
         "seed": handoff.seed,
         "ttft_ms": handoff.ttft_ms,
+        "image_spans": [span.to_dict() for span in handoff.image_spans],
     }
 
 
@@ -295,6 +299,7 @@ def _handoff(request: Any, layers: list[tuple[torch.Tensor, torch.Tensor]], rng_
             rng_state=rng_state,
             seed=int(request["seed"]),
             ttft_ms=float(request["ttft_ms"]),
+            image_spans=tuple(ImageSpan.from_dict(span) for span in request.get("image_spans", [])),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise KVTransferError(f"corrupt KV blob: its request record is malformed ({exc})") from exc

@@ -85,12 +85,12 @@ def build_demo_model(tokenizer) -> torch.nn.Module:
     return model.eval()
 
 
-def is_complete(folder: Path) -> bool:
+def is_complete(folder: Path, demo_format: int = DEMO_FORMAT) -> bool:
     try:
         marker = json.loads((folder / MARKER_NAME).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("format") == DEMO_FORMAT and marker.get("random_weights") is True
+    return marker.get("format") == demo_format and marker.get("random_weights") is True
 
 
 def ensure_demo_model(data_dir: str | Path, progress=None, out_dir: str | Path | None = None) -> Path:
@@ -101,12 +101,18 @@ def ensure_demo_model(data_dir: str | Path, progress=None, out_dir: str | Path |
         return out_dir
     tokenizer = AutoTokenizer.from_pretrained(ensure_bundled_model(data_dir, progress))
     say(progress, f"building the random-weights DeepSeek-V3 demo model into {out_dir}")
+    marker = {"format": DEMO_FORMAT, "random_weights": True, "seed": DEMO_SEED, "name": DEMO_MODEL_NAME}
+    return write_demo_folder(out_dir, [build_demo_model(tokenizer), tokenizer], marker)
+
+
+def write_demo_folder(out_dir: Path, parts: list, marker: dict) -> Path:
+    """Save every part (`save_pretrained`) and the marker into a staging folder, then move it
+    into place whole: a crash never leaves a half-written demo that looks complete."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:
-        build_demo_model(tokenizer).save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        marker = {"format": DEMO_FORMAT, "random_weights": True, "seed": DEMO_SEED, "name": DEMO_MODEL_NAME}
+        for part in parts:
+            part.save_pretrained(staging)
         (staging / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
         staging.chmod(0o755)
         shutil.rmtree(out_dir, ignore_errors=True)

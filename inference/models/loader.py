@@ -59,6 +59,7 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]
     precision: str = ""  # the resolved weight precision: float32, bfloat16, float16, int8 or int4
     quantization: QuantizationReport | None = None  # int8 / int4: what was quantized, from where
+    image_processor: Any = None  # vision-language models: the checkpoint's image processor
 
 
 def architecture_of(model: Any) -> str:
@@ -98,6 +99,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         eos_token_ids=stop_token_ids(model, tokenizer, chat_template, config.eos_token_ids, folder),
         precision=precision,
         quantization=quantization,
+        image_processor=_load_image_processor(folder, model, progress),
     )
     say(progress, f"{name} ready on {device} in {precision}")
     return loaded
@@ -209,14 +211,47 @@ def _load_tokenizer(folder: Path, trust_remote_code: bool, progress: Progress | 
         raise ModelLoadError(f"cannot load the tokenizer from {folder}: {_summary(error)}") from error
 
 
+def _model_class(folder: Path) -> Any:
+    """The auto class for the checkpoint: causal LM, or image-text-to-text for a vision-language
+    model that has no causal-LM class (DeepSeek-VL)."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return AutoModelForCausalLM  # its own error message comes from from_pretrained
+    if model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
+def _load_image_processor(folder: Path, model: Any, progress: Progress | None) -> Any:
+    """The image processor of a vision-language checkpoint (None for a text-only model)."""
+    if getattr(model.config, "vision_config", None) is None:
+        return None
+    if not (folder / "preprocessor_config.json").is_file():
+        raise ModelLoadError(f"{folder} is a vision-language model without preprocessor_config.json")
+    from transformers import AutoImageProcessor
+
+    say(progress, f"loading the image processor from {folder}")
+    try:
+        return AutoImageProcessor.from_pretrained(folder, local_files_only=True)
+    except Exception as error:
+        raise ModelLoadError(f"cannot load the image processor from {folder}: {_summary(error)}") from error
+
+
 def _load_weights(
     folder: Path, dtype: torch.dtype, device: torch.device, trust_remote_code: bool, progress: Progress | None
 ) -> Any:
-    from transformers import AutoModelForCausalLM
-
     say(progress, f"loading the weights from {folder} ({str(dtype).removeprefix('torch.')}, {device})")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = _model_class(folder).from_pretrained(
             folder, dtype=dtype, device_map=str(device), trust_remote_code=trust_remote_code, local_files_only=True
         )
     except Exception as error:

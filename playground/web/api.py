@@ -89,6 +89,7 @@ def message_json(message: Message) -> dict[str, Any]:
         "id": message.pk,
         "role": message.role,
         "content": message.content,
+        "images": message.images,  # with their data: the page shows them as thumbnails
         "segments": segments,
         "created_at": message.created_at.isoformat(),
         "generation_id": message.generation_id,
@@ -118,7 +119,11 @@ def conversation_json(conversation: Conversation, messages: list[Message]) -> di
 def generation_json(generation: Generation) -> dict[str, Any]:
     saved = generation.prompt
     prompt = prompt_record(
-        generation.prompt_text, saved.get("spans", []), saved.get("tokens", []), saved.get("dropped_reasoning", [])
+        generation.prompt_text,
+        saved.get("spans", []),
+        saved.get("tokens", []),
+        saved.get("images", []),
+        saved.get("dropped_reasoning", []),
     )
     error = (
         {"code": generation.error_code, "message": generation.error_message}

@@ -18,6 +18,7 @@ from django.utils import timezone
 from inference.sampling_params import SamplingParams
 from playground import limits
 from playground.coord import cancel, liveness
+from playground.images import parse_images
 from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
 from playground.protocol import CommandError, get_field, get_id_list
 
@@ -175,6 +176,7 @@ def _queue_answer(
 def generate(session_key: str, content: dict[str, Any]) -> Queued:
     """Appends a user message to a conversation (a new one without `conversation_id`) and answers it."""
     text = _text(content, "content")
+    images = parse_images(content)
     conversation_id = get_field(content, "conversation_id", int)
     system_prompt = get_field(content, "system_prompt", str)
     with transaction.atomic():
@@ -192,7 +194,7 @@ def generate(session_key: str, content: dict[str, Any]) -> Queued:
         last = conversation.active_messages().aggregate(last=Max("position"))["last"]
         position = 0 if last is None else last + 1
         user_message = Message.objects.create(
-            conversation=conversation, role=Message.Role.USER, content=text, position=position
+            conversation=conversation, role=Message.Role.USER, content=text, images=images, position=position
         )
         return _queue_answer(session_key, conversation, position + 1, model, params, user_message)
 
@@ -209,8 +211,10 @@ def regenerate(session_key: str, content: dict[str, Any]) -> Queued:
 
 
 def edit(session_key: str, content: dict[str, Any]) -> Queued:
-    """Rewrites a user message, drops what came after it, and answers it."""
+    """Rewrites a user message, drops what came after it, and answers it (with the images sent
+    along, or, when the command names none, the old message's)."""
     text = _text(content, "content")
+    images = parse_images(content) if "images" in content else None
     with transaction.atomic():
         old_question = _active_message(session_key, content, Message.Role.USER)
         conversation = old_question.conversation
@@ -218,7 +222,11 @@ def edit(session_key: str, content: dict[str, Any]) -> Queued:
         _check_chars(conversation, old_question.position, conversation.system_prompt, text)
         _supersede(conversation, old_question.position)
         user_message = Message.objects.create(
-            conversation=conversation, role=Message.Role.USER, content=text, position=old_question.position
+            conversation=conversation,
+            role=Message.Role.USER,
+            content=text,
+            images=old_question.images if images is None else images,
+            position=old_question.position,
         )
         return _queue_answer(session_key, conversation, old_question.position + 1, model, params, user_message)
 
@@ -230,7 +238,7 @@ def complete(session_key: str, content: dict[str, Any]) -> Queued:
     token_ids = get_id_list(content, "token_ids")
     if not text and not token_ids:
         raise CommandError("invalid_field", "text must not be empty")
-    return _queue_completion(session_key, content, text, token_ids, is_chat)
+    return _queue_completion(session_key, content, text, token_ids, is_chat, images=parse_images(content))
 
 
 def _queue_completion(
@@ -240,8 +248,10 @@ def _queue_completion(
     token_ids: list[int],
     is_chat: bool,
     max_concurrent: int | None = None,
+    images: list[dict[str, Any]] | None = None,
 ) -> Queued:
-    """The queued row of a raw completion (no conversation), within the limits."""
+    """The queued row of a raw completion (no conversation), within the limits; `images` go
+    before the text (playground/images.py's records)."""
     limits.check_prompt_chars(len(text))
     model, _, params = _choices(content)
     with transaction.atomic():
@@ -252,7 +262,7 @@ def _queue_completion(
             model=model,
             chat_template=_template(model),
             params=params.to_dict(),
-            inputs={"text": text, "chat": is_chat, "token_ids": token_ids},
+            inputs={"text": text, "chat": is_chat, "token_ids": token_ids, "images": images or []},
         )
     return Queued(generation.pk)
 

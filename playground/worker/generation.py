@@ -20,8 +20,10 @@ from django.utils import timezone
 from inference.events import BeamStep, Event, Finished, Prefilled, Step
 from inference.sampling_params import SamplingParams
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
+from inference.vision.spans import image_spans
 from playground import limits, protocol
 from playground.coord import cancel, liveness, store, worker_routing
+from playground.images import prompt_images
 from playground.models import Generation, LanguageModel, Message
 from playground.protocol import CommandError
 from playground.worker.engines import get_engine, loop_for
@@ -31,6 +33,7 @@ from playground.worker.serve_loop import ServeLoop, Waiting
 if TYPE_CHECKING:
     from inference.engine import Engine
     from inference.kv.transfer import Handoff
+    from inference.vision.images import PromptImage
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +106,7 @@ class GenerationRun:
         self.answer_id: int | None = None  # the assistant message (chat only)
         self.is_beam_search = False
         self.params: SamplingParams | None = None
+        self.images: list[PromptImage] = []  # the prompt's, in order (vision-language models)
         self.text = ""
         self.starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)  # set again once rendered
         self.steps: list[dict[str, Any]] = []
@@ -130,8 +134,11 @@ class GenerationRun:
     def _submit(
         self, prompt_ids: list[int], params: SamplingParams, handoff: Handoff | None = None, prefill_only: bool = False
     ):
+        images = self.images if handoff is None else []  # a handoff's images are already in its KV
         try:
-            return self.loop.submit(prompt_ids, params, self.generation.pk, handoff=handoff, prefill_only=prefill_only)
+            return self.loop.submit(
+                prompt_ids, params, self.generation.pk, handoff=handoff, prefill_only=prefill_only, images=images
+            )
         except ValueError as exc:  # the engine refused the request (e.g. it could never fit the KV pool)
             raise CommandError("invalid_params", str(exc)) from exc
 
@@ -150,7 +157,7 @@ class GenerationRun:
         self.starts_in_reasoning = prompt_opens_reasoning(prompt["text"])
         self._save(
             prompt_text=prompt["text"],
-            prompt={key: prompt[key] for key in ("spans", "tokens", "dropped_reasoning")},
+            prompt={key: prompt[key] for key in ("spans", "tokens", "images", "dropped_reasoning")},
             num_prompt_tokens=len(prompt_ids),
         )
         self.send(
@@ -193,15 +200,16 @@ class GenerationRun:
         generation = self.generation
         template = generation.chat_template.source if generation.chat_template else None
         inputs = generation.inputs
+        image_records = [] if generation.kind == Generation.Kind.CHAT else inputs.get("images", [])
         if generation.kind == Generation.Kind.CHAT:
-            messages = self._chat_messages()
+            messages, image_records = self._chat_messages(engine)
         elif inputs.get("chat"):
-            messages = [{"role": "user", "content": inputs["text"]}]
-        else:  # raw completion: the text as it is
+            messages = [{"role": "user", "content": _with_placeholders(engine, inputs["text"], image_records)}]
+        else:  # raw completion: the text as it is (after its images' placeholders)
             messages = None
         dropped_reasoning: list[int] = []
         if messages is None:
-            text = inputs["text"]
+            text = _with_placeholders(engine, inputs["text"], image_records)
             spans = [{"start": 0, "end": len(text), "kind": "content", "role": None}] if text else []
         else:
             try:
@@ -216,20 +224,52 @@ class GenerationRun:
             raise CommandError("invalid_params", f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
         # On the loop thread: the tokenizer is not safe to share between threads.
         tokens = self.loop.call(lambda: engine.tokenize(text) + engine.token_infos(inputs.get("token_ids", [])))
+        tokens, image_blocks = self._expand_images(engine, tokens, image_records)
         limits.check_prompt_tokens(len(tokens), max_context)
-        record = protocol.prompt_record(text, spans, [t.to_dict() for t in tokens], dropped_reasoning)
+        record = protocol.prompt_record(text, spans, [t.to_dict() for t in tokens], image_blocks, dropped_reasoning)
         return [t.id for t in tokens], record
 
-    def _chat_messages(self) -> list[dict[str, str]]:
-        """System prompt first, then the active messages before this generation's answer."""
+    def _expand_images(
+        self, engine: Engine, tokens: list[Any], image_records: list[dict[str, Any]]
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        """Each image's placeholder token as its block of image tokens, and the blocks for the
+        token view (where, how many, the patch grid, the KV bytes they take)."""
+        vision = engine.vision
+        if not image_records:
+            return tokens, []
+        if vision is None:
+            raise CommandError("images_not_supported", f"model {self.generation.model.name!r} takes no images")
+        expanded = []
+        for token in tokens:
+            expanded += [token] * (vision.tokens_per_image if token.id == vision.image_token_id else 1)
+        self.images = prompt_images(image_records)
+        hashes = [image.content_hash for image in self.images]
+        try:
+            spans = image_spans([t.id for t in expanded], vision.image_token_id, vision.tokens_per_image, hashes)
+        except ValueError as exc:  # e.g. the text itself holds the image token
+            raise CommandError("invalid_params", f"the images do not fit the prompt: {exc}") from exc
+        kv_bytes_per_token = engine.model_info()["kv_bytes_per_token"]
+        blocks = [
+            protocol.image_block(span.to_dict(), vision.grid, record, span.num_tokens * kv_bytes_per_token)
+            for span, record in zip(spans, image_records)
+        ]
+        return expanded, blocks
+
+    def _chat_messages(self, engine: Engine) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
+        """System prompt first, then the active messages before this generation's answer (each
+        user message's images as placeholders before its text), and those images in order."""
         conversation = self.generation.conversation
         answer = Message.objects.get(pk=self.answer_id)
         messages = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
+        images: list[dict[str, Any]] = []
         for message in conversation.active_messages().filter(position__lt=answer.position):
             if message.role == Message.Role.ASSISTANT and not message.content:
                 continue  # an answer that failed before its first token: an empty turn confuses templates
-            messages.append({"role": message.role, "content": message.content})
-        return messages
+            messages.append(
+                {"role": message.role, "content": _with_placeholders(engine, message.content, message.images)}
+            )
+            images += message.images
+        return messages, images
 
     def _on_step(self, event: Step | BeamStep) -> None:
         step = protocol.json_safe(event.to_dict())
@@ -315,3 +355,10 @@ class GenerationRun:
     def _save_answer(self, text: str) -> None:
         if self.answer_id is not None:
             Message.objects.filter(pk=self.answer_id).update(content=text)
+
+
+def _with_placeholders(engine: Engine, text: str, image_records: list[dict[str, Any]]) -> str:
+    """DeepSeek-VL's convention: one image token per image, on its own line before the text."""
+    if not image_records or engine.vision is None:
+        return text  # a text-only model refuses the images in `_expand_images`
+    return engine.vision.image_token * len(image_records) + "\n" + text

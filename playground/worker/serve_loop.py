@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from inference.engine import Engine
     from inference.kv.transfer import Handoff
     from inference.sampling_params import SamplingParams
+    from inference.vision.images import PromptImage
 
 logger = logging.getLogger(__name__)
 
@@ -89,13 +90,16 @@ class ServeLoop:
         generation_id: int,
         handoff: Handoff | None = None,
         prefill_only: bool = False,
+        images: Sequence[PromptImage] = (),
     ) -> Iterator[Event | Waiting]:
         """Adds a request (a `ValueError` for bad input is raised here) and yields its events
         up to its `Finished` (or, `prefill_only`, its `HandedOff`)."""
         outbox: queue.SimpleQueue = queue.SimpleQueue()
 
         def add() -> int:
-            request_id = self.engine.add_request(prompt_ids, params, handoff=handoff, prefill_only=prefill_only)
+            request_id = self.engine.add_request(
+                prompt_ids, params, handoff=handoff, prefill_only=prefill_only, images=images
+            )
             self._outboxes[request_id] = outbox
             self._generation_of[request_id] = generation_id
             self._waiting_since[request_id] = time.perf_counter()

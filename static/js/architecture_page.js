@@ -37,6 +37,19 @@ function kvBars(kv) {
   bar(cached, kv.bytes_per_token, "cached"), bar(expanded, kv.expanded_bytes_per_token, "expanded"));
 }
 
+/** A vision-language model: its own tokens per image and DeepSeek-VL2's dynamic tiling counts. */
+function visionTable(vision) {
+  const own = vision.model;
+  const p = vision.vl2_processor;
+  return table("Images (tokens and KV cache per image)", [
+    own ? ["this model", `${exact(own.tokens_per_image)} tokens`,
+      `${own.image_size} px in ${own.patch_size} px patches: ${own.grid[0]}×${own.grid[1]}, one token each · ${bytes(own.kv_bytes_per_image)} of KV`] : null,
+    ...vision.vl2_tilings.map((t) => [`VL2, ${t.tiles[0]}×${t.tiles[1]} tiles`, `${exact(t.total)} tokens`,
+      `global ${t.global} + separator ${t.separator} + local ${exact(t.local)} (${p.image_size} px, patch ${p.patch_size}, ` +
+      `downsample ${p.downsample}) · ${bytes(t.kv_bytes)} of KV at this model's bytes per token`]),
+  ]);
+}
+
 function render(card) {
   const s = card.shape, p = card.parameters, kv = card.kv_cache, f = card.flops, read = card.decode_bytes_read;
   const moe = s.experts > 0;
@@ -66,6 +79,7 @@ function render(card) {
       s.is_mla ? ["decode, absorbed", big(f.decode_per_token.absorbed, "FLOP"), "kv_b folded into query and output, attention over latents (DeepSeek's inference)"] : null,
       ["prefill, per token", big(f.prefill_per_token, "FLOP"), `prefill of ${exact(f.context)} tokens: ${big(f.prefill_total, "FLOP")}`],
     ]),
+    card.vision ? visionTable(card.vision) : null,
     table("Bytes read per decoded token (batch 1)", [
       ["weights", bytes(read.weights), "each weight the token touches, once"],
       ["KV cache", bytes(read.kv_cache), `all ${exact(kv.context)} cached positions`],

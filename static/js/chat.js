@@ -10,6 +10,7 @@ import { $, h, wirePanelToggles } from "./dom.js";
 import { errorText } from "./format.js";
 import { renderIcons } from "./icons.js";
 import { promptView } from "./prompt_view.js";
+import { ImageAttachments } from "./image_attach.js";
 import { promptPerplexity } from "./surprise.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { TokenPopover } from "./token_popover.js";
@@ -24,6 +25,8 @@ const SUGGESTIONS = [
 const state = { conversation: null, messages: [], handle: null };
 
 const input = $("#prompt-input");
+const attachments = new ImageAttachments({ form: $("#composer"), input, tray: $("#image-tray"), button: $("#attach-btn"),
+  onError: (message) => showError({ message }) });
 const messagesEl = $("#messages");
 const messagesInner = $("#messages-inner");
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
@@ -54,12 +57,14 @@ function send(content) {
   if (!content || isBusy()) return;
   const fields = readCommandFields();
   if (!fields) return;
-  const user = { role: "user", id: null, content };
+  const images = attachments.take();
+  const user = { role: "user", id: null, content, images };
   const answer = newAssistantMessage({ isStreaming: true, modelName: settings.modelName(settings.modelId) });
   appendMessages(user, answer);
   input.value = "";
   autosize();
   const command = { command: "generate", content, ...fields };
+  if (images.length) command.images = images;
   if (state.conversation) command.conversation_id = state.conversation.id;
   else if (settings.systemPrompt.value.trim()) command.system_prompt = settings.systemPrompt.value;
   startGeneration(command, answer, {
@@ -76,6 +81,7 @@ function send(content) {
     onRefused: () => {
       removeMessages(user, answer);
       input.value = content;
+      attachments.restore(images);
       autosize();
     },
   });

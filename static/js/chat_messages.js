@@ -5,6 +5,7 @@
 import { h } from "./dom.js";
 import { errorText, fmtMs, fmtNum } from "./format.js";
 import { icon } from "./icons.js";
+import { thumbnails } from "./image_attach.js";
 import { charTokensFromSteps, renderAnswer } from "./markdown.js";
 import { reasoningNotes } from "./reasoning_stats.js";
 import { servingView } from "./serving.js";
@@ -37,6 +38,7 @@ export function renderMessage(message, actions) {
 
 function userElement(message, actions) {
   return h("div", { class: "msg msg-user", dataset: { role: "user" } },
+    message.images?.length ? thumbnails(message.images) : null,
     h("div", { class: "bubble" }, message.content),
     h("div", { class: "msg-actions" },
       h("button", { class: "icon-btn edit-btn", type: "button", title: "Edit and resend", "aria-label": "Edit message",

@@ -9,6 +9,7 @@ import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, tokenLabe
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
 import { promptView } from "./prompt_view.js";
+import { ImageAttachments } from "./image_attach.js";
 import { processedProbs } from "./sampling.js";
 import { servingView } from "./serving.js";
 import { GenerationSocket, showConnection } from "./socket.js";
@@ -43,6 +44,10 @@ const sliders = {
   num_alternatives: slider("#ex-alternatives", String),
   run_length: slider("#ex-run-length", String),
 };
+// The prompt's images go before its text, with every request (the prefix cache knows them by content).
+const attachments = new ImageAttachments({ form: $(".explorer-controls"), input: $("#ex-text"), tray: $("#ex-image-tray"),
+  button: $("#ex-attach"), onError: (message) => showError({ message }),
+  onChange: () => { if (state.steps.length || state.prompt) reset(); } });
 const distChart = createDistributionChart($("#dist-chart"), (alt) => branch(state.selected, alt));
 const inside = createInside({
   root: $("#ex-inside"),
@@ -103,6 +108,8 @@ function request(maxNewTokens) {
     command: "complete", text, chat: $("#ex-chat").checked, token_ids: state.steps.map((s) => s.token_id),
     model_id: Number($("#ex-model").value) || undefined, overrides,
   };
+  const images = attachments.current();
+  if (images.length) command.images = images;
   if ($("#ex-pd").checked) command.pd = true;  // absent: the server's mode applies
   const handle = socket.start(command, {
     onStarted: (event) => {

@@ -13,6 +13,7 @@ const PATHS = {
   download: "M12 4v11M7 10l5 5 5-5M5 20h14",
   check: "M5 12l5 5 9-10",
   x: "M6 6l12 12M18 6L6 18",
+  image: "M4 5h16v14H4zM4 16l5-5 4 4 2-2 5 5M15 9.5a1.5 1.5 0 1 0 0-.01",
 };
 
 export function icon(name, size = 16) {

@@ -1,8 +1,9 @@
 // The exact prompt the model saw: rendered text with role markers and special tokens
-// highlighted, then its tokens (piece, id, bytes on hover), the prefix-cache hits marked.
+// highlighted, then its tokens (piece, id, bytes on hover), the prefix-cache hits marked;
+// each image is one block of image tokens (its patch grid, the count, the KV bytes it takes).
 // Owns: presentation of a `generation.started` `prompt` record; shared by both pages.
 import { h } from "./dom.js";
-import { spacedHex, tokenLabel } from "./format.js";
+import { fmtBytes, spacedHex, tokenLabel } from "./format.js";
 
 const SPECIAL_PIECE = /^<\|[^|\s]*\|>$|^<\/?s>$|^<\/?think>$/;
 
@@ -22,17 +23,45 @@ export function promptText(prompt) {
   return pre;
 }
 
-/** Token chips; the first `numCachedTokens` came from the prefix cache. */
-export function tokenChips(tokens, numCachedTokens = 0) {
-  return h("div", { class: "token-chips" }, tokens.map((tok, i) => {
-    const classes = ["chip"];
-    if (i < numCachedTokens) classes.push("cached");
-    if (SPECIAL_PIECE.test(tok.piece)) classes.push("special");
-    const cached = i < numCachedTokens ? " · from the prefix cache" : "";
-    return h("span", { class: classes.join(" "), title: `#${i} · id ${tok.id} · bytes ${spacedHex(tok.bytes)}${cached}` },
-      h("span", { class: "chip-piece" }, tokenLabel(tok.piece, tok.bytes)),
-      h("span", { class: "chip-id" }, tok.id));
-  }));
+/** One image's tokens as a block: a cell per patch (one token each), the count and KV bytes. */
+export function imageBlock(image, numCachedTokens = 0) {
+  const [rows, cols] = image.grid;
+  const isCached = image.start + image.num_tokens <= numCachedTokens;
+  const cells = h("span", { class: "image-grid", style: `grid-template-columns: repeat(${cols}, 1fr)` },
+    Array.from({ length: rows * cols }, () => h("span", { class: "image-cell" })));
+  return h("span", {
+    class: `image-block${isCached ? " cached" : ""}`,
+    dataset: { numTokens: image.num_tokens, start: image.start },
+    title: `#${image.start}–${image.start + image.num_tokens - 1} · a ${image.width}×${image.height} image as ` +
+      `${rows}×${cols} patches, one token each · sha256 ${image.content_hash.slice(0, 12)}…` +
+      (isCached ? " · from the prefix cache" : ""),
+  }, cells,
+  h("span", { class: "image-label" },
+    h("strong", { class: "image-count" }, `${image.num_tokens} image tokens`),
+    h("span", { class: "chip-id" }, `${rows}×${cols} patches · ${fmtBytes(image.kv_bytes)} KV`)));
+}
+
+/** Token chips; the first `numCachedTokens` came from the prefix cache; `images` (blocks of
+ * image tokens, from the prompt record) are drawn as one block each. */
+export function tokenChips(tokens, numCachedTokens = 0, images = []) {
+  const imageAt = new Map(images.map((image) => [image.start, image]));
+  const items = [];
+  for (let i = 0; i < tokens.length; i += 1) {
+    const image = imageAt.get(i);
+    if (image) { items.push(imageBlock(image, numCachedTokens)); i += image.num_tokens - 1; continue; }
+    items.push(tokenChip(tokens[i], i, numCachedTokens));
+  }
+  return h("div", { class: "token-chips" }, items);
+}
+
+function tokenChip(tok, i, numCachedTokens) {
+  const classes = ["chip"];
+  if (i < numCachedTokens) classes.push("cached");
+  if (SPECIAL_PIECE.test(tok.piece)) classes.push("special");
+  const cached = i < numCachedTokens ? " · from the prefix cache" : "";
+  return h("span", { class: classes.join(" "), title: `#${i} · id ${tok.id} · bytes ${spacedHex(tok.bytes)}${cached}` },
+    h("span", { class: "chip-piece" }, tokenLabel(tok.piece, tok.bytes)),
+    h("span", { class: "chip-id" }, tok.id));
 }
 
 export function legend(numTokens, numCachedTokens) {
@@ -61,5 +90,5 @@ export function promptView(prompt, numCachedTokens = 0) {
     droppedReasoningNote(prompt),
     promptText(prompt),
     h("p", { class: "panel-title" }, `Tokens (${tokens.length})`),
-    tokenChips(tokens, numCachedTokens));
+    tokenChips(tokens, numCachedTokens, prompt.images || []));
 }

@@ -3,9 +3,10 @@
 // `GenerationHandle` per command and never parse routing fields themselves.
 
 const RECONNECT_MAX_MS = 8000;
-// The server's PLAYGROUND_MAX_MESSAGE_BYTES default: a bigger message is refused here, with a
-// clear message, instead of being sent (past 1 MiB the server would drop the connection).
-const MAX_MESSAGE_BYTES = 512 * 1024;
+// The server's PLAYGROUND_MAX_MESSAGE_BYTES default (512 KiB of text plus room for 4 images of
+// 1 MiB as base64): a bigger message is refused here, with a clear message, instead of being
+// sent (past daphne's 16 MiB the server would drop the connection).
+const MAX_MESSAGE_BYTES = 512 * 1024 + Math.floor((4 * 1024 * 1024 * 4) / 3) + 4096;
 
 const HANDLER_BY_TYPE = {
   "generation.queued": "onQueued",
@@ -76,7 +77,7 @@ export class GenerationSocket {
     const size = new TextEncoder().encode(JSON.stringify(message)).length;
     if (size > MAX_MESSAGE_BYTES) {
       handle.isDone = true;
-      const text = `This message is ${Math.ceil(size / 1024)} KiB; the limit is ${MAX_MESSAGE_BYTES / 1024} KiB. Nothing was sent.`;
+      const text = `This message is ${Math.ceil(size / 1024)} KiB; the limit is ${Math.floor(MAX_MESSAGE_BYTES / 1024)} KiB. Nothing was sent.`;
       queueMicrotask(() => handlers.onError?.({ code: "message_too_large", message: text, isRefused: true }));
       return handle;
     }

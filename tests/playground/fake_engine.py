@@ -81,7 +81,12 @@ class FakeEngine:
 
     # The engine's many-requests API: every request runs alone, one event per step.
     def add_request(
-        self, prompt_ids: Sequence[int], params: SamplingParams, handoff: Any = None, prefill_only: bool = False
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        handoff: Any = None,
+        prefill_only: bool = False,
+        images: Sequence[Any] = (),
     ) -> int:
         if prefill_only:
             raise ValueError("the fake engine has no KV cache to hand off")
@@ -107,6 +112,7 @@ class FakeEngine:
 
     last_batch_step = None
     batcher = None  # no batched path: every request runs alone
+    vision = None  # a text-only model: it takes no images
 
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, should_cancel: Callable[[], bool] | None = None

@@ -79,10 +79,13 @@ async def test_a_frame_over_the_limit_is_message_too_large(ws: WebsocketCommunic
 
 
 async def test_the_default_limit_takes_a_whole_prompt_and_refuses_a_big_paste(ws: WebsocketCommunicator) -> None:
-    # A prompt at the character limit, every character escaped as \\uXXXX, still fits...
-    assert 32_000 * 6 + 1000 < frames.settings.PLAYGROUND_MAX_MESSAGE_BYTES < 1024 * 1024  # below daphne's drop
-    # ...and a 1.1 MB paste that gets past daphne (e.g. a raised daphne limit) is answered, not dropped.
-    await refused_frame(ws, json.dumps({"command": "generate", "content": "x" * 1_100_000}), "message_too_large")
+    # A prompt at the character limit, every character escaped as \\uXXXX, with the most images
+    # allowed (base64) still fits...
+    limit = frames.settings.PLAYGROUND_MAX_MESSAGE_BYTES
+    images = frames.settings.PLAYGROUND_MAX_IMAGES * frames.settings.PLAYGROUND_MAX_IMAGE_BYTES * 4 // 3
+    assert 32_000 * 6 + images + 1000 < limit < 16 * 1024 * 1024  # below daphne's drop
+    # ...and a bigger paste that gets past daphne (e.g. a raised daphne limit) is answered, not dropped.
+    await refused_frame(ws, json.dumps({"command": "generate", "content": "x" * (limit + 1000)}), "message_too_large")
 
 
 @pytest.mark.parametrize("stop", [{"a": "b"}, 5, True])

@@ -7,6 +7,7 @@ one-shot command, never by the web process). `make run` calls it after the migra
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -27,11 +28,14 @@ class Command(BaseCommand):
 
         data_dir = settings.PLAYGROUND_DATA_DIR
         folder = demo.ensure_demo_model(data_dir, progress=self.stdout.write, out_dir=options["out_dir"])
-        if options["no_register"]:
-            return
-        folder = folder.resolve()
-        source = str(folder.relative_to(data_dir) if folder.is_relative_to(data_dir) else folder)
-        model, created = LanguageModel.objects.get_or_create(
-            source=source, defaults={"name": demo.DEMO_MODEL_NAME, "is_default": False}
-        )
-        self.stdout.write(f"{'registered' if created else 'already registered'}: {model.name} (id {model.pk})")
+        if not options["no_register"]:
+            self.stdout.write(register_demo(folder, demo.DEMO_MODEL_NAME))
+
+
+def register_demo(folder: Path, name: str) -> str:
+    """The demo folder's `LanguageModel` (created once, never the default); a line saying so."""
+    data_dir = settings.PLAYGROUND_DATA_DIR
+    folder = folder.resolve()
+    source = str(folder.relative_to(data_dir) if folder.is_relative_to(data_dir) else folder)
+    model, created = LanguageModel.objects.get_or_create(source=source, defaults={"name": name, "is_default": False})
+    return f"{'registered' if created else 'already registered'}: {model.name} (id {model.pk})"

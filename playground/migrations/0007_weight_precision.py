@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("playground", "0005_preset_max_thinking_tokens"),
+        ("playground", "0006_message_images"),
     ]
 
     operations = [

@@ -1,0 +1,127 @@
+"""Images through the web side and the worker: checked on arrival with stable codes (nothing is
+written for a bad one), stored with the message, and, on the random-weights DeepSeek-VL demo,
+expanded into a block of image tokens whose numbers the token view shows."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from inference import EngineConfig
+from inference.engine import Engine
+from inference.models import vl_demo
+from inference.models.loader import load_model
+from playground.models import Generation, Message
+from playground.protocol import CommandError
+from playground.web import submit
+from playground.worker import generation
+
+from .fake_engine import FakeEngine
+
+pytestmark = pytest.mark.django_db
+REPO_DIR = Path(__file__).resolve().parents[2]
+
+
+def png_b64(colour: tuple[int, int, int] = (200, 30, 30), size: tuple[int, int] = (40, 30)) -> str:
+    out = io.BytesIO()
+    Image.new("RGB", size, colour).save(out, format="PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def vl_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    data_dir = Path(os.environ.get("PLAYGROUND_DATA_DIR") or REPO_DIR / "data").resolve()
+    folder = vl_demo.ensure_vl_demo_model(data_dir, out_dir=tmp_path_factory.mktemp("vl") / "demo")
+    loaded = load_model(EngineConfig(source=str(folder), device="cpu", dtype="float32", data_dir=str(data_dir)))
+    return Engine(loaded, EngineConfig(source=str(folder)))
+
+
+def run(generation_id: int, engine: Any) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    generation.run_generation(generation_id, "worker-1", load_engine=lambda model: engine, send=events.append)
+    return events
+
+
+@pytest.mark.parametrize(
+    ("images", "code"),
+    [
+        ([{"data": "not base64!"}], "invalid_image"),
+        ([{"data": base64.b64encode(b"plain text").decode()}], "invalid_image"),
+        (["a string"], "invalid_image"),
+        ([{"data": png_b64()}] * 5, "too_many_images"),
+        ([{"data": png_b64(size=(300, 300))}], "image_too_many_pixels"),
+    ],
+)
+def test_bad_images_are_refused_before_anything_is_written(
+    session_key: str, settings: Any, images: list, code: str
+) -> None:
+    settings.PLAYGROUND_MAX_IMAGE_PIXELS = 200 * 200
+    with pytest.raises(CommandError) as caught:
+        submit.generate(session_key, {"content": "What is this?", "images": images})
+    assert caught.value.code == code
+    assert not Message.objects.exists() and not Generation.objects.exists()
+
+
+def test_a_too_large_image_is_refused(session_key: str, settings: Any) -> None:
+    settings.PLAYGROUND_MAX_IMAGE_BYTES = 100
+    with pytest.raises(CommandError) as caught:
+        submit.complete(session_key, {"text": "x", "images": [{"data": "data:image/png;base64," + png_b64()}]})
+    assert caught.value.code == "image_too_large"
+
+
+def test_images_are_stored_with_the_message_and_kept_by_an_edit(session_key: str) -> None:
+    queued = submit.generate(session_key, {"content": "What is this?", "images": [{"data": png_b64()}]})
+    stored = Message.objects.get(pk=queued.user_message_id).images
+    assert [(i["media_type"], i["width"], i["height"]) for i in stored] == [("image/png", 40, 30)]
+    assert base64.b64decode(stored[0]["data"]) == base64.b64decode(png_b64()) and len(stored[0]["content_hash"]) == 64
+    Generation.objects.update(status=Generation.Status.FINISHED)
+    edited = submit.edit(session_key, {"message_id": queued.user_message_id, "content": "And now?"})
+    assert Message.objects.get(pk=edited.user_message_id).images == stored
+
+
+def test_a_text_model_refuses_images(session_key: str) -> None:
+    queued = submit.generate(session_key, {"content": "What is this?", "images": [{"data": png_b64()}]})
+    events = run(queued.generation_id, FakeEngine("ok"))
+    assert events[-1]["type"] == "generation.error" and events[-1]["code"] == "images_not_supported"
+
+
+def test_the_demo_vl_model_answers_and_the_prompt_shows_the_image_block(session_key: str, vl_engine: Engine) -> None:
+    images = [{"data": png_b64()}, {"data": png_b64((10, 10, 240))}]
+    queued = submit.generate(
+        session_key, {"content": "Compare them.", "images": images, "overrides": {"max_new_tokens": 3}}
+    )
+    events = run(queued.generation_id, vl_engine)
+    started, finished = events[0], events[-1]
+    assert finished["type"] == "generation.finished", finished
+    prompt, vision = started["prompt"], started["model"]["vision"]
+    blocks = prompt["images"]
+    assert [b["num_tokens"] for b in blocks] == [vision["tokens_per_image"]] * 2 == [64, 64]
+    assert blocks[1]["start"] == blocks[0]["start"] + 64 and blocks[0]["grid"] == [8, 8]
+    ids = [t["id"] for t in prompt["tokens"]]
+    assert ids[blocks[0]["start"] : blocks[1]["start"] + 64] == [vision["image_token_id"]] * 128
+    assert ids.count(vision["image_token_id"]) == 128
+    assert blocks[0]["kv_bytes"] == 64 * started["model"]["kv_bytes_per_token"]
+    assert blocks[0]["content_hash"] != blocks[1]["content_hash"]
+    assert finished["stats"]["num_prompt_tokens"] == len(ids)
+
+
+def test_an_images_kv_goes_from_a_prefill_worker_to_a_decode_worker(session_key: str, vl_engine: Engine) -> None:
+    from .test_pd import GREEDY, run_decode, run_prefill
+
+    engines = {role: Engine(vl_engine.loaded, vl_engine.config) for role in ("prefill", "decode")}
+    command = {"text": "Describe it:", "images": [{"data": png_b64()}], "overrides": GREEDY}
+    colocated = run(submit.complete(session_key, command).generation_id, Engine(vl_engine.loaded, vl_engine.config))
+    queued = submit.complete(session_key, command)
+    events: list[dict[str, Any]] = []
+    (task,) = run_prefill(queued.generation_id, engines, events)
+    run_decode(task, engines, events)
+    assert events[-1]["type"] == "generation.finished", events[-1]
+    assert events[0]["prompt"]["images"][0]["num_tokens"] == 64
+    assert any(event["type"] == "generation.handoff" for event in events)
+    assert events[-1]["text"] == colocated[-1]["text"] and colocated[-1]["stats"]["num_generated_tokens"] == 12
