@@ -494,6 +494,7 @@ class Engine:
         delta = run.stopper.feed(run.detokenizer.push(token_id))
         run.text += delta
         k = run.params.num_alternatives
+        top_raw = self._alternatives(raw_logprobs, k)
         step = Step(
             index=len(run.generated_ids) - 1,
             phase=phase,
@@ -506,8 +507,9 @@ class Engine:
             rank=token_rank(raw_logprobs, token_id),
             entropy=float(entropy(raw_logprobs[None])[0]),
             latency_ms=forward_ms + (time.perf_counter() - t0) * 1000,
-            top_raw=self._alternatives(raw_logprobs, k),
-            top_processed=self._alternatives(logprobs, k),
+            top_raw=top_raw,
+            # No processor (greedy, temperature 1, no filters) samples the raw distribution itself.
+            top_processed=top_raw if logprobs is raw_logprobs else self._alternatives(logprobs, k),
             kv_cache_bytes=self._kv_bytes(run),
             is_reasoning=is_reasoning,
             is_forced=forced_id is not None,
