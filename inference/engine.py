@@ -509,7 +509,7 @@ class Engine:
             latency_ms=forward_ms + (time.perf_counter() - t0) * 1000,
             top_raw=top_raw,
             # No processor (greedy, temperature 1, no filters) samples the raw distribution itself.
-            top_processed=top_raw if logprobs is raw_logprobs else self._alternatives(logprobs, k),
+            top_processed=top_raw if out.logprobs is out.raw_logprobs else self._alternatives(logprobs, k),
             kv_cache_bytes=self._kv_bytes(run),
             is_reasoning=is_reasoning,
             is_forced=forced_id is not None,
