@@ -1,7 +1,8 @@
 // One chat message on screen. Owns: the DOM of user and assistant messages, streaming
-// updates, per-message stats (and how it was served, drawn by serving.js) and the in-place
-// editor. State changes (sending, stopping) belong to chat.js, which passes the `actions`
+// updates, per-message stats (and how it was served, drawn by serving.js; a beam search's
+// beams by chat_beams.js) and the in-place editor. State changes (sending, stopping) belong to chat.js, which passes the `actions`
 // callbacks in.
+import { beamsPanel } from "./chat_beams.js";
 import { h } from "./dom.js";
 import { errorText, fmtMs, fmtNum } from "./format.js";
 import { icon } from "./icons.js";
@@ -11,7 +12,8 @@ import { servingView } from "./serving.js";
 /** An assistant message as the page tracks it (server fields plus streaming state). */
 export function newAssistantMessage(fields = {}) {
   return { role: "assistant", id: null, content: "", generation_id: null, stats: null, steps: [],
-    prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), segments: [], ...fields };
+    prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), segments: [],
+    beamSteps: [], isBeamsOpen: false, ...fields };
 }
 
 /** The step with `index` (steps arrive in order, so this is normally `steps[index]`). */
@@ -19,7 +21,9 @@ export function stepAt(steps, index) {
   return steps[index]?.index === index ? steps[index] : steps.find((s) => s.index === index) ?? null;
 }
 
+/** The answer so far: the streamed tokens' text, or a beam search's best live beam. */
 export function streamedText(message) {
+  if (message.beamSteps.length && !message.steps.length) return message.beamSteps.at(-1).beams[0]?.text ?? "";
   return message.steps.map((s) => s.text_delta).join("");
 }
 
@@ -57,6 +61,7 @@ function assistantElement(message, actions) {
   return h("div", { class: "msg msg-assistant", dataset: { role: "assistant" } },
     h("div", { class: "msg-head" }, h("span", { class: "avatar" }, "AI"), h("span", { class: "model-name" }, message.modelName || "Assistant")),
     body,
+    h("div", { class: "msg-beams" }),
     h("div", { class: "alert msg-error", hidden: true, role: "alert" }),
     h("div", { class: "msg-stats" }),
     h("div", { class: "msg-serving" }),
@@ -88,6 +93,7 @@ export function updateAssistant(message) {
   const error = el.querySelector(".msg-error");
   error.hidden = !message.error;
   error.textContent = message.error ? errorText(message.error) : "";
+  el.querySelector(".msg-beams").replaceChildren(...[beamsPanel(message)].filter(Boolean));
   el.querySelector(".msg-stats").replaceChildren(...statBadges(message));
   el.querySelector(".msg-serving").replaceChildren(...servingView({ stats: message.stats, handoff: message.handoff,
     liveDecodeMs: message.handoff ? Date.now() - message.handoff.receivedAt : 0 }));
@@ -109,11 +115,12 @@ export function scheduleUpdate(message) {
   pendingUpdates.add(message);
 }
 
-/** Give each token span its chosen-token probability (raw) as `--p`, for the colour toggle. */
+/** Give each token span its chosen-token probability (raw; along the beam under beam search)
+ * as `--p`, for the colour toggle. */
 function colourTokens(body, steps) {
   for (const span of body.querySelectorAll(".tok")) {
     const step = stepAt(steps, Number(span.dataset.step));
-    if (step) span.style.setProperty("--p", Math.exp(step.raw_logprob).toFixed(3));
+    if (step) span.style.setProperty("--p", Math.exp(step.isBeam ? step.logprob : step.raw_logprob).toFixed(3));
   }
 }
 
@@ -145,5 +152,6 @@ function liveStats(message) {
   }
   if (!message.prefilled) return null;
   return { num_prompt_tokens: message.prefilled.num_prompt_tokens, num_cached_tokens: message.prefilled.num_cached_tokens,
-    prefill_ms: message.prefilled.prefill_ms, queue_ms: message.prefilled.queue_ms, num_generated_tokens: message.steps.length };
+    prefill_ms: message.prefilled.prefill_ms, queue_ms: message.prefilled.queue_ms,
+    num_generated_tokens: message.steps.length || message.beamSteps.length };
 }
