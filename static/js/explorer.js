@@ -2,9 +2,11 @@
 // requests that extend it (`complete` with `token_ids`, cache and PD switches), branching,
 // and redrawing the panels when steps, the selected step or the sliders change.
 import { getJson } from "./api.js";
+import { createBeamCharts, updateBeamCharts } from "./beam_charts.js";
 import { beamTree } from "./beam_tree.js";
 import { $, bindSlider, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
+import { flatNote } from "./flat_note.js";
 import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
@@ -48,6 +50,9 @@ const inside = createInside({
 const stepCharts = createStepCharts({
   prob: $("#prob-chart"), entropy: $("#entropy-chart"), latency: $("#latency-chart"), kv: $("#kv-chart"),
 }, selectStep);
+const beamCharts = createBeamCharts({
+  score: $("#beam-score-chart"), beams: $("#beam-count-chart"), latency: $("#beam-latency-chart"),
+});
 
 function slider(selector, format) {
   return bindSlider(selector, format, () => renderDistribution());
@@ -260,6 +265,7 @@ function renderDistribution() {
   $("#ex-step-label").textContent = step ? `step ${step.index} · ${step.phase}` : "no step yet";
   $("#ex-step-info").replaceChildren(...(step ? stepBadges(step) : []));
   renderAlternatives(step, processed);
+  $("#ex-flat").replaceChildren(...[step ? flatNote(step, processed) : null].filter(Boolean));
 }
 
 let exactTimer = null;
@@ -316,6 +322,10 @@ function renderBeams() {
   $("#ex-beam-label").textContent = state.beamSteps.length ? `${state.beamSteps.length} steps` : "press Run";
   $("#ex-beam-tree").replaceChildren(state.beamSteps.length ? beamTree(state.beamSteps, best)
     : h("p", { class: "empty" }, "Press “Run” to search; each column is a step, each box a live beam."));
+  updateBeamCharts(beamCharts, state.beamSteps);
+  const hasBeams = state.beamSteps.length > 0;  // the last request was a beam search
+  $("#ex-gen-charts").hidden = hasBeams;
+  $("#ex-gen-beam-note").hidden = !hasBeams;
   $("#ex-beam-results").replaceChildren(...state.beamSequences.map((seq, i) => h("p", { class: "small" },
     h("span", { class: "badge" }, i === 0 ? "best" : `#${i + 1}`), " ", h("span", { class: "mono" }, seq.text),
     h("span", { class: "muted" }, `  score ${seq.score.toFixed(3)}`))));
