@@ -70,7 +70,7 @@ function samplingParams() {
 /** The sliders as an inspection changes them (the explorer's requests run without repetition penalty). */
 function inspectParams() {
   const seed = $("#ex-seed").value.trim();
-  return { ...samplingParams(), repetition_penalty: 1.0, seed: /^\d+$/.test(seed) ? Number(seed) : null };
+  return { ...samplingParams(), greedy: false, repetition_penalty: 1.0, seed: /^\d+$/.test(seed) ? Number(seed) : null };
 }
 
 // ---------- requests ----------
@@ -80,7 +80,8 @@ function request(maxNewTokens) {
   const text = $("#ex-text").value;
   if (!text.trim()) { showError({ message: "Enter some text first." }); return; }
   const numBeams = Number($("#ex-beams").value);
-  const overrides = { ...samplingParams(), repetition_penalty: 1.0, max_new_tokens: maxNewTokens,
+  // The sliders are the whole sampling setting (temperature 0 is greedy), whatever the default preset says.
+  const overrides = { ...samplingParams(), greedy: false, repetition_penalty: 1.0, max_new_tokens: maxNewTokens,
     num_alternatives: Number(sliders.num_alternatives.value),
     use_kv_cache: $("#ex-kv-cache").checked, use_prefix_cache: $("#ex-prefix-cache").checked };
   const seed = $("#ex-seed").value.trim();

@@ -73,6 +73,10 @@ def test_step_three_tokens_then_branch(page, screenshot_dir):
     # served the later steps, and its counters (after the last request) are shown.
     overrides = sent_commands(page, "complete")[-1]["overrides"]
     assert overrides["use_kv_cache"] is True and overrides["use_prefix_cache"] is True
+    # The sliders are the whole setting, though the default chat preset is greedy: the engine
+    # sampled (greedy would have drawn every token with processed probability 1).
+    assert overrides["greedy"] is False
+    assert any(math.exp(s["logprob"]) < 1 - 1e-6 for s in steps)
     prefilled = events(page, "generation.prefilled")
     assert prefilled[-1]["num_cached_tokens"] > 0
     expect(page.locator("#ex-cache-label")).to_contain_text(
