@@ -318,3 +318,12 @@ def test_beam_search_answer_is_hoverable_and_shows_its_beams(page, screenshot_di
     expect(answer.locator(".beam-list li.chosen .badge")).to_have_text("answer")
     expect(answer.locator(".beam-tree g.node:not(.root)")).to_have_count(sum(len(s["beams"]) for s in beam_steps))
     answer.screenshot(path=str(screenshot_dir / "chat-beams.png"))
+
+    # Reloaded, the stored answer loads its beam steps on first hover: the same card and panel.
+    page.reload()
+    answer = page.locator(".msg-assistant").last
+    expect(answer.locator(".msg-body")).to_contain_text(best["text"].strip()[:20])
+    answer.locator(".msg-body").hover()
+    answer.locator(f'.tok[data-step="{index}"]').first.hover()
+    expect(popover.locator('[data-field="prob"]')).to_have_text(fmt_prob(math.exp(logprob)))
+    expect(answer.locator(".beam-list li")).to_have_count(len(expected))
