@@ -81,8 +81,11 @@ export function beamsPanel(message) {
   const sequences = message.stats?.sequences ?? [];
   const chosen = sequences[0]?.token_ids ?? null;
   const { numBeams, hypotheses } = finalHypotheses(beamSteps, sequences);
+  // The tree is drawn only while the panel is open: a streaming answer redraws this every frame.
+  const tree = h("div", { class: "beam-tree" });
+  const drawTree = () => tree.replaceChildren(...(message.isBeamsOpen ? [beamTree(beamSteps, chosen)] : []));
   const details = h("details", { class: "beam-panel", open: message.isBeamsOpen,
-    ontoggle: () => { message.isBeamsOpen = details.open; } },
+    ontoggle: () => { message.isBeamsOpen = details.open; drawTree(); } },
     h("summary", {}, `Beam search · ${numBeams} beams · ${beamSteps.length} steps`,
       message.isStreaming ? " · searching…" : ` · ${hypotheses.length} hypotheses`),
     h("ol", { class: "beam-list" }, hypotheses.map((beam) => {
@@ -94,6 +97,7 @@ export function beamsPanel(message) {
     })),
     h("p", { class: "muted small" }, "score = the beam's summed log-probability ÷ its length ^ length penalty. "
       + "The tree: one column per step, one box per beam; the answer's path is highlighted."),
-    h("div", { class: "beam-tree" }, beamTree(beamSteps, chosen)));
+    tree);
+  drawTree();
   return details;
 }
