@@ -37,7 +37,14 @@ from inference.sampling.thinking import ThinkingTracker
 from inference.sampling_params import SamplingParams
 from inference.text.chat_template import RenderedPrompt, TemplateTokens, render_chat
 from inference.text.reasoning import THINK_CLOSE, prompt_opens_reasoning
-from inference.text.tokenization import IncrementalDetokenizer, TokenInfo, token_infos, token_table, tokenize
+from inference.text.tokenization import (
+    IncrementalDetokenizer,
+    TokenInfo,
+    text_deltas,
+    token_infos,
+    token_table,
+    tokenize,
+)
 from inference.vision.encoder import VisionSpec
 from inference.vision.images import PromptImage
 from inference.vision.spans import ImageSpan, cache_key_ids, cut_before_image, image_spans
@@ -292,7 +299,7 @@ class Engine:
         # a handoff's images were checked by the prefill worker; their spans come with its KV
         spans = self._check_images(prompt_ids, images, params) if handoff is None else ()
         if params.is_beam_search:
-            yield from beam_search(
+            for event in beam_search(
                 self.model,
                 prompt_ids,
                 params,
@@ -300,7 +307,8 @@ class Engine:
                 decode=self._decode_text,
                 max_length=self.max_context,
                 should_cancel=should_cancel,
-            )
+            ):
+                yield self._with_text_deltas(event) if isinstance(event, Finished) else event
             return
         if handoff is not None:
             run = self._resume(handoff)
@@ -594,6 +602,15 @@ class Engine:
             self.num_not_cached_sliding_window += 1  # not reusable as a prefix: say so in the stats
             return
         self.prefix_cache.insert(cache_key_ids(run.context_ids[:keep].tolist(), run.image_spans), layers)
+
+    def _with_text_deltas(self, finished: Finished) -> Finished:
+        """Beam search's returned sequences with each token's share of their text, so a page
+        can show them token by token as it shows sampled answers."""
+        sequences = tuple(
+            replace(beam, text_deltas=text_deltas(self.tokenizer, beam.token_ids, beam.text))
+            for beam in finished.sequences
+        )
+        return replace(finished, sequences=sequences)
 
     def _decode_text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

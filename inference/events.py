@@ -80,11 +80,18 @@ class Step:
 
 @dataclass(frozen=True)
 class Beam:
+    """One beam-search path. `token_logprobs[i]` is token i's log-probability as the search
+    scored it (the model's log-softmax, after the repetition penalty when one is set), so
+    `score == sum(token_logprobs) / len ** length_penalty`. `text_deltas` (each token's share
+    of `text`, as `Step.text_delta`) is filled on `Finished.sequences` only."""
+
     token_ids: tuple[int, ...]  # generated tokens only (prompt excluded)
     text: str
     score: float  # sum of logprobs / len ** length_penalty
     parent: int  # index of this beam's parent in the previous BeamStep
     is_finished: bool = False
+    token_logprobs: tuple[float, ...] = ()
+    text_deltas: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

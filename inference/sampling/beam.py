@@ -68,6 +68,8 @@ class BeamSearchState:
         self.penalty = RepetitionPenalty(params.repetition_penalty) if params.repetition_penalty != 1.0 else None
         self.num_generated = 0
         self.running_tokens: list[tuple[int, ...]] = [()] * num_beams
+        # Each candidate path's per-token logprobs, keyed by its tokens (a path's tokens fix them).
+        self.path_logprobs: dict[tuple[int, ...], tuple[float, ...]] = {(): ()}
         # Only the first beam is live at the start, so the first step does not pick one token num_beams times.
         self.running_scores = torch.full((num_beams,), MASKED, device=device)
         self.running_scores[0] = 0.0
@@ -98,6 +100,7 @@ class BeamSearchState:
         cand_scores, flat_ids = torch.topk(summed, self.num_candidates)
         cand_parents = (flat_ids // vocab_size).tolist()
         cand_tokens = [self.running_tokens[b] + (t,) for b, t in zip(cand_parents, (flat_ids % vocab_size).tolist())]
+        self._remember_logprobs(cand_tokens, logprobs.reshape(-1)[flat_ids].tolist())
         cand_is_done = torch.tensor([self._is_done(c) for c in cand_tokens], device=cand_scores.device)
         self.num_generated += 1
 
@@ -120,6 +123,10 @@ class BeamSearchState:
         )
         beam_ids = torch.tensor(cand_parents, device=next_running.device)[next_running]
         return StepResult(beams=tuple(live + finished), beam_ids=beam_ids, is_done=is_done)
+
+    def _remember_logprobs(self, cand_tokens: list[tuple[int, ...]], cand_logprobs: list[float]) -> None:
+        for tokens, logprob in zip(cand_tokens, cand_logprobs):
+            self.path_logprobs[tokens] = self.path_logprobs[tokens[:-1]] + (logprob,)
 
     def _is_done(self, tokens: tuple[int, ...]) -> bool:
         return (
@@ -167,7 +174,14 @@ class BeamSearchState:
 
     def _beam(self, tokens: tuple[int, ...], score: float, parent: int, is_finished: bool = False) -> Beam:
         parent = ROOT_PARENT if self.num_generated == 1 else parent
-        return Beam(token_ids=tokens, text=self.text(tokens), score=score, parent=parent, is_finished=is_finished)
+        return Beam(
+            token_ids=tokens,
+            text=self.text(tokens),
+            score=score,
+            parent=parent,
+            is_finished=is_finished,
+            token_logprobs=self.path_logprobs[tokens],
+        )
 
     def text(self, tokens: tuple[int, ...]) -> str:
         """The answer's text: a final EOS is not text, and a stop string and what follows are cut."""
@@ -191,7 +205,14 @@ class BeamSearchState:
         hypotheses.sort(key=lambda h: -h[0])
         # `parent` means nothing outside a BeamStep; ROOT_PARENT says so.
         return [
-            Beam(token_ids=t, text=self.text(t), score=s, parent=ROOT_PARENT, is_finished=True)
+            Beam(
+                token_ids=t,
+                text=self.text(t),
+                score=s,
+                parent=ROOT_PARENT,
+                is_finished=True,
+                token_logprobs=self.path_logprobs[t],
+            )
             for s, t in hypotheses[: self.params.num_return_sequences]
         ]
 

@@ -239,3 +239,19 @@ class IncrementalDetokenizer:
         text = "".join(self._parts)
         self._parts = [text]
         return text
+
+
+def text_deltas(tokenizer: Tokenizer, token_ids: Sequence[int], text: str) -> tuple[str, ...]:
+    """Each token's share of `text`, the answer decoded from `token_ids` (maybe cut short at a
+    stop string): the increments `IncrementalDetokenizer` gives, the last one with the flushed
+    tail, trimmed so that they add up to `text` (tokens past the cut get "")."""
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
+    deltas = [detokenizer.push(token_id) for token_id in token_ids]
+    if deltas:
+        deltas[-1] += detokenizer.flush()
+    trimmed, used = [], 0
+    for delta in deltas:
+        delta = delta[: max(0, len(text) - used)]
+        trimmed.append(delta)
+        used += len(delta)
+    return tuple(trimmed)

@@ -40,7 +40,8 @@ export function createSide(name, presets, preset) {
       const p = chosen();
       if (p) return { preset_id: p.id, overrides: common };
       const values = Object.fromEntries(Object.entries(sliders).map(([key, input]) => [key, Number(input.value)]));
-      return { overrides: { ...values, repetition_penalty: 1.0, ...common } };
+      // The sliders are the whole setting (temperature 0 is greedy), not overrides of the default preset.
+      return { overrides: { ...values, greedy: false, repetition_penalty: 1.0, ...common } };
     },
   };
 }

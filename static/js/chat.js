@@ -3,6 +3,7 @@
 // Rendering lives in chat_messages.js, the sidebar in conversations.js, the settings panel
 // in chat_settings.js; this module wires them together.
 import { api, getJson } from "./api.js";
+import { beamAnswerSteps, beamTokenDetails, setRecordedSteps } from "./chat_beams.js";
 import { ChatSettings, OverrideError } from "./chat_settings.js";
 import { newAssistantMessage, renderMessage, scheduleUpdate, stepAt, streamedText, updateAssistant } from "./chat_messages.js";
 import { ConversationList } from "./conversations.js";
@@ -13,7 +14,7 @@ import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
 import { promptPerplexity } from "./surprise.js";
 import { GenerationSocket, showConnection } from "./socket.js";
-import { TokenPopover } from "./token_popover.js";
+import { TokenPopover, stepDetails } from "./token_popover.js";
 
 const SUGGESTIONS = [
   "Explain what a KV cache is in two sentences.",
@@ -40,7 +41,7 @@ const conversations = new ConversationList($("#conv-list"), {
 new TokenPopover(messagesEl, (tok) => {
   const message = state.messages.find((m) => m.el?.contains(tok));
   return message ? stepAt(message.steps, Number(tok.dataset.step)) : null;
-});
+}, (step) => (step.isBeam ? beamTokenDetails(step) : stepDetails(step)));
 
 const actions = {
   canEdit: (message) => !isBusy() && message.id !== null,
@@ -133,17 +134,17 @@ function startGeneration(command, answer, { onQueued = () => {}, onRefused }) {
 
 /** A reloaded page follows the generation it left running: the saved part, then live steps. */
 function resumeGeneration(answer) {
-  Object.assign(answer, { isStreaming: true, steps: [] });
+  Object.assign(answer, { isStreaming: true, steps: [], beamSteps: [] });
   state.handle = socket.attach(answer.generation_id, answerHandlers(answer, { onRefused: () => {} }));
   setBusy(true);
 }
 
 /** The event handlers that fill one streaming answer (a new generation or a re-attached one). */
 function answerHandlers(answer, { onQueued = () => {}, onRefused }) {
-  const lastIndex = () => answer.steps.at(-1)?.index ?? -1;
+  const lastIndex = (steps) => steps.at(-1)?.index ?? -1;
   return {
     onAttached(event) {
-      answer.steps = event.steps;
+      setRecordedSteps(answer, event.steps, null);
       answer.segments = event.segments;
       scheduleUpdate(answer);
     },
@@ -173,13 +174,18 @@ function answerHandlers(answer, { onQueued = () => {}, onRefused }) {
     onTokens(event) {
       const isAtBottom = nearBottom();
       // A re-attached page may get again a step it had from the saved snapshot: keep each index once.
-      answer.steps.push(...event.steps.filter((s) => s.index > lastIndex()));
+      answer.steps.push(...event.steps.filter((s) => s.index > lastIndex(answer.steps)));
       if (event.segments) answer.segments = event.segments;
       scheduleUpdate(answer);
       if (isAtBottom) requestAnimationFrame(scrollToBottom);
     },
+    onBeams(event) {
+      answer.beamSteps.push(...event.steps.filter((s) => s.index > lastIndex(answer.beamSteps)));
+      scheduleUpdate(answer);
+    },
     onFinished(event) {
       Object.assign(answer, { isStreaming: false, content: event.text, stats: event.stats, segments: event.segments });
+      if (answer.beamSteps.length) answer.steps = beamAnswerSteps(event.stats?.sequences?.[0], answer.beamSteps);
       answer.id = event.message_id ?? answer.id;
       updateAssistant(answer);
       setBusy(false);
@@ -262,9 +268,9 @@ async function ensureSteps(answer) {
   answer.isLoading = true;
   try {
     const generation = await getJson(`/api/generations/${answer.generation_id}/`);
-    answer.steps = generation.steps || [];
     answer.prompt = generation.prompt;
     answer.stats = answer.stats ?? generation.stats;
+    setRecordedSteps(answer, generation.steps || [], answer.stats);
     updateAssistant(answer);
   } catch (err) {
     console.warn("could not load the generation's steps", err);

@@ -1,7 +1,8 @@
 // One chat message on screen. Owns: the DOM of user and assistant messages, streaming
-// updates, per-message stats (and how it was served, drawn by serving.js) and the in-place
-// editor. State changes (sending, stopping) belong to chat.js, which passes the `actions`
+// updates, per-message stats (and how it was served, drawn by serving.js; a beam search's
+// beams by chat_beams.js) and the in-place editor. State changes (sending, stopping) belong to chat.js, which passes the `actions`
 // callbacks in.
+import { beamsPanel } from "./chat_beams.js";
 import { h } from "./dom.js";
 import { errorText, fmtMs, fmtNum } from "./format.js";
 import { icon } from "./icons.js";
@@ -15,7 +16,7 @@ import { promptSummary, surpriseStrip } from "./surprise.js";
 export function newAssistantMessage(fields = {}) {
   return { role: "assistant", id: null, content: "", generation_id: null, stats: null, steps: [],
     prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), segments: [],
-    promptPerplexity: null, ...fields };
+    promptPerplexity: null, beamSteps: [], isBeamsOpen: false, ...fields };
 }
 
 /** The step with `index` (steps arrive in order, so this is normally `steps[index]`). */
@@ -23,7 +24,9 @@ export function stepAt(steps, index) {
   return steps[index]?.index === index ? steps[index] : steps.find((s) => s.index === index) ?? null;
 }
 
+/** The answer so far: the streamed tokens' text, or a beam search's best live beam. */
 export function streamedText(message) {
+  if (message.beamSteps.length && !message.steps.length) return message.beamSteps.at(-1).beams[0]?.text ?? "";
   return message.steps.map((s) => s.text_delta).join("");
 }
 
@@ -66,6 +69,7 @@ function assistantElement(message, actions) {
     h("div", { class: "msg-head" }, h("span", { class: "avatar" }, "AI"), h("span", { class: "model-name" }, message.modelName || "Assistant")),
     body,
     h("div", { class: "msg-strip" }),
+    h("div", { class: "msg-beams" }),
     h("div", { class: "alert msg-error", hidden: true, role: "alert" }),
     h("div", { class: "msg-stats" }),
     h("div", { class: "msg-serving" }),
@@ -101,6 +105,7 @@ export function updateAssistant(message) {
   error.hidden = !message.error;
   error.textContent = message.error ? errorText(message.error) : "";
   el.querySelector(".msg-strip").replaceChildren(...stripView(message, actionsOf.get(el)));
+  el.querySelector(".msg-beams").replaceChildren(...[beamsPanel(message)].filter(Boolean));
   el.querySelector(".msg-stats").replaceChildren(...statBadges(message));
   el.querySelector(".msg-serving").replaceChildren(...servingView({ stats: message.stats, handoff: message.handoff,
     liveDecodeMs: message.handoff ? Date.now() - message.handoff.receivedAt : 0 }));
@@ -148,11 +153,12 @@ export function scheduleUpdate(message) {
   pendingUpdates.add(message);
 }
 
-/** Give each token span its chosen-token probability (raw) as `--p`, for the colour toggle. */
+/** Give each token span its chosen-token probability (raw; along the beam under beam search)
+ * as `--p`, for the colour toggle. */
 function colourTokens(body, steps) {
   for (const span of body.querySelectorAll(".tok")) {
     const step = stepAt(steps, Number(span.dataset.step));
-    if (step) span.style.setProperty("--p", Math.exp(step.raw_logprob).toFixed(3));
+    if (step) span.style.setProperty("--p", Math.exp(step.isBeam ? step.logprob : step.raw_logprob).toFixed(3));
   }
 }
 
@@ -189,5 +195,6 @@ function liveStats(message) {
   }
   if (!message.prefilled) return null;
   return { num_prompt_tokens: message.prefilled.num_prompt_tokens, num_cached_tokens: message.prefilled.num_cached_tokens,
-    prefill_ms: message.prefilled.prefill_ms, queue_ms: message.prefilled.queue_ms, num_generated_tokens: message.steps.length };
+    prefill_ms: message.prefilled.prefill_ms, queue_ms: message.prefilled.queue_ms,
+    num_generated_tokens: message.steps.length || message.beamSteps.length };
 }

@@ -103,6 +103,8 @@ export class ChatSettings {
    */
   commandFields() {
     const fields = { overrides: this.overrides() };
+    // A temperature asks for sampling even under a greedy preset (as in the OpenAI API); 0 is greedy.
+    if ("temperature" in fields.overrides) fields.overrides.greedy = false;
     if (this.modelId !== null) fields.model_id = this.modelId;
     if (this.presetId !== null) fields.preset_id = this.presetId;
     if (this.pdToggle.checked) fields.pd = true;

@@ -2,9 +2,11 @@
 // requests that extend it (`complete` with `token_ids`, cache and PD switches), branching,
 // and redrawing the panels when steps, the selected step or the sliders change.
 import { getJson } from "./api.js";
+import { createBeamCharts, updateBeamCharts } from "./beam_charts.js";
 import { beamTree } from "./beam_tree.js";
 import { $, bindSlider, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
+import { flatNote } from "./flat_note.js";
 import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, tokenLabel, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
@@ -59,6 +61,9 @@ const inside = createInside({
 const stepCharts = createStepCharts({
   prob: $("#prob-chart"), entropy: $("#entropy-chart"), latency: $("#latency-chart"), kv: $("#kv-chart"),
 }, selectStep);
+const beamCharts = createBeamCharts({
+  score: $("#beam-score-chart"), beams: $("#beam-count-chart"), latency: $("#beam-latency-chart"),
+});
 
 function slider(selector, format) {
   const output = $(`${selector}-value`);
@@ -78,7 +83,7 @@ function samplingParams() {
 /** The sliders as an inspection changes them (the explorer's requests run without repetition penalty). */
 function inspectParams() {
   const seed = $("#ex-seed").value.trim();
-  return { ...samplingParams(), repetition_penalty: 1.0, seed: /^\d+$/.test(seed) ? Number(seed) : null };
+  return { ...samplingParams(), greedy: false, repetition_penalty: 1.0, seed: /^\d+$/.test(seed) ? Number(seed) : null };
 }
 
 // ---------- requests ----------
@@ -88,7 +93,8 @@ function request(maxNewTokens) {
   const text = $("#ex-text").value;
   if (!text.trim()) { showError({ message: "Enter some text first." }); return; }
   const numBeams = Number($("#ex-beams").value);
-  const overrides = { ...samplingParams(), repetition_penalty: 1.0, max_new_tokens: maxNewTokens,
+  // The sliders are the whole sampling setting (temperature 0 is greedy), whatever the default preset says.
+  const overrides = { ...samplingParams(), greedy: false, repetition_penalty: 1.0, max_new_tokens: maxNewTokens,
     num_alternatives: Number(sliders.num_alternatives.value),
     use_kv_cache: $("#ex-kv-cache").checked, use_prefix_cache: $("#ex-prefix-cache").checked };
   const seed = $("#ex-seed").value.trim();
@@ -312,6 +318,7 @@ function renderDistribution() {
   $("#ex-step-label").textContent = step ? `step ${step.index} · ${step.phase}` : "no step yet";
   $("#ex-step-info").replaceChildren(...(step ? stepBadges(step) : []));
   renderAlternatives(step, processed);
+  $("#ex-flat").replaceChildren(...[step ? flatNote(step, processed) : null].filter(Boolean));
 }
 
 let exactTimer = null;
@@ -368,6 +375,10 @@ function renderBeams() {
   $("#ex-beam-label").textContent = state.beamSteps.length ? `${state.beamSteps.length} steps` : "press Run";
   $("#ex-beam-tree").replaceChildren(state.beamSteps.length ? beamTree(state.beamSteps, best)
     : h("p", { class: "empty" }, "Press “Run” to search; each column is a step, each box a live beam."));
+  updateBeamCharts(beamCharts, state.beamSteps);
+  const hasBeams = state.beamSteps.length > 0;  // the last request was a beam search
+  $("#ex-gen-charts").hidden = hasBeams;
+  $("#ex-gen-beam-note").hidden = !hasBeams;
   $("#ex-beam-results").replaceChildren(...state.beamSequences.map((seq, i) => h("p", { class: "small" },
     h("span", { class: "badge" }, i === 0 ? "best" : `#${i + 1}`), " ", h("span", { class: "mono" }, seq.text),
     h("span", { class: "muted" }, `  score ${seq.score.toFixed(3)}`))));

@@ -53,11 +53,12 @@ export function stepDetails(step) {
 
 /**
  * Hover (or tap) any `.tok[data-step]` inside `root` to see its step.
- * `findStep(tokenEl)` returns the step record for that element, or null.
+ * `findStep(tokenEl)` returns the step record for that element, or null; `details(step)` draws it.
  */
 export class TokenPopover {
-  constructor(root, findStep) {
+  constructor(root, findStep, details = stepDetails) {
     this.findStep = findStep;
+    this.details = details;
     this.el = h("div", { class: "popover", role: "tooltip", hidden: true, id: "token-popover" });
     document.body.append(this.el);
     this.anchor = null;
@@ -85,7 +86,7 @@ export class TokenPopover {
     this.anchor?.classList.remove("active");
     this.anchor = tok;
     tok.classList.add("active");
-    this.el.replaceChildren(stepDetails(step));
+    this.el.replaceChildren(this.details(step));
     this.el.hidden = false;
     this.place(tok.getBoundingClientRect());
   }

@@ -8,7 +8,7 @@ import math
 import pytest
 from playwright.sync_api import expect
 
-from .ui import events, sent_commands, steps_of_last_generation, visible_piece, wait_for_events
+from .ui import events, fmt_prob, sent_commands, steps_of_last_generation, visible_piece, wait_for_events
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -271,3 +271,59 @@ def test_a_reload_during_a_generation_re_attaches_to_it_and_can_stop_it(page, sc
     finished = events(page, "generation.finished")[-1]
     assert finished["text"].strip() and text.strip().startswith(finished["text"].strip()[:20])
     page.screenshot(path=str(screenshot_dir / "chat-reattached.png"))
+
+
+def test_beam_search_answer_is_hoverable_and_shows_its_beams(page, screenshot_dir):
+    open_chat(page, max_tokens=12)
+    page.select_option("#preset-select", label="Beam search")
+    send(page, "What is the capital of France?")
+    answer = page.locator(".msg-assistant").last
+    expect(answer.locator(".finish")).to_be_visible()
+    generation_id = events(page, "generation.queued")[-1]["generation_id"]
+    beam_steps = [
+        s for e in events(page, "generation.beams") if e["generation_id"] == generation_id for s in e["steps"]
+    ]
+    best = events(page, "generation.finished")[-1]["stats"]["sequences"][0]
+    assert beam_steps and not steps_of_last_generation(page)
+    assert "".join(best["text_deltas"]) == best["text"]
+    expect(answer.locator(".msg-body")).to_contain_text(best["text"].strip()[:20])
+
+    # Every token with text is a hoverable span; its card shows the search's own numbers.
+    shown = sorted({int(i) for i in answer.locator(".tok").evaluate_all("(els) => els.map((e) => e.dataset.step)")})
+    deltas = best["text_deltas"]
+    assert {i for i, d in enumerate(deltas) if d.strip()} <= set(shown) <= {i for i, d in enumerate(deltas) if d}
+    index = shown[1]
+    answer.locator(f'.tok[data-step="{index}"]').first.hover()
+    popover = page.locator("#token-popover")
+    logprob = best["token_logprobs"][index]
+    expect(popover.locator('[data-field="prob"]')).to_have_text(fmt_prob(math.exp(logprob)))
+    expect(popover.locator('[data-field="logprob"]')).to_have_text(f"{logprob:.3f}")
+    expect(popover.locator('[data-field="logprob-sum"]')).to_have_text(
+        f"{sum(best['token_logprobs'][: index + 1]):.3f}"
+    )
+    expect(popover.locator("tbody tr")).to_have_count(len(beam_steps[index]["beams"]))
+    expect(popover.locator("tr.chosen")).to_have_count(1)
+    page.screenshot(path=str(screenshot_dir / "chat-beam-token.png"))
+    page.mouse.move(700, 850)
+
+    # The beams: the final hypotheses best first, with the streamed scores; the answer marked.
+    finished_beams = {tuple(b["token_ids"]): b for s in beam_steps for b in s["beams"] if b["is_finished"]}
+    finished_beams[tuple(best["token_ids"])] = best
+    num_beams = max(sum(not b["is_finished"] for b in s["beams"]) for s in beam_steps)
+    expected = sorted(finished_beams.values(), key=lambda b: -b["score"])[:num_beams]
+    answer.locator(".beam-panel summary").click()
+    items = answer.locator(".beam-list li")
+    scores = items.evaluate_all("(els) => els.map((e) => Number(e.dataset.score))")
+    assert scores == pytest.approx([b["score"] for b in expected])
+    expect(answer.locator(".beam-list li.chosen .badge")).to_have_text("answer")
+    expect(answer.locator(".beam-tree g.node:not(.root)")).to_have_count(sum(len(s["beams"]) for s in beam_steps))
+    answer.screenshot(path=str(screenshot_dir / "chat-beams.png"))
+
+    # Reloaded, the stored answer loads its beam steps on first hover: the same card and panel.
+    page.reload()
+    answer = page.locator(".msg-assistant").last
+    expect(answer.locator(".msg-body")).to_contain_text(best["text"].strip()[:20])
+    answer.locator(".msg-body").hover()
+    answer.locator(f'.tok[data-step="{index}"]').first.hover()
+    expect(popover.locator('[data-field="prob"]')).to_have_text(fmt_prob(math.exp(logprob)))
+    expect(answer.locator(".beam-list li")).to_have_count(len(expected))

@@ -9,7 +9,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from .ui import chart_data, events, sent_commands, set_range, visible_piece, wait_for_events
+from .ui import chart_data, events, fmt_prob, sent_commands, set_range, visible_piece, wait_for_events
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -73,6 +73,10 @@ def test_step_three_tokens_then_branch(page, screenshot_dir):
     # served the later steps, and its counters (after the last request) are shown.
     overrides = sent_commands(page, "complete")[-1]["overrides"]
     assert overrides["use_kv_cache"] is True and overrides["use_prefix_cache"] is True
+    # The sliders are the whole setting, though the default chat preset is greedy: the engine
+    # sampled (greedy would have drawn every token with processed probability 1).
+    assert overrides["greedy"] is False
+    assert any(math.exp(s["logprob"]) < 1 - 1e-6 for s in steps)
     prefilled = events(page, "generation.prefilled")
     assert prefilled[-1]["num_cached_tokens"] > 0
     expect(page.locator("#ex-cache-label")).to_contain_text(
@@ -156,7 +160,49 @@ def test_run_and_beam_search_tree(page, screenshot_dir):
     if beam_finished["stats"].get("sequences"):
         assert tree.locator("g.node.best").count() >= 1
         expect(page.locator("#ex-beam-results")).to_contain_text(beam_finished["stats"]["sequences"][0]["text"])
+
+    # Beam search has no chosen token per step: its own charts, from the streamed beam steps.
+    expect(page.locator("#ex-gen-charts")).to_be_hidden()
+    expect(page.locator("#ex-gen-beam-note")).to_be_visible()
+    live = [[b for b in s["beams"] if not b["is_finished"]] for s in beam_steps]
+    best_scores = [(beams or s["beams"])[0]["score"] for beams, s in zip(live, beam_steps)]
+    assert all(not beams or beams[0]["score"] == max(b["score"] for b in beams) for beams in live)
+    score = chart_data(page, "beam-score-chart")
+    assert score["labels"] == [str(s["index"]) for s in beam_steps]
+    assert score["datasets"][0]["data"] == pytest.approx(best_scores)
+    counts = chart_data(page, "beam-count-chart")["datasets"]
+    assert counts[0]["data"] == [len(beams) for beams in live]
+    assert counts[1]["data"] == [len(s["beams"]) - len(beams) for beams, s in zip(live, beam_steps)]
+    latency = chart_data(page, "beam-latency-chart")["datasets"][0]["data"]
+    assert latency == pytest.approx([s["latency_ms"] for s in beam_steps])
     page.locator("#ex-beam-section").screenshot(path=str(screenshot_dir / "explorer-beams.png"))
+
+
+def test_flat_first_token_distribution_is_explained(page, screenshot_dir):
+    open_explorer(page, "What is the capital of France?")
+    page.check("#ex-chat")
+    next_token(page, 1)
+    step = all_steps(page)[-1]
+    top = step["top_raw"]
+    assert top[0]["prob"] < 0.3, f"the model's first token is not flat here: {top[:3]}"
+    note = page.locator("#ex-flat-note")
+    expect(note).to_be_visible()
+    assert note.locator(".note-prob").all_inner_texts() == [fmt_prob(a["prob"]) for a in top[:4]]
+    assert note.locator(".piece").first.inner_text() == f"“{visible_piece(top[0]['piece'])}”"
+    expect(note).to_contain_text(f"entropy {step['entropy']:.2f} nats")
+    # With the worker's exact processed distribution (sliders at their neutral values: the raw
+    # one), "something other than the top token" is 1 - its probability.
+    expect(page.locator("#ex-processed-head")).to_have_attribute("data-exact", "true")
+    expect(note.locator(".note-others")).to_have_text(fmt_prob(1 - top[0]["prob"]))
+    page.locator("#ex-dist-title").locator("xpath=../..").screenshot(path=str(screenshot_dir / "explorer-flat.png"))
+
+    # A clear favourite gets no note.
+    page.click("#ex-reset")
+    page.uncheck("#ex-chat")
+    page.fill("#ex-text", "One, two, three, four, five, six, seven,")
+    next_token(page, 1)
+    assert all_steps(page)[-1]["top_raw"][0]["prob"] >= 0.3
+    expect(note).to_have_count(0)
 
 
 def test_cache_switches_change_the_request(page, screenshot_dir):

@@ -58,3 +58,10 @@ def visible_piece(piece: str) -> str:
     if piece == "":
         return "∅"
     return piece.replace(" ", "·").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+
+
+def fmt_prob(prob: float) -> str:
+    """Mirror of static/js/format.js fmtProb."""
+    if 0 < prob < 0.001:
+        return "<0.1%"
+    return f"{prob * 100:.{0 if prob >= 0.995 or prob == 0 else 1}f}%"

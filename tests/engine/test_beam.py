@@ -208,3 +208,16 @@ def test_stop_string_finishes_a_beam_and_is_cut_from_the_text(llama):
     assert finished.token_ids == (first,)
     assert finished.text == ""
     assert all(f"t{first}" not in b.text for b in finished.sequences)
+
+
+def test_token_logprobs_are_the_models_along_each_path(llama):
+    params = SamplingParams(num_beams=3, num_return_sequences=3, max_new_tokens=8, length_penalty=2.0)
+    events = run(llama, params, greedy_tokens(llama, 5)[2])
+    for beam in events[-1].sequences + events[-2].beams:
+        ids = torch.tensor([PROMPT + list(beam.token_ids)])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(llama(ids).logits[0].float(), dim=-1)
+        positions = range(len(PROMPT) - 1, len(PROMPT) - 1 + len(beam.token_ids))
+        expected = [logprobs[p, t].item() for p, t in zip(positions, beam.token_ids)]
+        assert beam.token_logprobs == pytest.approx(expected, abs=1e-4)
+        assert beam.score == pytest.approx(sum(beam.token_logprobs) / len(beam.token_ids) ** 2.0, abs=1e-4)

@@ -134,6 +134,20 @@ def test_stop_string_ends_text_before_it(engine, prompt_ids):
     assert "".join(s.text_delta for s in steps) == finished.text
 
 
+def test_beam_sequences_carry_each_tokens_text(engine, prompt_ids):
+    """A page shows a beam-search answer token by token from `text_deltas`: they add up to the
+    answer, one per token, and a stop string is cut from them as from the text."""
+    params = dict(num_beams=3, num_return_sequences=3, max_new_tokens=12)
+    full = run(engine, prompt_ids, **params)[2]
+    for beam in full.sequences:
+        assert len(beam.text_deltas) == len(beam.token_ids)
+        assert "".join(beam.text_deltas) == beam.text
+        assert len(beam.token_logprobs) == len(beam.token_ids)
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]
+    cut = run(engine, prompt_ids, **params, stop=(stop,))[2].sequences[0]
+    assert "".join(cut.text_deltas) == cut.text and stop not in cut.text
+
+
 def test_cancellation_is_checked_every_step(engine, prompt_ids):
     calls = []
 

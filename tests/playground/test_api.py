@@ -39,7 +39,7 @@ def test_models_and_presets_list_what_the_admin_configured(browser: Client) -> N
     models = browser.get("/api/models/").json()
     assert [(m["name"], m["is_default"]) for m in models] == [("SmolLM2-135M-Instruct (bundled)", True)]
     presets = {p["name"]: p for p in browser.get("/api/presets/").json()}
-    assert presets["Balanced"]["is_default"] and presets["Balanced"]["params"]["top_p"] == 0.9
+    assert presets["Greedy"]["is_default"] and presets["Balanced"]["params"]["top_p"] == 0.9
     assert presets["Beam search"]["params"]["num_beams"] == 4
 
 

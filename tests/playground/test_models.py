@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import fields
 
 import pytest
+from django.apps import apps as django_apps
 from django.core.exceptions import ValidationError
 
 from inference.sampling_params import SamplingParams
@@ -45,10 +47,46 @@ def test_the_migration_ships_the_bundled_model_and_five_presets_with_one_default
     assert (default_model.source, default_model.is_enabled) == ("bundled", True)
     names = set(SamplingPreset.objects.values_list("name", flat=True))
     assert names == {"Greedy", "Balanced", "Creative", "Precise", "Beam search"}
-    assert SamplingPreset.default().name == "Balanced"
+    assert SamplingPreset.default().name == "Greedy"  # by measurement: 0008, docs/presets.md
     for preset in SamplingPreset.objects.all():
         preset.full_clean()  # every shipped preset is valid
     assert SamplingPreset.objects.get(name="Beam search").to_sampling_params().is_beam_search
+
+
+def _default_preset_migration():
+    return importlib.import_module("playground.migrations.0008_greedy_is_the_default_preset")
+
+
+def test_the_default_preset_moves_both_ways_while_the_rows_are_as_shipped() -> None:
+    migration = _default_preset_migration()
+    migration.balanced_by_default(django_apps, None)
+    assert SamplingPreset.default().name == "Balanced"
+    assert SamplingPreset.objects.get(name="Balanced").description == "A good default for chat."
+    migration.greedy_by_default(django_apps, None)
+    assert SamplingPreset.default().name == "Greedy"
+    assert "docs/presets.md" in SamplingPreset.objects.get(name="Greedy").description
+
+
+@pytest.mark.parametrize("edit", [{"temperature": 0.8}, {"stop": ["###"]}, {"description": "mine"}])
+def test_an_edited_balanced_default_stays_the_default(edit) -> None:
+    migration = _default_preset_migration()
+    migration.balanced_by_default(django_apps, None)
+    SamplingPreset.objects.filter(name="Balanced").update(**edit)
+    migration.greedy_by_default(django_apps, None)
+    balanced = SamplingPreset.objects.get(name="Balanced")
+    is_setting = "description" not in edit
+    assert SamplingPreset.default().name == ("Balanced" if is_setting else "Greedy")
+    assert balanced.description == edit.get("description", "A good default for chat.")
+
+
+def test_another_chosen_default_is_kept() -> None:
+    migration = _default_preset_migration()
+    migration.balanced_by_default(django_apps, None)
+    creative = SamplingPreset.objects.get(name="Creative")
+    creative.is_default = True
+    creative.save()
+    migration.greedy_by_default(django_apps, None)
+    assert SamplingPreset.default().name == "Creative"
 
 
 def test_saving_a_new_default_model_unsets_the_old_one() -> None:
