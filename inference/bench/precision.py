@@ -21,7 +21,7 @@ from inference.bench.llamacpp import LlamaCppBench
 from inference.config import EngineConfig
 from inference.engine import Engine
 from inference.introspect.device_limits import read_bandwidth
-from inference.models.loader import gguf_source
+from inference.models.loader import ModelLoadError, gguf_source
 from inference.models.precision import decode_read_bytes
 
 QUALITY_PROMPTS = (
@@ -70,7 +70,12 @@ def main_precision(args: argparse.Namespace) -> dict:
     precisions = args.precision.split(",") if args.precision else default_precisions(device)
     num_tokens, repeats = (32, 2) if args.quick else (128, 3)
     bandwidth = read_bandwidth(512 << 20 if device == "cpu" else 1 << 30, device=device)
-    engines = {p: Engine.load(EngineConfig(dtype=p, device=device, prefix_cache_bytes=0)) for p in precisions}
+    engines = {}
+    for p in precisions:
+        try:
+            engines[p] = Engine.load(EngineConfig(dtype=p, device=device, prefix_cache_bytes=0))
+        except ModelLoadError as error:  # e.g. no int8 kernel for this GPU: the others still run
+            print(f"{p}: skipped ({error})")
     reference = engines.get("float32") or Engine.load(EngineConfig(dtype="float32", device=device))
     first = next(iter(engines.values()))
     chat_ids = first.encode(PROMPT)
@@ -81,7 +86,7 @@ def main_precision(args: argparse.Namespace) -> dict:
     print(f"device={device}  threads={torch.get_num_threads()}  read bandwidth {bandwidth / 1e9:.1f} GB/s")
     print(f"decode: greedy, {num_tokens} tokens, top-20 distribution every step; prefill: {args.prompt_len} tokens")
     print(f"quality: {len(QUALITY_PROMPTS)} prompts x {args.quality_tokens} tokens teacher-forced vs float32")
-    rows: dict[str, dict[str, list[float]]] = {p: {"decode": [], "prefill": []} for p in precisions}
+    rows: dict[str, dict[str, list[float]]] = {p: {"decode": [], "prefill": []} for p in engines}
     cpp: dict[str, list[float]] = {"decode": [], "decode_top20": [], "prefill": []}
     for _ in range(repeats):  # interleaved, best of N: noise hits every side alike
         for p, engine in engines.items():

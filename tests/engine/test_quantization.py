@@ -167,3 +167,30 @@ def test_int8_keeps_the_bundled_models_greedy_choices_and_distribution(bundled: 
 
 def _greedy(n: int) -> SamplingParams:
     return SamplingParams(greedy=True, max_new_tokens=n, ignore_eos=True, num_alternatives=20)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_int8_on_cuda_serves_close_to_bfloat16_or_is_refused_by_name(bundled_model_dir) -> None:
+    from inference.models.loader import ModelLoadError
+
+    try:
+        loaded = load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="int8"))
+    except ModelLoadError as error:
+        assert "no int8 weight kernel for cuda" in str(error)
+        pytest.skip(str(error))
+    engine = Engine(loaded, EngineConfig(device="cuda", prefix_cache_bytes=0))
+    reference = Engine(
+        load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="bfloat16")), EngineConfig()
+    )
+    kl, agreement = quality(reference, engine, num_tokens=8)
+    assert kl < 0.05 and agreement >= 0.85, (kl, agreement)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_int4_on_cuda_is_refused_by_name(bundled_model_dir) -> None:
+    from inference.models.loader import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="int4.*CPU kernel only"):
+        load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="int4"))
