@@ -103,6 +103,10 @@ def _choices(
     model = resolve_model(get_field(content, "model_id", int), conversation and conversation.model)
     preset = resolve_preset(get_field(content, "preset_id", int), conversation and conversation.preset)
     overrides = get_field(content, "overrides", dict, default={})
+    if "temperature" in overrides and "greedy" not in overrides:
+        # A temperature asks for sampling even under a greedy preset (the default one is greedy),
+        # as in the OpenAI API; temperature 0 is still greedy.
+        overrides = {**overrides, "greedy": False}
     try:
         params = preset.to_sampling_params(**overrides) if preset else SamplingParams.from_dict(overrides)
     except (TypeError, ValueError) as exc:

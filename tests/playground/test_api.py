@@ -160,3 +160,16 @@ def test_models_say_which_system_prompt_their_template_adds(browser: Client) -> 
     )
     LanguageModel.objects.filter(pk=bundled["id"]).update(default_chat_template=plain)
     assert browser.get("/api/models/").json()[0]["default_system_prompt"] is None
+
+
+def test_a_temperature_asks_for_sampling_under_the_greedy_default_preset(db) -> None:
+    from playground.models import SamplingPreset
+    from playground.web import submit
+
+    assert SamplingPreset.default().greedy
+    _, _, params = submit._choices({"overrides": {"temperature": 0.7}})
+    assert not params.is_greedy and params.temperature == 0.7
+    _, _, params = submit._choices({"overrides": {"temperature": 0.7, "greedy": True}})
+    assert params.is_greedy
+    _, _, params = submit._choices({"overrides": {"top_k": 5}})
+    assert params.is_greedy  # the preset's own choice stands without a temperature
