@@ -205,15 +205,7 @@ class BeamSearchState:
         hypotheses.sort(key=lambda h: -h[0])
         # `parent` means nothing outside a BeamStep; ROOT_PARENT says so.
         return [
-            Beam(
-                token_ids=t,
-                text=self.text(t),
-                score=s,
-                parent=ROOT_PARENT,
-                is_finished=True,
-                token_logprobs=self.path_logprobs[t],
-            )
-            for s, t in hypotheses[: self.params.num_return_sequences]
+            self._beam(t, s, ROOT_PARENT, is_finished=True) for s, t in hypotheses[: self.params.num_return_sequences]
         ]
 
     def finish_reason(self, best: Beam | None, context_length: int) -> FinishReason:
