@@ -40,7 +40,7 @@ def no_dequantizing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def cpu(source: Path, data_dir: Path, **kwargs) -> EngineConfig:
-    return EngineConfig(source=str(source), device="cpu", data_dir=str(data_dir), **kwargs)
+    return EngineConfig(source=str(source), device="cpu", data_dir=str(data_dir), **{"dtype": "float32", **kwargs})
 
 
 def test_header_is_read_without_the_weights(base_gguf) -> None:

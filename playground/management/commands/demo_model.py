@@ -33,9 +33,14 @@ class Command(BaseCommand):
 
 
 def register_demo(folder: Path, name: str) -> str:
-    """The demo folder's `LanguageModel` (created once, never the default); a line saying so."""
+    """The demo's `LanguageModel`, by name (created once, never the default; a rebuild into
+    another folder points it there); a line saying so."""
     data_dir = settings.PLAYGROUND_DATA_DIR
     folder = folder.resolve()
     source = str(folder.relative_to(data_dir) if folder.is_relative_to(data_dir) else folder)
-    model, created = LanguageModel.objects.get_or_create(source=source, defaults={"name": name, "is_default": False})
+    model, created = LanguageModel.objects.get_or_create(name=name, defaults={"source": source, "is_default": False})
+    if not created and model.source != source:
+        model.source = source
+        model.save(update_fields=["source", "updated_at"])
+        return f"re-pointed: {model.name} (id {model.pk}) now loads {source}"
     return f"{'registered' if created else 'already registered'}: {model.name} (id {model.pk})"
