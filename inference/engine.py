@@ -22,7 +22,7 @@ from inference.batching import BatchStep, ContinuousBatcher
 from inference.config import EngineConfig
 from inference.core.sequence import Sequence as CoreSequence
 from inference.events import Alternative, Event, Finished, Prefilled, Step
-from inference.introspect.moe import find_routers
+from inference.introspect.moe import PassRouting
 from inference.kv.cache import KVCache, LayerKV
 from inference.kv.prefix_cache import PrefixCache
 from inference.kv.transfer import HandedOff, Handoff, KVSpec, deserialize, serialize
@@ -74,6 +74,7 @@ class _Run:
     seq: CoreSequence | None = None  # batched requests: the scheduler's view (its KV is in the paged pool)
     images: tuple[PromptImage, ...] = ()  # their pixels: for the prefill (and every step without a KV cache)
     image_spans: tuple[ImageSpan, ...] = ()  # where each image's tokens are; they key the prefix cache
+    moe_routing: tuple[dict, ...] | None = None  # the last forward pass's routing (MoE models): the next step's
 
 
 class Engine:
@@ -96,6 +97,7 @@ class Engine:
         self.alone = AloneRequests()
         self.num_not_cached_sliding_window = 0
         self.vision = VisionSpec.of(self.model, self.tokenizer, loaded.image_processor)  # None: text only
+        self.routing = PassRouting(self.model)  # hooks the routers of each alone pass (none on a dense model)
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Engine":
@@ -137,7 +139,8 @@ class Engine:
             "runner": self.runner.name,
             "has_chat_template": bool(self.loaded.chat_template),
             "sliding_window": self.sliding_window,
-            "num_moe_layers": len(find_routers(self.model)),  # 0: dense; the explorer offers the MoE view if > 0
+            "num_moe_layers": len(self.routing.routers),  # 0: dense; the explorer offers the MoE view if > 0
+            "moe": self.routing.settings,  # None: dense; else how to read a step's `moe_routing`
             "vision": self.vision.to_dict() if self.vision else None,  # None: the model takes no images
         }
 
@@ -479,16 +482,24 @@ class Engine:
     def _forward_next(self, run: _Run) -> torch.Tensor:
         if run.cache is None:  # no-KV-cache mode: recompute every position (and image), every step
             return self._forward(run, run.context_ids[: run.num_tokens], None, 0)
-        return self.runner.forward(run.context_ids[run.num_tokens - 1 : run.num_tokens], run.cache)
+        with self.routing.last_position() as routing:
+            logits = self.runner.forward(run.context_ids[run.num_tokens - 1 : run.num_tokens], run.cache)
+        run.moe_routing = tuple(routing) or None
+        return logits
 
     def _forward(self, run: _Run, ids: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:
         """The runner's forward pass over `ids` (positions `start`...), with the pixels of the
-        images whose tokens are among them: each image goes through the vision tower here."""
+        images whose tokens are among them: each image goes through the vision tower here.
+        On a MoE model the pass's routing (of its last position) is kept for the step it produces."""
         images = [image for image, span in zip(run.images, run.image_spans) if span.start >= start]
-        if not images:
-            return self.runner.forward(ids, cache)
-        pixel_values = self.vision.pixel_values(images, self.loaded.dtype, self.device)  # (n, 3, H, W)
-        return self.runner.forward(ids, cache, pixel_values=pixel_values)
+        with self.routing.last_position() as routing:
+            if not images:
+                logits = self.runner.forward(ids, cache)
+            else:
+                pixel_values = self.vision.pixel_values(images, self.loaded.dtype, self.device)  # (n, 3, H, W)
+                logits = self.runner.forward(ids, cache, pixel_values=pixel_values)
+        run.moe_routing = tuple(routing) or None
+        return logits
 
     def _sample_step(self, run: _Run, logits: torch.Tensor, phase: str, forward_ms: float) -> Step:
         t0 = time.perf_counter()
@@ -521,6 +532,7 @@ class Engine:
             kv_cache_bytes=self._kv_bytes(run),
             is_reasoning=is_reasoning,
             is_forced=forced_id is not None,
+            moe_routing=run.moe_routing,
         )
         if phase == "prefill":
             run.ttft_ms = (time.perf_counter() - run.started_at) * 1000

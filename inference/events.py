@@ -52,6 +52,10 @@ class Step:
     `is_reasoning`: generated inside a `<think>` block (`inference.sampling.thinking`'s rule);
     `is_forced`: the thinking budget chose the token (`</think>` or a piece of it), not the
     sampler; the model still ran and the distributions are the ones it gave.
+    `moe_routing` (mixture-of-experts models only; None on a dense model): each MoE layer's
+    choice in the forward pass that produced this token, for the position it was predicted
+    from: {"layer", "experts" (descending weight), "weights", "groups"}
+    (`inference.introspect.moe.choice_at`).
     """
 
     index: int
@@ -70,6 +74,7 @@ class Step:
     kv_cache_bytes: int = 0
     is_reasoning: bool = False
     is_forced: bool = False
+    moe_routing: tuple[dict[str, Any], ...] | None = None
     type: str = "step"
 
     def to_dict(self) -> dict[str, Any]:

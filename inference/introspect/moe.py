@@ -3,7 +3,9 @@ and with what weight.
 
 Owns: finding a model's routers (DeepSeek-V3's `gate` modules: group-limited top-k over sigmoid
 scores, the correction bias used only to choose), capturing their outputs with forward hooks
-during one batch-1 forward pass (hooks always removed afterwards), and `recompute_routing`, an
+during one batch-1 forward pass (hooks always removed afterwards), the compact per-position
+record of a choice (shared by the inspection's `routing_trace` and the engine's `PassRouting`,
+which records each generation step's real forward pass), and `recompute_routing`, an
 independent implementation of V3's rule from the router logits (what the tests check the
 captured choices against). Must not know: requests, the engine's scheduling, Django.
 
@@ -35,9 +37,12 @@ def find_routers(model: torch.nn.Module) -> list[tuple[int, torch.nn.Module]]:
 
 
 @contextmanager
-def capture_routing(model: torch.nn.Module) -> Iterator[dict[int, dict[str, torch.Tensor]]]:
+def capture_routing(
+    model: torch.nn.Module, routers: list[tuple[int, torch.nn.Module]] | None = None
+) -> Iterator[dict[int, dict[str, torch.Tensor]]]:
     """Inside the block every router's forward pass records {logits, weights, indices} (one row
-    per token) under its layer index; the hooks are removed on leaving, error or not."""
+    per token) under its layer index; the hooks are removed on leaving, error or not.
+    `routers`: `find_routers(model)` when the caller already has them (saves walking the modules)."""
     captured: dict[int, dict[str, torch.Tensor]] = {}
     handles = []
 
@@ -49,7 +54,7 @@ def capture_routing(model: torch.nn.Module) -> Iterator[dict[int, dict[str, torc
         return hook
 
     try:
-        for layer, router in find_routers(model):
+        for layer, router in find_routers(model) if routers is None else routers:
             handles.append(router.register_forward_hook(hook_for(layer)))
         yield captured
     finally:
@@ -107,41 +112,80 @@ def router_settings(router: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-@torch.inference_mode()
-def routing_trace(model: torch.nn.Module, token_ids: list[int], first_position: int = 0) -> dict[str, Any]:
-    """One forward pass over `token_ids`; for each position from `first_position` on, each MoE
-    layer's experts (descending weight), their weights and the groups they came from, with the
-    routing rule's settings (the config's names). `NotMoE` when the model has no router."""
-    routers = find_routers(model)
+def routing_settings(model: torch.nn.Module, routers: list[tuple[int, torch.nn.Module]]) -> dict[str, Any]:
+    """What a routing record needs to be read: the MoE layers, the expert count and grouping, and
+    the routing rule (the config's names). `NotMoE` when the model has no router."""
     if not routers:
         raise NotMoE("this model has no mixture-of-experts router to trace")
-    device = next(model.parameters()).device
-    with capture_routing(model) as captured:
-        model(input_ids=torch.tensor([token_ids], device=device), use_cache=False, logits_to_keep=1)
     settings = router_settings(routers[0][1])
     num_experts = int(routers[0][1].num_experts)
-    per_group = num_experts // settings["n_group"]
     layers = [layer for layer, _ in routers]
-    tokens = []
-    for position in range(first_position, len(token_ids)):
-        per_layer = []
-        for layer in layers:
-            weights, indices = captured[layer]["weights"][position], captured[layer]["indices"][position]  # (k,)
-            order = torch.argsort(weights, descending=True)
-            experts = indices[order].tolist()
-            per_layer.append(
-                {
-                    "experts": experts,
-                    "weights": [round(w, 5) for w in weights[order].tolist()],
-                    "groups": sorted({e // per_group for e in experts}),
-                }
-            )
-        tokens.append({"position": position, "token_id": token_ids[position], "layers": per_layer})
     return {
         "layers": layers,
         "n_routed_experts": num_experts,
-        "experts_per_group": per_group,
+        "experts_per_group": num_experts // settings["n_group"],
         "first_k_dense_replace": int(getattr(model.config, "first_k_dense_replace", layers[0])),
         **settings,
-        "tokens": tokens,
     }
+
+
+def choice_at(captured: dict[str, torch.Tensor], position: int, per_group: int) -> dict[str, list]:
+    """One layer's choice for one position: experts in descending weight, their weights (rounded
+    to 5 decimals: a view, not a checkpoint) and the groups they came from."""
+    weights, indices = captured["weights"][position], captured["indices"][position]  # (k,)
+    order = torch.argsort(weights, descending=True)
+    experts = indices[order].tolist()
+    return {
+        "experts": experts,
+        "weights": [round(w, 5) for w in weights[order].tolist()],
+        "groups": sorted({e // per_group for e in experts}),
+    }
+
+
+@torch.inference_mode()
+def routing_trace(model: torch.nn.Module, token_ids: list[int], first_position: int = 0) -> dict[str, Any]:
+    """One forward pass over `token_ids`; for each position from `first_position` on, each MoE
+    layer's `choice_at`, with `routing_settings`. `NotMoE` when the model has no router."""
+    routers = find_routers(model)
+    settings = routing_settings(model, routers)
+    device = next(model.parameters()).device
+    with capture_routing(model, routers) as captured:
+        model(input_ids=torch.tensor([token_ids], device=device), use_cache=False, logits_to_keep=1)
+    per_group = settings["experts_per_group"]
+    tokens = [
+        {
+            "position": position,
+            "token_id": token_ids[position],
+            "layers": [choice_at(captured[layer], position, per_group) for layer in settings["layers"]],
+        }
+        for position in range(first_position, len(token_ids))
+    ]
+    return {**settings, "tokens": tokens}
+
+
+class PassRouting:
+    """The routing of a generation's own forward passes, for its step records: on a model with
+    routers, `last_position()` hooks them for one pass and gives each MoE layer's choice for the
+    pass's last position (the token the next one is predicted from). On a dense model it
+    installs nothing: the dense forward pass stays as fast as without it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.routers = find_routers(model)
+        self.settings = routing_settings(model, self.routers) if self.routers else None
+
+    def __bool__(self) -> bool:
+        return bool(self.routers)
+
+    @contextmanager
+    def last_position(self) -> Iterator[list[dict[str, Any]]]:
+        """The list, empty for a dense model, is filled on leaving with one `choice_at` per MoE layer
+        (plus its "layer" index), in `settings["layers"]` order."""
+        routing: list[dict[str, Any]] = []
+        if not self.routers:
+            yield routing
+            return
+        with capture_routing(self.model, self.routers) as captured:
+            yield routing
+        per_group = self.settings["experts_per_group"]
+        routing.extend({"layer": layer, **choice_at(captured[layer], -1, per_group)} for layer, _ in self.routers)

@@ -10,6 +10,7 @@ import { flatNote } from "./flat_note.js";
 import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, tokenLabel, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
+import { renderMoeLive } from "./moe_live.js";
 import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
 import { processedProbs } from "./sampling.js";
@@ -32,6 +33,7 @@ const state = {
   generationId: null, // the last finished request: its row holds the whole path (inspections)
   numSent: 0,         // tokens of the path the last request sent after the text
   promptPerplexity: null, // the text's perplexity ({value, ...}, {isLoading} or {error}) for generationId
+  textLastPiece: null, // the text's last token: what the model read before step 0
 };
 
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
@@ -120,7 +122,8 @@ function request(maxNewTokens) {
   const handle = socket.start(command, {
     onStarted: (event) => {
       if (!isCurrent()) return;
-      Object.assign(state, { prompt: event.prompt, model: event.model, params: event.params });
+      Object.assign(state, { prompt: event.prompt, model: event.model, params: event.params,
+        textLastPiece: event.prompt?.tokens?.at(-1 - base)?.piece ?? null });
       inside.setModel(event.model);
       renderPipeline();
     },
@@ -217,6 +220,7 @@ function renderAll() {
   renderContinuation();
   renderDistribution();
   updateStepCharts(stepCharts, state.steps);
+  renderMoeLive($("#ex-moe-live"), state.model, state.steps, state.textLastPiece);
   $("#ex-handoff-legend").hidden = !state.steps.some((s) => s.isAfterHandoff);
   renderTokenization();
   renderPipeline();

@@ -1,7 +1,9 @@
 // The explorer's mixture-of-experts view: for each MoE layer a grid, one row per step of the
 // path, one column per routed expert (groups separated), a cell shaded by the weight the router
 // gave that expert for that step; below it how often each expert was chosen (its load).
-// Owns: drawing the "moe" inspection's answer (docs/inside.md). Must not know: the request.
+// Owns: drawing a routing record {settings..., tokens: [{step, piece, sampled_piece, layers}]}:
+// the "moe" inspection's answer (docs/inside.md) or one built from streamed steps (moe_live.js).
+// Must not know: the request.
 import { h } from "./dom.js";
 import { fmtNum, visiblePiece } from "./format.js";
 
@@ -10,15 +12,22 @@ export const MOE_EXPLAIN = "In a mixture-of-experts layer a small router sends e
   + "an expert the router chose to compute it.";
 
 export function renderMoe(r) {
+  return h("div", { class: "inside-view", id: "inside-moe" }, moeRule(r), ...moeGrids(r));
+}
+
+/** One grid per MoE layer (`r.layers`), rows `r.tokens`. */
+export function moeGrids(r) {
+  return r.layers.map((layer, i) => layerGrid(r, layer, i));
+}
+
+function moeRule(r) {
   const dense = r.first_k_dense_replace;
-  const rule = h("p", { class: "small", id: "moe-rule" },
+  return h("p", { class: "small", id: "moe-rule" },
     `${r.n_routed_experts} routed experts in ${r.n_group} groups of ${r.experts_per_group}. For each token the router `
     + `keeps the ${r.topk_group} strongest groups and picks ${r.num_experts_per_tok} experts inside them; their weights `
     + `sum to ${r.routed_scaling_factor}. `
     + (dense ? `The first ${dense === 1 ? "layer is" : `${dense} layers are`} dense (no router). ` : "")
     + "Grey cells: a group the router did not keep for that step.");
-  const grids = r.layers.map((layer, i) => layerGrid(r, layer, i));
-  return h("div", { class: "inside-view", id: "inside-moe" }, rule, ...grids);
 }
 
 function layerGrid(r, layer, index) {

@@ -114,6 +114,27 @@ def demo_model(live_stack, tmp_path_factory) -> None:
     run_prepare_step("demo-model", argv, live_stack.env)
 
 
+CELLS = (
+    "cells => cells.map((c) => [c.closest('.moe-layer').dataset.layer, c.closest('tr').dataset.step,"
+    " c.dataset.expert, c.dataset.weight])"
+)
+
+
+def drawn_cells(page, root: str) -> set[tuple[int, int, int, float]]:
+    """(layer, step, expert, weight) of every chosen cell under `root`."""
+    cells = page.locator(f"{root} td.chosen").evaluate_all(CELLS)
+    return {(int(layer), int(step), int(e), float(w)) for layer, step, e, w in cells}
+
+
+def streamed_cells(steps: list[dict]) -> set[tuple[int, int, int, float]]:
+    return {
+        (c["layer"], s["index"], e, w)
+        for s in steps
+        for c in s["moe_routing"]
+        for e, w in zip(c["experts"], c["weights"])
+    }
+
+
 def is_moe_answer(response) -> bool:
     return response.url.endswith("/inspect/") and response.request.post_data_json["view"] == "moe"
 
@@ -124,6 +145,8 @@ def test_moe_routing_of_the_demo_model(page, demo_model, screenshot_dir):
     next_token(page, 1)  # the bundled model is dense: no experts to show
     assert events(page, "generation.started")[-1]["model"]["num_moe_layers"] == 0
     expect(moe_button).to_be_hidden()
+    expect(page.locator("#ex-moe-live")).to_be_hidden()  # nor a live grid
+    assert all(s["moe_routing"] is None for s in steps_of_last_generation(page))
     demo = page.locator("#ex-model option", has_text="random weights")
     page.select_option("#ex-model", demo.get_attribute("value"))
     expect(page.locator(".random-weights-notice")).to_be_visible()
@@ -133,7 +156,16 @@ def test_moe_routing_of_the_demo_model(page, demo_model, screenshot_dir):
     wait_for_events(page, "generation.finished", 2)
     expect(page.locator("#ex-step")).to_be_enabled()
     model = events(page, "generation.started")[-1]["model"]
-    steps = [s["token_id"] for s in steps_of_last_generation(page)]
+    streamed = steps_of_last_generation(page)
+    steps = [s["token_id"] for s in streamed]
+    # the live grids, drawn from the steps as they arrived: every cell is a streamed record's
+    expect(page.locator("#ex-moe-live .moe-layer")).to_have_count(model["num_moe_layers"])
+    assert model["moe"]["layers"] == [c["layer"] for c in streamed[0]["moe_routing"]]
+    assert drawn_cells(page, "#ex-moe-live") == streamed_cells(streamed)
+    generation_id = events(page, "generation.queued")[-1]["generation_id"]
+    stored = page.evaluate("(id) => fetch(`/api/generations/${id}/steps.json`).then((r) => r.json())", generation_id)
+    assert [s["moe_routing"] for s in stored["steps"]] == [s["moe_routing"] for s in streamed]
+    page.locator("#ex-moe-live").screenshot(path=str(screenshot_dir / "explorer-moe-live.png"))
     with page.expect_response(is_moe_answer) as response:
         moe_button.click()
     api = response.value.json()
@@ -145,20 +177,20 @@ def test_moe_routing_of_the_demo_model(page, demo_model, screenshot_dir):
         for layer, choice in zip(layers, token["layers"]):
             assert sum(choice["weights"]) == pytest.approx(scale, abs=1e-3) and len(choice["groups"]) <= 2
             expected |= {(layer, token["step"], e, w) for e, w in zip(choice["experts"], choice["weights"])}
-    drawn = page.locator("#inside-moe td.chosen").evaluate_all(
-        "cells => cells.map((c) => [c.closest('.moe-layer').dataset.layer, c.closest('tr').dataset.step,"
-        " c.dataset.expert, c.dataset.weight])"
-    )
-    assert {(int(layer), int(step), int(e), float(w)) for layer, step, e, w in drawn} == expected
+    assert drawn_cells(page, "#inside-moe") == expected
+    for token, step in zip(api["tokens"], streamed):  # teacher-forced = the generation's own passes
+        for inspected, live in zip(token["layers"], step["moe_routing"]):
+            assert inspected["experts"] == live["experts"]
+            assert inspected["weights"] == pytest.approx(live["weights"], abs=1e-5 + 1e-9)
     for index, layer in enumerate(layers):
-        load = page.locator(f'.moe-layer[data-layer="{layer}"] tr.moe-load td').evaluate_all(
+        load = page.locator(f'#inside-moe .moe-layer[data-layer="{layer}"] tr.moe-load td').evaluate_all(
             "cells => cells.map((c) => Number(c.dataset.load))"
         )
         chosen = [e for t in api["tokens"] for e in t["layers"][index]["experts"]]
         assert load == [chosen.count(e) for e in range(api["n_routed_experts"])]
     first = api["tokens"][0]["layers"][0]
     cell = page.locator(
-        f'.moe-layer[data-layer="{layers[0]}"] tr[data-step="0"] td[data-expert="{first["experts"][0]}"]'
+        f'#inside-moe .moe-layer[data-layer="{layers[0]}"] tr[data-step="0"] td[data-expert="{first["experts"][0]}"]'
     )
     expect(cell).to_have_attribute(
         "title", re.compile(rf"layer {layers[0] + 1} · expert {first['experts'][0]}: weight")
