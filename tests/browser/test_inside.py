@@ -147,7 +147,7 @@ def test_moe_routing_of_the_demo_model(page, demo_model, screenshot_dir):
     expect(moe_button).to_be_hidden()
     expect(page.locator("#ex-moe-live")).to_be_hidden()  # nor a live grid
     assert all(s["moe_routing"] is None for s in steps_of_last_generation(page))
-    demo = page.locator("#ex-model option", has_text="random weights")
+    demo = page.locator("#ex-model option", has_text="DeepSeek-V3 architecture demo")
     page.select_option("#ex-model", demo.get_attribute("value"))
     expect(page.locator(".random-weights-notice")).to_be_visible()
     expect(page.locator(".random-weights-notice")).to_contain_text("Random weights")
