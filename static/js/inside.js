@@ -111,13 +111,20 @@ const piece = (p) => h("span", { class: "piece" }, visiblePiece(p ?? ""));
 const STAGE_LABEL = { raw: "model (raw)", repetition_penalty: "repetition penalty", temperature: "temperature",
   top_k: "top-k", top_p: "top-p", min_p: "min-p" };
 
+/** Top-k keeps every token scoring at least the k-th score: ties (common with bfloat16 logits,
+ * whose 8-bit mantissa rounds close scores together) can keep more than k. */
+function tiesNote(stage) {
+  return stage.name === "top_k" && stage.num_kept > stage.setting
+    ? `${stage.num_kept - stage.setting} more than k: they tie with the k-th score, and top-k keeps ties` : "";
+}
+
 function renderWaterfall(r) {
   const rows = r.stages.map((s) => {
     const sampled = s.sampled ? (s.sampled.is_kept ? `${fmtProb(s.sampled.prob)} · rank ${s.sampled.rank}` : "removed") : "";
     const removed = s.name === "raw" ? "" : s.num_removed ? `−${s.num_removed} tokens · ${fmtProb(s.removed_mass)} of the mass` : "nothing removed";
     return h("tr", { dataset: { stage: s.name } },
       h("td", {}, STAGE_LABEL[s.name] ?? s.name, s.setting === null ? "" : ` ${fmtNum(s.setting)}`),
-      h("td", { class: "num" }, s.num_kept.toLocaleString()),
+      h("td", { class: "num", title: tiesNote(s) }, s.num_kept.toLocaleString(), tiesNote(s) ? " *" : ""),
       h("td", { class: "small" }, removed),
       h("td", { class: "num" }, fmtNum(s.entropy)),
       h("td", { class: "num", dataset: { sampledProb: s.sampled?.prob ?? "" } }, sampled),
@@ -126,7 +133,9 @@ function renderWaterfall(r) {
   const head = h("tr", {}, ...["stage", "tokens left", "removed here", "entropy (nats)", `chosen “${visiblePiece(r.sampled_piece)}”`, "top tokens after it"]
     .map((t) => h("th", {}, t)));
   const note = r.is_greedy ? h("p", { class: "small" }, "Temperature 0 is greedy: only the repetition penalty applies, then the highest score wins.") : null;
-  return h("div", { class: "inside-view", id: "inside-waterfall" }, note, h("table", { class: "inside-table" }, h("thead", {}, head), h("tbody", {}, ...rows)));
+  const ties = r.stages.map(tiesNote).find(Boolean);
+  return h("div", { class: "inside-view", id: "inside-waterfall" }, note, h("table", { class: "inside-table" }, h("thead", {}, head), h("tbody", {}, ...rows)),
+    ties ? h("p", { class: "small", id: "waterfall-ties" }, `* ${ties}.`) : null);
 }
 
 function renderWhatIf(r, target, onBranch) {
