@@ -93,10 +93,11 @@ def quantize_model(model: Any, precision: str, dtype: torch.dtype, gguf_path: Pa
         raise ValueError(f"precision='int8': torch {torch.__version__} has no int8 weight kernel for {device}")
     from_file = native_int4_weights(gguf_path, model, dtype) if bits == 4 and gguf_path else {}
     head = model.get_output_embeddings()
+    linears = [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    if all(module is head for _, module in linears):
+        raise ValueError(f"the model has no linear layer the {precision} kernel can take (e.g. GPT-2's Conv1D)")
     num_quantized, used, num_kept = 0, [], 0
-    for name, module in list(model.named_modules()):
-        if not isinstance(module, torch.nn.Linear):
-            continue
+    for name, module in linears:
         layer_bits = 8 if module is head else bits  # its errors land directly in the distribution
         if not _fits_kernel(module, layer_bits):
             num_kept += 1

@@ -194,3 +194,11 @@ def test_int4_on_cuda_is_refused_by_name(bundled_model_dir) -> None:
 
     with pytest.raises(ModelLoadError, match="int4.*CPU kernel only"):
         load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="int4"))
+
+
+def test_a_model_without_linear_layers_is_refused_by_name() -> None:
+    from inference.models.precision import quantize_model
+    from tests.engine.tiny_models import make_tiny_model
+
+    with pytest.raises(ValueError, match="no linear layer the int8 kernel can take"):
+        quantize_model(make_tiny_model("gpt2"), "int8", BF16)
