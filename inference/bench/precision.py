@@ -12,6 +12,7 @@ ids and threads, with and without a top-20 distribution computed per token, inte
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +24,7 @@ from inference.engine import Engine
 from inference.introspect.device_limits import read_bandwidth
 from inference.models.loader import ModelLoadError, gguf_source
 from inference.models.precision import decode_read_bytes
+from inference.sampling_params import SamplingParams
 
 QUALITY_PROMPTS = (
     "What is the capital of France?",
@@ -36,28 +38,44 @@ QUALITY_PROMPTS = (
 )
 
 
-def quality(reference: Engine, engine: Engine, num_tokens: int) -> tuple[float, float]:
-    """(mean KL(reference || engine) in nats, greedy agreement) of the next-token distribution at
-    every position of the reference's greedy answers to QUALITY_PROMPTS (teacher forcing: both
-    models read the same text, so each position compares like with like)."""
-    kls, agree = [], []
+@dataclass(frozen=True)
+class QualityCase:
+    """One fixed prompt + the reference's greedy answer, and the reference's next-token logprobs
+    at every answer position: computed once, compared with every precision."""
+
+    ids: torch.Tensor  # (1, P + N) prompt + answer
+    num_prompt_tokens: int
+    reference_logprobs: torch.Tensor  # (N, V)
+
+
+def quality_cases(reference: Engine, num_tokens: int) -> list[QualityCase]:
+    """The reference's greedy answers to QUALITY_PROMPTS and its distributions along them."""
+    params = SamplingParams(greedy=True, max_new_tokens=num_tokens, ignore_eos=True, use_prefix_cache=False)
+    cases = []
     for question in QUALITY_PROMPTS:
         prompt_ids = reference.encode(reference.render_chat([{"role": "user", "content": question}]).text)
-        answer = reference_answer(reference, prompt_ids, num_tokens)
+        answer = list(list(reference.generate(prompt_ids, params))[-1].token_ids)
         ids = torch.tensor([prompt_ids + answer])
-        with torch.inference_mode():
-            ref = torch.log_softmax(reference.model(ids).logits[0, len(prompt_ids) - 1 : -1].float(), -1)  # (N, V)
-            got = torch.log_softmax(engine.model(ids).logits[0, len(prompt_ids) - 1 : -1].float(), -1)
+        cases.append(QualityCase(ids, len(prompt_ids), answer_logprobs(reference, ids, len(prompt_ids))))
+    return cases
+
+
+def answer_logprobs(engine: Engine, ids: torch.Tensor, num_prompt_tokens: int) -> torch.Tensor:
+    """Teacher-forced next-token logprobs (N, V) at every answer position of `ids` (1, P + N)."""
+    with torch.inference_mode():
+        return torch.log_softmax(engine.model(ids).logits[0, num_prompt_tokens - 1 : -1].float(), -1)
+
+
+def quality(cases: list[QualityCase], engine: Engine) -> tuple[float, float]:
+    """(mean KL(reference || engine) in nats, greedy agreement) of the next-token distribution at
+    every position of the reference's answers (teacher forcing: both models read the same text,
+    so each position compares like with like)."""
+    kls, agree = [], []
+    for case in cases:
+        ref, got = case.reference_logprobs, answer_logprobs(engine, case.ids, case.num_prompt_tokens)  # (N, V)
         kls.append((ref.exp() * (ref - got)).sum(-1))  # (N,)
         agree.append(ref.argmax(-1) == got.argmax(-1))
     return float(torch.cat(kls).mean()), float(torch.cat(agree).float().mean())
-
-
-def reference_answer(engine: Engine, prompt_ids: list[int], num_tokens: int) -> list[int]:
-    from inference.sampling_params import SamplingParams
-
-    params = SamplingParams(greedy=True, max_new_tokens=num_tokens, ignore_eos=True, use_prefix_cache=False)
-    return list(list(engine.generate(prompt_ids, params))[-1].token_ids)
 
 
 def default_precisions(device: str) -> list[str]:
@@ -96,13 +114,13 @@ def main_precision(args: argparse.Namespace) -> dict:
             cpp["decode"].append(llama.decode_tok_s(chat_ids, num_tokens, top_k=0))
             cpp["decode_top20"].append(llama.decode_tok_s(chat_ids, num_tokens, top_k=20))
             cpp["prefill"].append(llama.prefill_tok_s(long_ids))
-    results = table(engines, reference, rows, bandwidth, args.quality_tokens)
+    results = table(engines, reference, rows, bandwidth, quality_cases(reference, args.quality_tokens))
     if llama is not None:
         results.update(compare_llamacpp(results, cpp))
     return results
 
 
-def table(engines: dict, reference: Engine, rows: dict, bandwidth: float, quality_tokens: int) -> dict:
+def table(engines: dict, reference: Engine, rows: dict, bandwidth: float, cases: list[QualityCase]) -> dict:
     print(
         f"{'precision':<9} {'decode tok/s':>12} {'prefill tok/s':>13} {'MB/token':>9} {'bw bound':>8} "
         f"{'of bound':>8} {'KL vs fp32':>10} {'greedy agree':>12}"
@@ -112,7 +130,7 @@ def table(engines: dict, reference: Engine, rows: dict, bandwidth: float, qualit
         decode, prefill = max(rows[p]["decode"]), max(rows[p]["prefill"])
         read_bytes = decode_read_bytes(engine.model)
         bound = bandwidth / read_bytes
-        kl, agreement = (0.0, 1.0) if engine is reference else quality(reference, engine, quality_tokens)
+        kl, agreement = (0.0, 1.0) if engine is reference else quality(cases, engine)
         print(
             f"{p:<9} {decode:>12.1f} {prefill:>13.1f} {read_bytes / 1e6:>9.1f} {bound:>8.1f} "
             f"{decode / bound:>8.0%} {kl:>10.5f} {agreement:>12.1%}"

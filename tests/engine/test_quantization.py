@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inference import EngineConfig, SamplingParams, Step
-from inference.bench.precision import quality
+from inference.bench.precision import quality, quality_cases
 from inference.engine import Engine
 from inference.models.bundled import bundled_gguf_path
 from inference.models.gguf_blocks import native_int4_weights
@@ -153,7 +153,7 @@ def bundled_int8(data_dir) -> Engine:
 @pytest.mark.slow
 def test_int8_keeps_the_bundled_models_greedy_choices_and_distribution(bundled: LoadedModel, bundled_int8) -> None:
     reference = Engine(bundled, EngineConfig(dtype="float32", prefix_cache_bytes=0))
-    kl, agreement = quality(reference, bundled_int8, num_tokens=16)
+    kl, agreement = quality(quality_cases(reference, num_tokens=16), bundled_int8)
     assert kl < 0.02 and agreement >= 0.9, (kl, agreement)
     q = bundled_int8.loaded.quantization
     assert q.num_quantized == 30 * 7 + 1 and q.num_from_file == 0
@@ -183,7 +183,7 @@ def test_int8_on_cuda_serves_close_to_bfloat16_or_is_refused_by_name(bundled_mod
     reference = Engine(
         load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="bfloat16")), EngineConfig()
     )
-    kl, agreement = quality(reference, engine, num_tokens=8)
+    kl, agreement = quality(quality_cases(reference, num_tokens=8), engine)
     assert kl < 0.05 and agreement >= 0.85, (kl, agreement)
 
 
