@@ -21,6 +21,9 @@ from inference.config import VALID_DTYPES as PRECISIONS
 from inference.models.quant import INT4_GROUP_SIZE, QuantizedLinear, quantize
 
 QUANTIZED_BITS = {"int8": 8, "int4": 4}
+# The output layer stays at 8 bits under int4 too (as Q4 GGUF files keep it at 6-8): its errors
+# land directly in the next-token distribution.
+HEAD_BITS = 8
 FLOAT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -98,7 +101,7 @@ def quantize_model(model: Any, precision: str, dtype: torch.dtype, gguf_path: Pa
         raise ValueError(f"the model has no linear layer the {precision} kernel can take (e.g. GPT-2's Conv1D)")
     num_quantized, used, num_kept = 0, [], 0
     for name, module in linears:
-        layer_bits = 8 if module is head else bits  # its errors land directly in the distribution
+        layer_bits = HEAD_BITS if module is head else bits
         if not _fits_kernel(module, layer_bits):
             num_kept += 1
             continue
@@ -113,7 +116,7 @@ def quantize_model(model: Any, precision: str, dtype: torch.dtype, gguf_path: Pa
         num_quantized += 1
     for param in model.parameters():  # embeddings, norms, biases left in float
         param.data = param.data.to(dtype)
-    return QuantizationReport(precision, num_quantized, len(used), tuple(sorted(set(used))), num_kept, 8)
+    return QuantizationReport(precision, num_quantized, len(used), tuple(sorted(set(used))), num_kept, HEAD_BITS)
 
 
 def _int8_kernel_works(device: torch.device, dtype: torch.dtype) -> bool:

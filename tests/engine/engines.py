@@ -57,3 +57,12 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_ids) 
 def run(engine: Engine, prompt_ids: list[int], **params) -> tuple[list, list[Step], Finished]:
     events = list(engine.generate(prompt_ids, SamplingParams(**params)))
     return events, [e for e in events if isinstance(e, Step)], events[-1]
+
+
+def batched(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> list:
+    """One request through `add_request`/`step` (the continuous batcher when it takes it): its events."""
+    request_id = engine.add_request(prompt_ids, params)
+    events = []
+    while engine.has_unfinished:
+        events += [event for rid, event in engine.step() if rid == request_id]
+    return events

@@ -14,6 +14,7 @@ from inference.engine import Engine
 from inference.models.loader import load_model
 from inference.text.chat_template import TemplateTokens, render_chat
 from inference.text.reasoning import prompt_opens_reasoning, split_segments
+from tests.engine.engines import batched
 from tests.engine.tiny_models import make_tiny_model, make_tiny_tokenizer
 
 TEMPLATE = Path(__file__).with_name("chat_templates") / "deepseek_r1_distill_llama.jinja"
@@ -60,14 +61,6 @@ def r1_engine(checkpoint: Path) -> Engine:
 
 def r1_prompt(engine: Engine) -> list[int]:
     return engine.encode(engine.render_chat(HISTORY).text)
-
-
-def batched(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> list:
-    request_id = engine.add_request(prompt_ids, params)
-    events = []
-    while engine.has_unfinished:
-        events += [event for rid, event in engine.step() if rid == request_id]
-    return events
 
 
 @pytest.mark.parametrize("budget", [0, 3])

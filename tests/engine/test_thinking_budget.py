@@ -9,7 +9,7 @@ import pytest
 from inference import SamplingParams, Step
 from inference.engine import Engine
 from inference.sampling.thinking import ThinkingTracker
-from tests.engine.engines import engine_for
+from tests.engine.engines import batched, engine_for
 
 CLOSE = (7, 8, 9)  # a three-token `</think>` for the tracker alone
 
@@ -74,14 +74,6 @@ def open_prompt(engine: Engine) -> list[int]:
 
 def steps_of(events: list) -> list[Step]:
     return [e for e in events if isinstance(e, Step)]
-
-
-def batched(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> list:
-    request_id = engine.add_request(prompt_ids, params)
-    events = []
-    while engine.has_unfinished:
-        events += [event for rid, event in engine.step() if rid == request_id]
-    return events
 
 
 def test_a_vocabulary_without_the_tag_gets_its_token_sequence_alone_and_in_the_batch(engine: Engine) -> None:
