@@ -137,6 +137,8 @@ class Engine:
             "eos_token_ids": list(self.eos_token_ids),
             "kv_bytes_per_token": self.kv_bytes_per_token(),
             "runner": self.runner.name,
+            # What runs between the matmuls: the fused CPU kernels, or torch's ops (GPU, no compiler).
+            "kernels": "fused CPU kernels" if getattr(self.runner, "fused", None) else "torch ops",
             "has_chat_template": bool(self.loaded.chat_template),
             "sliding_window": self.sliding_window,
             "num_moe_layers": len(self.routing.routers),  # 0: dense; the explorer offers the MoE view if > 0

@@ -61,9 +61,14 @@ def quality_cases(reference: Engine, num_tokens: int) -> list[QualityCase]:
 
 
 def answer_logprobs(engine: Engine, ids: torch.Tensor, num_prompt_tokens: int) -> torch.Tensor:
-    """Teacher-forced next-token logprobs (N, V) at every answer position of `ids` (1, P + N)."""
-    with torch.inference_mode():
-        return torch.log_softmax(engine.model(ids).logits[0, num_prompt_tokens - 1 : -1].float(), -1)
+    """Teacher-forced next-token logprobs (N, V) at every answer position of `ids` (1, P + N), from
+    the served path: the engine's runner, a prefill then one decode step per answer token, so the
+    numbers are the ones a chat's steps report (its kernels and rounding, not transformers')."""
+    runner, answer = engine.runner, ids[0, num_prompt_tokens:-1].to(engine.device)
+    cache = runner.new_cache(ids.shape[1])
+    logits = [runner.forward(ids[0, :num_prompt_tokens].to(engine.device), cache)]
+    logits += [runner.forward(token_id[None], cache) for token_id in answer]
+    return torch.log_softmax(torch.stack(logits).float().cpu(), -1)  # (N, V)
 
 
 def quality(cases: list[QualityCase], engine: Engine) -> tuple[float, float]:

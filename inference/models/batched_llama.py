@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
 from inference.core.scheduler import Chunk
+from inference.kernels.cpu import KVAddress
 from inference.kv.paged import PagedKVPool
-from inference.models.llama import LlamaRunner, decode_attention
+from inference.models.fused import Attend
+from inference.models.llama import LlamaRunner, decode_attention, prompt_attention
 from inference.models.quant import linear
 
 
@@ -36,7 +38,8 @@ class StepInput:
     positions: torch.Tensor  # (T,)
     slots: torch.Tensor  # (T,) where each new token's KV goes
     decode_rows: torch.Tensor  # (B,) rows of single-token chunks
-    decode_slots: torch.Tensor  # (B, max_context) their context's slots, padded
+    decode_slots: torch.Tensor | None  # (B, max_context) their context's slots, padded; None: no decodes
+    decode_lengths: torch.Tensor  # (B,) how many of those slots each reads
     decode_mask: torch.Tensor | None  # (B, 1, 1, max_context); None when no padding
     prefills: list[_Prefill]
     logit_rows: torch.Tensor  # (S,) rows whose logits are needed, in chunk order
@@ -80,6 +83,7 @@ class BatchedLlamaRunner:
             slots=torch.cat(slots).to(to),
             decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=to),
             decode_slots=padded.to(to) if padded is not None else None,
+            decode_lengths=torch.tensor(lengths, dtype=torch.long, device=to),
             decode_mask=mask,
             prefills=[_Prefill(p.row, p.num_tokens, p.start, p.context_slots.to(to)) for p in prefills],
             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=to),
@@ -89,6 +93,10 @@ class BatchedLlamaRunner:
     def forward(self, step: StepInput) -> torch.Tensor:
         """float32 logits (S, vocab) at `step.logit_rows`; writes every new token's KV to the pool."""
         lean = self.lean
+        if lean.fused is not None:
+            kv = KVAddress.layers(self.pool.buffer, slot_dim=2, head_dim=3)  # (layers, 2, slots, KVH, D)
+            attend = self._attend(step, kv)
+            return lean.fused.forward(step.input_ids, step.positions, step.slots, kv, attend, step.logit_rows)
         h = F.embedding(step.input_ids, lean.embed)  # (T, hidden)
         cos, sin = lean.cos[step.positions][:, None], lean.sin[step.positions][:, None]  # (T, 1, D)
         for i, layer in enumerate(lean.layers):
@@ -106,7 +114,6 @@ class BatchedLlamaRunner:
         lean, num_rows = self.lean, x.shape[0]
         q, k, v = lean.split_rotate(linear(x, layer.qkv_weight, layer.qkv_bias), cos, sin)  # (T, heads, D)
         self.pool.write(i, step.slots, k, v)
-        is_gqa = lean.num_heads != lean.num_kv_heads
         if not step.prefills:  # decodes only (the common step): the rows are the decodes, in order
             return self._decode_attention(i, q, step).reshape(num_rows, lean.q_size)
         out = torch.empty(num_rows, lean.num_heads, lean.head_dim, dtype=x.dtype, device=x.device)
@@ -114,20 +121,30 @@ class BatchedLlamaRunner:
             out[step.decode_rows] = self._decode_attention(i, q[step.decode_rows], step)
         for p in step.prefills:
             keys, values = self.pool.gather(i, p.context_slots)  # (L, KVH, D)
-            mask = None
-            if p.start:  # queries see the cached prefix plus their own causal part
-                key_pos = torch.arange(p.start + p.num_tokens, device=x.device)
-                mask = key_pos[None] <= torch.arange(p.start, p.start + p.num_tokens, device=x.device)[:, None]
-            attended = F.scaled_dot_product_attention(
-                q[p.row : p.row + p.num_tokens].transpose(0, 1)[None],
-                keys.transpose(0, 1)[None],
-                values.transpose(0, 1)[None],
-                attn_mask=mask,
-                is_causal=mask is None,
-                enable_gqa=is_gqa,
-            )
-            out[p.row : p.row + p.num_tokens] = attended[0].transpose(0, 1)
+            rows = slice(p.row, p.row + p.num_tokens)
+            out[rows] = prompt_attention(q[rows], keys.transpose(0, 1), values.transpose(0, 1), p.start)
         return out.view(num_rows, lean.q_size)
+
+    def _attend(self, step: StepInput, kv: list[KVAddress]) -> Attend:
+        """The fused path's attention: decode rows on the kernel, each over its own slots; each
+        prefill chunk on torch's fused kernel (float32) over its gathered context."""
+        decode = None
+        if step.decode_slots is not None:
+            decode = self.lean.fused.decode_attend(kv, step.decode_lengths, step.decode_slots)
+        if not step.prefills:  # decodes only (the common step): the rows are the decodes, in order
+            return decode
+
+        def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
+            if decode is not None:
+                decoded = torch.empty(len(step.decode_rows), *out.shape[1:], dtype=out.dtype)
+                decode(i, q[step.decode_rows], decoded)
+                out[step.decode_rows] = decoded
+            for p in step.prefills:
+                keys, values = (t.transpose(0, 1).float() for t in self.pool.gather(i, p.context_slots))  # (KVH, L, D)
+                rows = slice(p.row, p.row + p.num_tokens)
+                out[rows] = prompt_attention(q[rows], keys, values, p.start)
+
+        return attend
 
     def _decode_attention(self, i: int, q: torch.Tensor, step: StepInput) -> torch.Tensor:
         """q (B, H, D) of single-token chunks -> (B, H, D), each over its own context (padded, masked)."""

@@ -12,7 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
+from inference.kernels import cpu as cpu_kernels
+from inference.kernels.cpu import KVAddress
 from inference.kv.cache import ContiguousKVCache
+from inference.models.fused import FusedLlama
 from inference.models.loader import architecture_of
 from inference.models.quant import QuantizedLinear, QuantizedWeight, Stacked, linear
 
@@ -76,6 +79,25 @@ def decode_attention(
     return out[:, :, 0].to(dtype)
 
 
+def prompt_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal attention of T new tokens at positions start.. of one sequence: q (T, H, D) over
+    keys/values (KVH, start + T, D), the cached prefix and themselves -> (T, H, D)."""
+    num_new = q.shape[0]
+    mask = None  # without a cached prefix, queries and keys align: the fused causal kernel needs no mask
+    if start > 0:  # queries see the cached prefix plus their own causal part
+        key_pos = torch.arange(start + num_new, device=q.device)
+        mask = key_pos[None, :] <= torch.arange(start, start + num_new, device=q.device)[:, None]  # (T, start+T)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        keys[None],
+        values[None],
+        attn_mask=mask,
+        is_causal=mask is None,
+        enable_gqa=q.shape[1] != keys.shape[0],
+    )  # (1, H, T, D)
+    return out[0].transpose(0, 1)
+
+
 def _weight(module: torch.nn.Module) -> torch.Tensor | QuantizedWeight:
     return module.qweight if isinstance(module, QuantizedLinear) else module.weight
 
@@ -115,6 +137,8 @@ class LlamaRunner:
         probe = torch.empty(0, dtype=self.dtype, device=self.device)
         cos, sin = model.model.rotary_emb(probe, positions)  # (1, max_context, head_dim) each
         self.cos, self.sin = cos[0], sin[0]
+        kernels = cpu_kernels.load() if FusedLlama.supports(self) else None
+        self.fused = FusedLlama(self, kernels) if kernels is not None else None  # None: torch ops
 
     def new_cache(self, capacity: int) -> ContiguousKVCache:
         return ContiguousKVCache(
@@ -144,17 +168,14 @@ class LlamaRunner:
         num_new = input_ids.shape[0]
         if cache is None:  # "no KV cache" mode: a throwaway cache for this one pass
             cache = self.new_cache(num_new)
+        if self.fused is not None:
+            return self._fused_forward(input_ids, cache)
         cache.reserve(num_new)
         start = cache.num_tokens
         cos, sin = self.cos[start : start + num_new, None], self.sin[start : start + num_new, None]  # (T, 1, D)
-        mask = None
-        if num_new > 1 and start > 0:  # causal mask offset by the cached prefix: query i sees keys 0..start+i
-            key_pos = torch.arange(start + num_new, device=self.device)
-            query_pos = torch.arange(start, start + num_new, device=self.device)
-            mask = key_pos[None, :] <= query_pos[:, None]  # (T, start+T)
         h = F.embedding(input_ids.to(self.device), self.embed)  # (T, hidden)
         for i, layer in enumerate(self.layers):
-            h = h + self._attention(i, layer, self._rms_norm(h, layer.input_norm), cache, cos, sin, mask)
+            h = h + self._attention(i, layer, self._rms_norm(h, layer.input_norm), cache, start, cos, sin)
             x = self._rms_norm(h, layer.post_norm)
             gate_up = linear(x, layer.gate_up_weight)  # (T, 2 * intermediate)
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
@@ -163,31 +184,39 @@ class LlamaRunner:
         last = self._rms_norm(h[-1:], self.final_norm)  # only the last position's logits are needed
         return linear(last, self.lm_head)[0].float()  # (vocab,)
 
+    def _fused_forward(self, input_ids: torch.Tensor, cache: ContiguousKVCache) -> torch.Tensor:
+        """`forward` on the fused CPU kernels."""
+        num_new = input_ids.shape[0]
+        cache.reserve(num_new)
+        start = cache.num_tokens
+        positions = torch.arange(start, start + num_new)  # (T,): also their slots in this cache
+        kv = KVAddress.layers(cache.buffer, slot_dim=3, head_dim=2)  # (layers, 2, KVH, capacity, D)
+        if num_new == 1:
+            attend = self.fused.decode_attend(kv, positions + 1, None)
+        else:
+            attend = self._prompt_attend(cache, start, num_new)
+        logits = self.fused.forward(input_ids, positions, positions, kv, attend, slice(-1, None))  # (1, vocab)
+        cache.advance(num_new)
+        return logits[0]
+
+    def _prompt_attend(self, cache: ContiguousKVCache, start: int, num_new: int):
+        """The fused path's attention for several new tokens: torch's fused kernel in float32 (the
+        kernels hand q over in float32)."""
+
+        def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
+            keys, values = cache.buffer[i, 0, :, : start + num_new], cache.buffer[i, 1, :, : start + num_new]
+            out.copy_(prompt_attention(q, keys.float(), values.float(), start))
+
+        return attend
+
     def _attention(
-        self,
-        i: int,
-        layer: _Layer,
-        x: torch.Tensor,
-        cache: ContiguousKVCache,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        self, i: int, layer: _Layer, x: torch.Tensor, cache: ContiguousKVCache, start: int, cos, sin
     ) -> torch.Tensor:
         num_new = x.shape[0]
         q, k, v = self.split_rotate(linear(x, layer.qkv_weight, layer.qkv_bias), cos, sin)  # (T, heads, D)
-        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (heads, T, D)
-        keys, values = cache.write(i, k, v)  # (KVH, start+T, D)
+        keys, values = cache.write(i, k.transpose(0, 1), v.transpose(0, 1))  # (KVH, start+T, D)
         if num_new == 1:
-            out = decode_attention(q[:, 0][None], keys[None], values[None])  # (1, H, D)
-            return linear(out.reshape(1, self.q_size), layer.o_weight)
-        # Without a cached prefix, queries and keys align: the fused causal kernel needs no mask tensor.
-        is_causal = mask is None and num_new > 1
-        out = F.scaled_dot_product_attention(
-            q[None],
-            keys[None],
-            values[None],
-            attn_mask=mask,
-            is_causal=is_causal,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # (1, H, T, D)
-        return linear(out[0].transpose(0, 1).reshape(num_new, self.q_size), layer.o_weight)
+            out = decode_attention(q[None, 0], keys[None], values[None])  # (1, H, D)
+        else:
+            out = prompt_attention(q, keys, values, start)  # (T, H, D)
+        return linear(out.reshape(num_new, self.q_size), layer.o_weight)

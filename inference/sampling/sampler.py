@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.kernels import cpu as cpu_kernels
 from inference.sampling.logits import apply_processors, build_processors
 from inference.sampling_params import SamplingParams
 
@@ -65,23 +66,38 @@ def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.searchsorted(cdf, target).squeeze(-1)
 
 
+# Every step reports these read-outs of a 49k-entry distribution; torch spends 25-80 us on each
+# (a sort, several full passes), the fused CPU kernels one pass each.
+def _kernels_for(logprobs: torch.Tensor) -> cpu_kernels.CpuKernels | None:
+    if logprobs.device.type != "cpu" or logprobs.dtype != torch.float32 or not logprobs.is_contiguous():
+        return None
+    return cpu_kernels.load()
+
+
 def top_alternatives(logprobs: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
     """The `k` most likely token ids of one distribution (V,) and their logprobs, most likely
-    first; filtered (-inf) tokens are left out, so fewer than `k` may come back."""
+    first (ties in id order); filtered (-inf) tokens are left out, so fewer than `k` may come back."""
     k = min(k, logprobs.shape[-1])
     if k <= 0:
         return [], []
-    values, ids = torch.topk(logprobs, k)
+    kernels = _kernels_for(logprobs)
+    values, ids = kernels.top_k(logprobs, k) if kernels else torch.topk(logprobs, k)
     is_kept = values > -torch.inf
     return ids[is_kept].tolist(), values[is_kept].tolist()
 
 
 def entropy(logprobs: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in nats over the last dim ((B, V) -> (B,)); -inf entries contribute 0."""
+    kernels = _kernels_for(logprobs)
+    if kernels is not None:
+        return torch.tensor([kernels.entropy(row) for row in logprobs])
     terms = logprobs.exp() * logprobs
     return -torch.where(torch.isneginf(logprobs), 0.0, terms).sum(dim=-1)
 
 
 def token_rank(logprobs: torch.Tensor, token_id: int) -> int:
     """1-based rank of `token_id` in one distribution (V,); tied tokens share the better rank."""
+    kernels = _kernels_for(logprobs)
+    if kernels is not None:
+        return kernels.count_greater(logprobs, float(logprobs[token_id])) + 1
     return int((logprobs > logprobs[token_id]).sum().item()) + 1

@@ -67,7 +67,7 @@ export function pipelineStrip({ model = null, numPromptTokens = null, numPrefill
     h("span", { class: "pipe-why muted" }, phase ? PHASE_WHY[phase] : "Press “Next token” or “Run” to see the current phase."));
   const meta = model ? h("div", { class: "pipe-meta muted small" }, [
     m.architecture, m.num_params != null ? `${fmtCount(m.num_params)} params` : null, precisionLabel(m), m.device,
-    m.runner ? `runner ${m.runner}` : null, m.kv_bytes_per_token ? `${fmtBytes(m.kv_bytes_per_token)} KV / token` : null,
+    m.runner ? `runner ${m.runner}${m.kernels ? ` on ${m.kernels}` : ""}` : null, m.kv_bytes_per_token ? `${fmtBytes(m.kv_bytes_per_token)} KV / token` : null,
     m.max_context ? `${m.max_context.toLocaleString()} ctx` : null,
   ].filter(Boolean).join(" · ")) : null;
   return h("div", { class: "pipeline-strip" }, flow, phases, meta);

@@ -76,8 +76,11 @@ def test_the_budget_forces_the_single_think_close_token_alone_and_in_the_batch(r
     assert [s.is_reasoning for s in steps] == [True] * budget + [False] * (8 - budget)
     forced = steps[budget]
     assert forced.is_forced and forced.token_id == close_id and sum(s.is_forced for s in steps) == 1
-    # The model still ran at the forced step: its distribution is the one the free run had there.
-    assert forced.top_raw == free[budget].top_raw and forced.raw_logprob <= free[budget].raw_logprob
+    # The model still ran at the forced step: its distribution is the one the free run had there
+    # (to float32 rounding: this run's prompt came from the prefix cache, one token computed).
+    assert [a.token_id for a in forced.top_raw] == [a.token_id for a in free[budget].top_raw]
+    assert [a.logprob for a in forced.top_raw] == pytest.approx([a.logprob for a in free[budget].top_raw], abs=1e-5)
+    assert forced.raw_logprob <= free[budget].raw_logprob + 1e-5
     assert isinstance(finished, Finished) and finished.thinking_ended_by_budget
     assert finished.num_reasoning_tokens == budget == sum(s.is_reasoning for s in steps)
     assert "</think>" in finished.text

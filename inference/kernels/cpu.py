@@ -1,0 +1,220 @@
+"""Fused CPU kernels (`cpu_kernels.c`) for the decode step and the per-step read-outs of the
+distribution: built once per machine with the system's C compiler, loaded with ctypes, and
+called on torch tensors in place.
+
+Owns: compiling (into a cache folder keyed by the source, flags and CPU, written atomically so
+several processes can race), loading, and thin typed wrappers over the C functions. No
+compiler, a failed build or `PLAYGROUND_CPU_KERNELS=off`: `load()` returns None and callers
+keep their torch ops.
+Must not know: models, layers, requests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+# -O3 and the host's vector units; reassociating float sums is what lets GCC vectorize the dot
+# products and norms (the order of a float32 sum changes its last bits, as torch's own kernels do).
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros")
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+SIGNATURES = {
+    "pg_add_rms_norm": (_P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _I, _I, _F),
+    "pg_silu_mul": (_P, ctypes.c_int, _P, ctypes.c_int, _I, _I),
+    "pg_rope_write_kv": (_P, ctypes.c_int, _P, _P, _P, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, _I),
+    "pg_decode_attention": (_P, _P, _P, ctypes.c_int, _P, _P, _I, _I, _I, _I, _I, _I, _I, _F, _P, ctypes.c_int),
+    "pg_top_k": (_P, _I, _I, _P, _P),
+    "pg_entropy": (_P, _I),
+    "pg_count_greater": (_P, _I, _F),
+}
+RESTYPES = {"pg_entropy": ctypes.c_float, "pg_count_greater": ctypes.c_int64}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "llm-playground" / "kernels"
+
+
+def cpu_flags() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line for line in lines if line.startswith(("flags", "Features"))), "")
+
+
+def build(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
+    """Compile `source` to a shared library (once per source, flags and compiler); return its path."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise RuntimeError("no C compiler (cc/gcc) on PATH")
+    # -march=native: the library is for this CPU, so its flags are part of the key too.
+    key_text = " ".join((compiler, *CFLAGS, platform.machine(), cpu_flags()))
+    key = hashlib.sha256(source.read_bytes() + key_text.encode()).hexdigest()[:16]
+    out_dir = out_dir or cache_dir()
+    target = out_dir / f"cpu_kernels-{key}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        built = Path(tmp) / target.name
+        cmd = [compiler, *CFLAGS, "-shared", "-fPIC", "-o", str(built), str(source), "-lm"]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()[-2000:]}")
+        os.replace(built, target)  # atomic: a racing process sees the whole library or none
+    return target
+
+
+@cache
+def load() -> CpuKernels | None:
+    """The kernels, or None when they are switched off or cannot be built here (logged once)."""
+    if os.environ.get("PLAYGROUND_CPU_KERNELS", "on").lower() in ("0", "off", "false", "no"):
+        return None
+    try:
+        return CpuKernels(ctypes.CDLL(str(build())))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        log.warning("fused CPU decode kernels unavailable, using torch ops: %s", error)
+        return None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _is_bf16(t: torch.Tensor) -> int:
+    return int(t.dtype == torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class KVAddress:
+    """Where one layer's keys and values of a cache live, as the kernels address them: head `j`
+    of the token in slot `s` starts `s * slot_stride + j * head_stride` elements after `keys`
+    (or `values`). Any cache layout with a slot dim and a head dim fits (contiguous or paged)."""
+
+    keys: int  # address of the layer's first key element
+    values: int
+    slot_stride: int
+    head_stride: int
+    is_bf16: int
+
+    @classmethod
+    def layers(cls, buffer: torch.Tensor, slot_dim: int, head_dim: int) -> list[KVAddress]:
+        """Every layer of a (layers, 2, ...) cache buffer whose slot and head dims are given."""
+        step, strides, is_bf16 = buffer.element_size(), buffer.stride(), _is_bf16(buffer)
+        first, layer_bytes, values_offset = buffer.data_ptr(), strides[0] * step, strides[1] * step
+        return [
+            cls(keys, keys + values_offset, strides[slot_dim], strides[head_dim], is_bf16)
+            for keys in range(first, first + buffer.shape[0] * layer_bytes, layer_bytes)
+        ]
+
+
+class CpuKernels:
+    """Thin typed wrappers, called per layer: no checks here (each would cost as much as the
+    kernel). Callers pass contiguous CPU tensors of the documented shapes and dtypes (float32 or
+    bfloat16 where not said); `tests/engine/test_cpu_kernels.py` holds each kernel to torch's math."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        for name, argtypes in SIGNATURES.items():
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = RESTYPES.get(name)
+        self.lib = lib
+
+    def add_rms_norm(
+        self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor, eps: float
+    ) -> None:
+        """h += delta (if given), then out = rms_norm(h) * weight: h (T, dim) and weight (dim,) float32."""
+        rows, dim = h.shape
+        delta_bf16 = 0 if delta is None else _is_bf16(delta)
+        self.lib.pg_add_rms_norm(
+            h.data_ptr(), _ptr(delta), delta_bf16, weight.data_ptr(), out.data_ptr(), _is_bf16(out), rows, dim, eps
+        )
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        """out (T, I) = silu(gate) * up of gate_up (T, 2I) = [gate | up]."""
+        rows, inter = out.shape
+        self.lib.pg_silu_mul(gate_up.data_ptr(), _is_bf16(gate_up), out.data_ptr(), _is_bf16(out), rows, inter)
+
+    def rope_write_kv(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q: torch.Tensor, kv: KVAddress, slots
+    ) -> None:
+        """The rotary embedding of qkv (T, (H + 2 KVH) D) at cos/sin (T, D) float32: q into q (T, H, D)
+        float32, k and v of row t into slot slots[t] (int64) of the cache."""
+        num_rows, num_heads, head_dim = q.shape
+        num_kv_heads = (qkv.shape[1] // head_dim - num_heads) // 2
+        self.lib.pg_rope_write_kv(
+            qkv.data_ptr(),
+            _is_bf16(qkv),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            q.data_ptr(),
+            kv.keys,
+            kv.values,
+            kv.is_bf16,
+            slots.data_ptr(),
+            kv.slot_stride,
+            kv.head_stride,
+            num_rows,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        )
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        kv: KVAddress,
+        num_kv_heads: int,
+        lengths: torch.Tensor,
+        slots: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        """q (B, H, D) float32, one query per sequence over its lengths[b] (int64) cached positions,
+        in slots[b] (B, max_len) int64, or slots 0.. when `slots` is None -> out (B, H, D)."""
+        batch, num_heads, head_dim = q.shape
+        self.lib.pg_decode_attention(
+            q.data_ptr(),
+            kv.keys,
+            kv.values,
+            kv.is_bf16,
+            _ptr(slots),
+            lengths.data_ptr(),
+            0 if slots is None else slots.shape[1],
+            kv.slot_stride,
+            kv.head_stride,
+            batch,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            head_dim**-0.5,
+            out.data_ptr(),
+            _is_bf16(out),
+        )
+
+    def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k (<= len) largest of x (V,) float32, largest first, ties in index order -> (values, ids)."""
+        values, ids = torch.empty(k), torch.empty(k, dtype=torch.long)
+        self.lib.pg_top_k(x.data_ptr(), x.shape[0], k, ids.data_ptr(), values.data_ptr())
+        return values, ids
+
+    def entropy(self, logprobs: torch.Tensor) -> float:
+        """-sum p log p in nats of logprobs (V,) float32 (-inf terms count 0)."""
+        return self.lib.pg_entropy(logprobs.data_ptr(), logprobs.shape[0])
+
+    def count_greater(self, x: torch.Tensor, value: float) -> int:
+        """How many of x (V,) float32 are greater than `value`."""
+        return self.lib.pg_count_greater(x.data_ptr(), x.shape[0], value)

@@ -1,0 +1,279 @@
+/* Fused CPU kernels for the decode step of the Llama-family runners (inference/kernels/cpu.py
+ * builds and loads this file; inference/models/llama.py calls it).
+ *
+ * Why: at one token per step every op is a dispatch plus a tiny computation. Between the four
+ * matrix multiplies of a layer, torch spends ~25 small ops (casts, norms, rotary, cache writes,
+ * attention views), each ~1.5-2 us on this CPU, which is more than the int4 matmuls themselves.
+ * Each function here does one of those stretches in one call, reading and writing the tensors in
+ * place. The math is torch's (float32 statistics and accumulation); only rounding order differs.
+ *
+ * Tensors are float32 or bfloat16 (`*_bf16` flags). The residual stream `h` is float32 (the
+ * matmuls read bfloat16 copies). Single-threaded: the matmuls between these calls use torch's
+ * threads, and these calls are short.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest even, NaN kept a (quiet) NaN: c10::BFloat16's conversion. */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static void load_row(const void *src, int is_bf16, float *dst, int64_t n) {
+    if (!is_bf16) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    const uint16_t *s = (const uint16_t *)src;
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+}
+
+static void store_row(const float *src, void *dst, int is_bf16, int64_t n) {
+    if (!is_bf16) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst;
+    for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+}
+
+static inline size_t elem(int is_bf16) { return is_bf16 ? 2 : 4; }
+
+/* exp for float32, branch-free so loops over it vectorize (Cephes' expf polynomial, ~1 ulp on
+ * the clamped range; exp(-87.3) ~ 1e-38 stands in for 0 below it). */
+static inline float fast_expf(float x) {
+    x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+/* For each of `rows` rows: h += delta (when delta is not NULL), then
+ * out = h / sqrt(mean(h^2) + eps) * weight, rounded once to out's dtype.
+ * h (rows, dim) float32; delta (rows, dim); weight (dim,) float32; out (rows, dim). */
+void pg_add_rms_norm(float *h, const void *delta, int delta_bf16, const float *weight, void *out, int out_bf16,
+                     int64_t rows, int64_t dim, float eps) {
+    float *tmp = (float *)malloc((size_t)dim * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        float *x = h + r * dim;
+        if (delta) {
+            load_row((const char *)delta + (size_t)(r * dim) * elem(delta_bf16), delta_bf16, tmp, dim);
+            for (int64_t i = 0; i < dim; i++) x[i] += tmp[i];
+        }
+        float sum = 0.0f;
+        for (int64_t i = 0; i < dim; i++) sum += x[i] * x[i];
+        float inv = 1.0f / sqrtf(sum / (float)dim + eps);
+        for (int64_t i = 0; i < dim; i++) tmp[i] = x[i] * inv * weight[i];
+        store_row(tmp, (char *)out + (size_t)(r * dim) * elem(out_bf16), out_bf16, dim);
+    }
+    free(tmp);
+}
+
+/* out = silu(gate) * up for rows of gate_up = [gate | up] (rows, 2 * inter) -> out (rows, inter). */
+void pg_silu_mul(const void *gate_up, int in_bf16, void *out, int out_bf16, int64_t rows, int64_t inter) {
+    float *g = (float *)malloc((size_t)(2 * inter) * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        load_row((const char *)gate_up + (size_t)(r * 2 * inter) * elem(in_bf16), in_bf16, g, 2 * inter);
+        const float *u = g + inter;
+        for (int64_t i = 0; i < inter; i++) g[i] = g[i] / (1.0f + fast_expf(-g[i])) * u[i];
+        store_row(g, (char *)out + (size_t)(r * inter) * elem(out_bf16), out_bf16, inter);
+    }
+    free(g);
+}
+
+/* The rotary embedding of one head x (D,) with cos/sin (D,) into rot (D,): rotate_half's formula
+ * (x * cos + [-x2, x1] * sin). Always inlined, for a constant D at its callers. */
+static inline __attribute__((always_inline)) void rotate_head(const float *restrict x, const float *restrict c,
+                                                              const float *restrict s, float *restrict rot,
+                                                              const int64_t D) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < half; i++) {
+        rot[i] = x[i] * c[i] - x[i + half] * s[i];
+        rot[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+    }
+}
+
+/* The rotary embedding of q and k, then k and v into the cache.
+ * qkv (T, (H + 2 KVH) * D): each row [q heads | k heads | v heads]; cos/sin (T, D) float32 at
+ * each row's position; q_out (T, H, D) float32. The cache is addressed by slot: head `j` of the
+ * token in `slots[t]` lives at base + slots[t] * slot_stride + j * head_stride (elements). */
+void pg_rope_write_kv(const void *qkv, int qkv_bf16, const float *cos, const float *sin, float *q_out,
+                      void *k_base, void *v_base, int kv_bf16, const int64_t *slots, int64_t slot_stride,
+                      int64_t head_stride, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+    int64_t width = (H + 2 * KVH) * D;
+    float *row = (float *)malloc((size_t)width * sizeof(float));
+    float *rot = (float *)malloc((size_t)D * sizeof(float));
+    size_t kv_elem = elem(kv_bf16);
+    for (int64_t t = 0; t < T; t++) {
+        load_row((const char *)qkv + (size_t)(t * width) * elem(qkv_bf16), qkv_bf16, row, width);
+        const float *c = cos + t * D, *s = sin + t * D;
+        for (int64_t j = 0; j < H + KVH; j++) {
+            float *dst = j < H ? q_out + (t * H + j) * D : rot;
+            if (D == 64) rotate_head(row + j * D, c, s, dst, 64);
+            else if (D == 128) rotate_head(row + j * D, c, s, dst, 128);
+            else rotate_head(row + j * D, c, s, dst, D);
+            if (j >= H) {
+                size_t at = (size_t)(slots[t] * slot_stride + (j - H) * head_stride) * kv_elem;
+                store_row(rot, (char *)k_base + at, kv_bf16, D);
+            }
+        }
+        for (int64_t j = 0; j < KVH; j++) {
+            size_t at = (size_t)(slots[t] * slot_stride + j * head_stride) * kv_elem;
+            store_row(row + (H + KVH + j) * D, (char *)v_base + at, kv_bf16, D);
+        }
+    }
+    free(rot);
+    free(row);
+}
+
+/* Attention of one sequence's query heads of one KV group (group, D) over L cached positions:
+ * always inlined, so the callers below get copies specialised for a constant head size and
+ * cache dtype (the loops over D then unroll into whole vector registers). */
+static inline __attribute__((always_inline)) void attend_group(
+    const float *restrict qg, const char *k_head, const char *v_head, const int kv_bf16, const int64_t *seq_slots,
+    int64_t L, int64_t slot_bytes, int64_t group, const int64_t D, float scale, float *restrict scores,
+    float *restrict top, float *restrict kv, float *restrict acc) {
+    for (int64_t g = 0; g < group; g++) top[g] = -INFINITY;
+    for (int64_t p = 0; p < L; p++) {
+        int64_t slot = seq_slots ? seq_slots[p] : p;
+        load_row(k_head + slot * slot_bytes, kv_bf16, kv, D);
+        for (int64_t g = 0; g < group; g++) {
+            float dot = 0.0f;
+            for (int64_t i = 0; i < D; i++) dot += qg[g * D + i] * kv[i];
+            dot *= scale;
+            scores[g * L + p] = dot;
+            top[g] = dot > top[g] ? dot : top[g];
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float *restrict sg = scores + g * L, total = 0.0f, peak = top[g];
+        for (int64_t p = 0; p < L; p++) {
+            sg[p] = fast_expf(sg[p] - peak);
+            total += sg[p];
+        }
+        float inv = L > 0 ? 1.0f / total : 0.0f;
+        for (int64_t p = 0; p < L; p++) sg[p] *= inv;
+    }
+    memset(acc, 0, (size_t)(group * D) * sizeof(float));
+    for (int64_t p = 0; p < L; p++) {
+        int64_t slot = seq_slots ? seq_slots[p] : p;
+        load_row(v_head + slot * slot_bytes, kv_bf16, kv, D);
+        for (int64_t g = 0; g < group; g++) {
+            float w = scores[g * L + p];
+            for (int64_t i = 0; i < D; i++) acc[g * D + i] += w * kv[i];
+        }
+    }
+}
+
+/* One query row per sequence over its cached keys and values (grouped-query attention).
+ * q (B, H, D) float32; sequence b attends to positions 0..lengths[b]-1, position p in slot
+ * slots[b * max_len + p] (slots NULL: slot p); out (B, H, D). Keys are read once per position
+ * for every query head of their group. Softmax in float32 with the max subtracted. */
+void pg_decode_attention(const float *q, const void *k_base, const void *v_base, int kv_bf16, const int64_t *slots,
+                         const int64_t *lengths, int64_t max_len, int64_t slot_stride, int64_t head_stride,
+                         int64_t B, int64_t H, int64_t KVH, int64_t D, float scale, void *out, int out_bf16) {
+    int64_t group = H / KVH, longest = 0;
+    for (int64_t b = 0; b < B; b++) longest = lengths[b] > longest ? lengths[b] : longest;
+    float *scores = (float *)malloc((size_t)(group * (longest > 0 ? longest : 1)) * sizeof(float));
+    float *kv = (float *)malloc((size_t)D * sizeof(float));
+    float *acc = (float *)malloc((size_t)(group * D) * sizeof(float));
+    float *top = (float *)malloc((size_t)group * sizeof(float));
+    int64_t kv_elem = (int64_t)elem(kv_bf16), slot_bytes = slot_stride * kv_elem;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t *seq_slots = slots ? slots + b * max_len : NULL;
+        for (int64_t j = 0; j < KVH; j++) {
+            const float *qg = q + (b * H + j * group) * D;  // the group's query heads, (group, D)
+            const char *k_head = (const char *)k_base + j * head_stride * kv_elem;
+            const char *v_head = (const char *)v_base + j * head_stride * kv_elem;
+#define ATTEND(BF16, DIM) \
+    attend_group(qg, k_head, v_head, BF16, seq_slots, lengths[b], slot_bytes, group, DIM, scale, scores, top, kv, acc)
+            if (kv_bf16 && D == 64) ATTEND(1, 64);
+            else if (kv_bf16 && D == 128) ATTEND(1, 128);
+            else if (!kv_bf16 && D == 64) ATTEND(0, 64);
+            else if (!kv_bf16 && D == 128) ATTEND(0, 128);
+            else ATTEND(kv_bf16, D);
+#undef ATTEND
+            for (int64_t g = 0; g < group; g++) {
+                size_t at = (size_t)((b * H + j * group + g) * D) * elem(out_bf16);
+                store_row(acc + g * D, (char *)out + at, out_bf16, D);
+            }
+        }
+    }
+    free(top);
+    free(acc);
+    free(kv);
+    free(scores);
+}
+
+/* ---- read-outs of one next-token distribution (every step reports them) -------------------- */
+
+/* The k largest values of x (n,), largest first, ties in index order (k <= n). Blocks of 64 whose
+ * values are all below the current k-th are skipped with one vectorised compare, so a pass over
+ * a 49k vocabulary costs about one read of it. A NaN is never chosen. */
+void pg_top_k(const float *x, int64_t n, int64_t k, int64_t *ids, float *values) {
+    int64_t count = 0;
+    float kth = -INFINITY;
+    for (int64_t start = 0; start < n; start += 64) {
+        int64_t end = start + 64 < n ? start + 64 : n;
+        if (count == k) {
+            int any = 0;
+            for (int64_t i = start; i < end; i++) any |= x[i] > kth;
+            if (!any) continue;
+        }
+        for (int64_t i = start; i < end; i++) {
+            float v = x[i];
+            if (count == k && !(v > kth)) continue;
+            if (v != v) continue;
+            int64_t at = count < k ? count : k - 1;  // full: the k-th drops out
+            while (at > 0 && values[at - 1] < v) {
+                values[at] = values[at - 1];
+                ids[at] = ids[at - 1];
+                at--;
+            }
+            values[at] = v;
+            ids[at] = i;
+            if (count < k) count++;
+            if (count == k) kth = values[k - 1];
+        }
+    }
+}
+
+/* Entropy in nats of a distribution given by its logprobs (n,): -sum p log p, -inf terms 0. */
+float pg_entropy(const float *logprobs, int64_t n) {
+    float total = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float lp = logprobs[i];
+        total += lp > -INFINITY ? fast_expf(lp) * lp : 0.0f;
+    }
+    return -total;
+}
+
+/* How many of x (n,) are greater than v. */
+int64_t pg_count_greater(const float *x, int64_t n, float v) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; i++) count += x[i] > v;
+    return count;
+}

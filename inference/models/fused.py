@@ -1,0 +1,84 @@
+"""The Llama-family forward pass on the fused CPU kernels (`inference.kernels.cpu`).
+
+Owns: the layers' math between the matmuls for any rows (a prompt's, a decode step's, a batch's
+mixed step). At one token per step torch would run ~25 small ops per layer between the four
+matmuls (casts, norms, rotary, cache writes, attention views) at ~1.5-2 us each: more than the
+int4 matmuls themselves. Here each stretch is one kernel call: norm (+ residual add), rotary + KV
+write, SiLU-gate, and decode attention. The residual stream stays float32 between layers (the
+matmuls read bfloat16 copies), so low precisions also round less than the torch path does.
+Every row goes through the same kernels whatever else shares its step, so a sequence gets the
+same numbers alone or batched.
+Must not know: sampling, requests, the cache's layout (callers pass `KVAddress`es and slots) or
+how a prompt's rows attend (callers pass `attend`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from inference.kernels.cpu import CpuKernels, KVAddress
+from inference.models.quant import linear
+
+FUSED_DTYPES = (torch.float32, torch.bfloat16)  # what the kernels read and write
+
+# attend(layer, q (T, H, D) float32 rotated, out (T, H, D) activation dtype): each row's attention
+# over its sequence's cached keys and values (the kernels wrote the step's own already).
+Attend = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+class FusedLlama:
+    def __init__(self, lean, kernels: CpuKernels) -> None:
+        """`lean`: a `LlamaRunner` (its fused weights, rotary tables and sizes)."""
+        self.lean, self.kernels = lean, kernels
+        # The kernels take norm weights and rotary tables in float32 (tiny: copied once).
+        self.input_norms = [layer.input_norm.float().contiguous() for layer in lean.layers]
+        self.post_norms = [layer.post_norm.float().contiguous() for layer in lean.layers]
+        self.final_norm = lean.final_norm.float().contiguous()
+        self.cos, self.sin = lean.cos.float().contiguous(), lean.sin.float().contiguous()  # (max_context, D)
+
+    @staticmethod
+    def supports(lean) -> bool:
+        return lean.device.type == "cpu" and lean.dtype in FUSED_DTYPES
+
+    def decode_attend(self, kv: Sequence[KVAddress], lengths: torch.Tensor, slots: torch.Tensor | None) -> Attend:
+        """`attend` for rows that each add one token: row b over lengths[b] (int64) positions in
+        slots[b] (B, max_len) int64, or slots 0.. when `slots` is None."""
+        num_kv_heads, kernels = self.lean.num_kv_heads, self.kernels
+
+        def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
+            kernels.decode_attention(q, kv[i], num_kv_heads, lengths, slots, out)
+
+        return attend
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: Sequence[KVAddress],
+        attend: Attend,
+        logit_rows: torch.Tensor | slice,
+    ) -> torch.Tensor:
+        """input_ids, positions, slots (T,) int64: row t's token, its position in its sequence and
+        the cache slot its keys and values go to; kv[i]: where layer i's cache is. -> float32
+        logits (S, vocab) of `logit_rows`."""
+        lean, k = self.lean, self.kernels
+        num_rows, eps = input_ids.shape[0], lean.eps
+        h = lean.embed[input_ids].float()  # (T, hidden): the residual stream, float32
+        x = torch.empty(h.shape, dtype=lean.dtype)  # (T, hidden) normed: the matmuls' input
+        q = torch.empty(num_rows, lean.num_heads, lean.head_dim)  # (T, H, D) float32
+        attended = torch.empty(num_rows, lean.num_heads, lean.head_dim, dtype=lean.dtype)
+        act = torch.empty(num_rows, lean.intermediate_size, dtype=lean.dtype)  # (T, I)
+        cos, sin = self.cos[positions], self.sin[positions]  # (T, D)
+        norms = [*self.input_norms[1:], self.final_norm]
+        k.add_rms_norm(h, None, self.input_norms[0], x, eps)
+        for i, layer in enumerate(lean.layers):
+            k.rope_write_kv(linear(x, layer.qkv_weight, layer.qkv_bias), cos, sin, q, kv[i], slots)
+            attend(i, q, attended)
+            k.add_rms_norm(h, linear(attended.view(num_rows, lean.q_size), layer.o_weight), self.post_norms[i], x, eps)
+            k.silu_mul(linear(x, layer.gate_up_weight), act)
+            k.add_rms_norm(h, linear(act, layer.down_weight), norms[i], x, eps)  # and the next layer's norm
+        return linear(x[logit_rows], lean.lm_head).float()  # (S, vocab)

@@ -1,0 +1,211 @@
+"""The fused CPU kernels (`inference/kernels/cpu_kernels.c`) against torch's math, and the runners
+that use them against the torch path.
+
+Each kernel equals its torch formula (float32: to ~1e-6; bfloat16 outputs: to one rounding step),
+on both cache layouts (contiguous and paged, with scattered slots), with grouped-query heads and
+head sizes with and without a specialised copy; the read-outs keep torch's tie and -inf rules.
+A runner on the kernels gives the torch path's logits (float32) and a sequence the same tokens
+alone or batched; without a compiler, or switched off, everything falls back to torch.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812 (torch's own convention)
+
+from inference import SamplingParams
+from inference.kernels import cpu as cpu_kernels
+from inference.kernels.cpu import KVAddress
+from tests.engine.engines import engine_for
+from tests.engine.test_batching import alone, run_all, tokens
+
+BF16 = torch.bfloat16
+EPS = 1e-5
+
+
+@pytest.fixture(scope="module")
+def kernels() -> cpu_kernels.CpuKernels:
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: the runners use torch ops (tested everywhere else)")
+    loaded = cpu_kernels.load()
+    assert loaded is not None, "a compiler is present, so the kernels must build"
+    return loaded
+
+
+def rand(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal up to one bfloat16 rounding step (the kernels round once, torch's formula may twice)."""
+    assert got.dtype == BF16
+    assert torch.allclose(got.float(), want.float(), rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, BF16])
+def test_add_rms_norm_adds_the_residual_in_place_and_norms_it(kernels, out_dtype: torch.dtype) -> None:
+    h, delta, weight = rand(3, 96), rand(3, 96, seed=1, dtype=BF16), rand(96, seed=2)
+    want_h = h + delta.float()
+    want = want_h * torch.rsqrt(want_h.pow(2).mean(-1, keepdim=True) + EPS) * weight
+    out = torch.empty(3, 96, dtype=out_dtype)
+    kernels.add_rms_norm(h, delta, weight, out, EPS)
+    assert torch.equal(h, want_h)
+    if out_dtype == BF16:
+        assert_bf16_close(out, want)
+    else:
+        assert torch.allclose(out, want, rtol=1e-5, atol=1e-6)
+    kernels.add_rms_norm(h, None, weight, out, EPS)  # no residual: h stays
+    assert torch.equal(h, want_h)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_silu_mul_gates_the_up_projection(kernels, dtype: torch.dtype) -> None:
+    gate_up = (rand(2, 2 * 80, seed=3) * 6).to(dtype)  # wide range: the exp's tails matter
+    gate, up = gate_up.float().split(80, dim=-1)
+    want = F.silu(gate) * up
+    out = torch.empty(2, 80, dtype=dtype)
+    kernels.silu_mul(gate_up, out)
+    if dtype == BF16:
+        assert_bf16_close(out, want)
+    else:
+        assert torch.allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotary embedding: x * cos + rotate_half(x) * sin over the last dim."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def rotary_table(num_rows: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = rand(num_rows, head_dim // 2, seed=4) * 3
+    angles = torch.cat((angles, angles), dim=-1)  # (T, D): both halves share a frequency
+    return angles.cos(), angles.sin()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("head_dim", [64, 8])
+def test_rope_write_kv_rotates_q_and_k_and_writes_k_and_v_to_their_slots(
+    kernels, layout: str, kv_dtype: torch.dtype, head_dim: int
+) -> None:
+    num_heads, num_kv_heads, num_rows, num_slots = 4, 2, 3, 10
+    qkv = rand(num_rows, (num_heads + 2 * num_kv_heads) * head_dim, seed=5, dtype=BF16)
+    cos, sin = rotary_table(num_rows, head_dim)
+    slots = torch.tensor([7, 2, 5])
+    if layout == "contiguous":  # (layers, 2, KVH, capacity, D)
+        buffer = torch.full((2, 2, num_kv_heads, num_slots, head_dim), 9.0, dtype=kv_dtype)
+        kv = KVAddress.layers(buffer, slot_dim=3, head_dim=2)[1]
+        stored = buffer[1].transpose(1, 2)  # (2, slots, KVH, D)
+    else:  # (layers, 2, slots, KVH, D)
+        buffer = torch.full((2, 2, num_slots, num_kv_heads, head_dim), 9.0, dtype=kv_dtype)
+        kv = KVAddress.layers(buffer, slot_dim=2, head_dim=3)[1]
+        stored = buffer[1]
+    q = torch.empty(num_rows, num_heads, head_dim)
+    kernels.rope_write_kv(qkv, cos, sin, q, kv, slots)
+    heads = qkv.float().view(num_rows, num_heads + 2 * num_kv_heads, head_dim)
+    rotated = rotate(heads[:, : num_heads + num_kv_heads], cos[:, None], sin[:, None])
+    assert torch.allclose(q, rotated[:, :num_heads], rtol=1e-6, atol=1e-6)
+    assert torch.allclose(stored[0, slots].float(), rotated[:, num_heads:].to(kv_dtype).float(), atol=1e-6)
+    assert torch.equal(stored[1, slots], heads[:, num_heads + num_kv_heads :].to(kv_dtype))
+    untouched = [s for s in range(num_slots) if s not in slots.tolist()]
+    assert (stored[:, untouched] == 9).all() and (buffer[0] == 9).all()  # other slots and layers
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("head_dim", [64, 128, 16])
+def test_decode_attention_reads_each_sequence_from_its_own_slots(kernels, kv_dtype, head_dim: int) -> None:
+    num_heads, num_kv_heads, num_slots = 6, 2, 64
+    pool = rand(1, 2, num_slots, num_kv_heads, head_dim, seed=6).to(kv_dtype)  # paged: (layers, 2, S, KVH, D)
+    lengths = torch.tensor([5, 17, 1])
+    perm = torch.randperm(num_slots, generator=torch.Generator().manual_seed(7))
+    context_slots = torch.zeros(3, 17, dtype=torch.long)  # padded with slot 0, never read
+    context_slots[0, :5], context_slots[1], context_slots[2, :1] = perm[:5], perm[5:22], perm[22:23]
+    q = rand(3, num_heads, head_dim, seed=8)
+    out = torch.empty(3, num_heads, head_dim, dtype=kv_dtype)
+    kv = KVAddress.layers(pool, slot_dim=2, head_dim=3)[0]
+    kernels.decode_attention(q, kv, num_kv_heads, lengths, context_slots, out)
+    for b, length in enumerate(lengths.tolist()):
+        keys, values = (pool[0, i, context_slots[b, :length]].float().transpose(0, 1) for i in (0, 1))  # (KVH, L, D)
+        want = F.scaled_dot_product_attention(q[b][:, None], keys, values, enable_gqa=True)[:, 0]  # (H, D)
+        if kv_dtype == BF16:
+            assert_bf16_close(out[b], want)
+        else:
+            assert torch.allclose(out[b], want, rtol=1e-5, atol=1e-6), f"sequence {b}"
+
+
+def test_decode_attention_on_a_contiguous_cache_reads_positions_in_order(kernels) -> None:
+    buffer = rand(3, 2, 2, 40, 64, seed=9)  # (layers, 2, KVH, capacity, D)
+    q, out = rand(1, 4, 64, seed=10), torch.empty(1, 4, 64)
+    kernels.decode_attention(q, KVAddress.layers(buffer, 3, 2)[2], 2, torch.tensor([23]), None, out)
+    want = F.scaled_dot_product_attention(q[0][:, None], buffer[2, 0, :, :23], buffer[2, 1, :, :23], enable_gqa=True)
+    assert torch.allclose(out[0], want[:, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_top_k_keeps_torch_order_with_ties_in_id_order_and_minus_inf_last(kernels) -> None:
+    x = torch.tensor([0.5, 2.0, -torch.inf, 2.0, 1.0, -1.0, 2.0, -torch.inf] * 40)  # 320: spans 64-blocks
+    values, ids = kernels.top_k(x, 7)
+    assert values.tolist() == [2.0] * 7
+    assert ids.tolist() == [1, 3, 6, 9, 11, 14, 17]
+    big = rand(49152, seed=11)
+    values, ids = kernels.top_k(big, 20)
+    want = torch.topk(big, 20)
+    assert torch.equal(values, want.values) and torch.equal(ids, want.indices)
+    values, ids = kernels.top_k(x[:8], 8)  # k = n: the -inf entries come last
+    assert ids.tolist() == [1, 3, 6, 4, 0, 5, 2, 7] and values[-2:].tolist() == [-torch.inf, -torch.inf]
+
+
+def test_entropy_and_rank_read_outs_match_torch(kernels) -> None:
+    logprobs = torch.log_softmax(rand(5000, seed=12) * 4, -1)
+    logprobs[::7] = -torch.inf  # filtered tokens contribute nothing
+    logprobs = torch.log_softmax(logprobs, -1)
+    p = logprobs.exp()
+    want = -(torch.where(p > 0, p * logprobs, 0.0)).sum()
+    assert kernels.entropy(logprobs) == pytest.approx(float(want), rel=1e-5)
+    assert kernels.count_greater(logprobs, float(logprobs[3])) == int((logprobs > logprobs[3]).sum())
+
+
+def test_without_a_working_compiler_the_kernels_are_unavailable(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("CC", "/bin/false")
+    with pytest.raises(RuntimeError, match="failed"):
+        cpu_kernels.build(out_dir=tmp_path)
+    cpu_kernels.load.cache_clear()
+    try:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built there yet
+        assert cpu_kernels.load() is None
+        cpu_kernels.load.cache_clear()
+        monkeypatch.delenv("CC")
+        monkeypatch.setenv("PLAYGROUND_CPU_KERNELS", "off")
+        assert cpu_kernels.load() is None
+    finally:
+        cpu_kernels.load.cache_clear()
+
+
+def test_a_runner_on_the_kernels_gives_the_torch_paths_logits(kernels) -> None:
+    fused_engine, torch_engine = engine_for("qwen2"), engine_for("qwen2")  # qwen2: q/k/v biases
+    fused, torch_ops = fused_engine.runner, torch_engine.runner
+    assert fused.fused is not None
+    torch_ops.fused = None  # as on a machine without a compiler
+    assert fused_engine.model_info()["kernels"] == "fused CPU kernels"
+    assert torch_engine.model_info()["kernels"] == "torch ops"
+    prompt = torch.tensor([5, 70, 3, 199, 42, 8, 1])
+    fused_cache, torch_cache = fused.new_cache(4), torch_ops.new_cache(4)  # too small: both grow
+    for ids in (prompt, torch.tensor([17]), torch.tensor([250]), torch.tensor([3, 4]), torch.tensor([9])):
+        got, want = fused.forward(ids, fused_cache), torch_ops.forward(ids, torch_cache)
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(fused_cache.buffer[:, :, :, :11], torch_cache.buffer[:, :, :, :11], atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["float32", "int4"])
+def test_on_the_kernels_a_sequence_gets_the_same_tokens_alone_or_batched(kernels, precision: str) -> None:
+    engine = engine_for("llama", precision=precision)
+    assert engine.runner.fused is not None
+    params = SamplingParams(greedy=True, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
+    # different lengths: prefill chunks and decodes share steps
+    requests = [([3 + (i * 5 + j) % 250 for j in range(4 + 11 * i)], params) for i in range(4)]
+    batched = run_all(engine, requests)
+    for i, (prompt_ids, _) in enumerate(requests):
+        assert tokens(batched[i]) == tokens(alone(engine, prompt_ids, params)), f"request {i}"
