@@ -25,7 +25,14 @@ def step(scheduler: Scheduler, next_token: int = 7) -> SchedulerOutput:
     for chunk in out.chunks:
         if chunk.is_last:
             chunk.seq.append_token(next_token)
+    assert_counts_hold(scheduler.block_manager)
     return out
+
+
+def assert_counts_hold(bm: BlockManager) -> None:
+    """The block counts kept as blocks change hands equal a count over every block."""
+    assert bm.stats()["num_shared_blocks"] == sum(1 for b in bm.blocks if b.ref_count > 1)
+    assert bm.stats()["num_cached_free_blocks"] == sum(1 for i in bm.free if bm.blocks[i].hash is not None)
 
 
 def test_prompt_is_chunked_under_the_token_budget_and_decodes_go_first() -> None:
@@ -65,6 +72,7 @@ def test_finishing_frees_blocks_and_a_later_request_shares_the_prefix() -> None:
     step(s)
     assert bm.num_used_blocks == 3
     s.finish(first)
+    assert_counts_hold(bm)
     assert bm.num_used_blocks == 0 and bm.stats()["num_cached_free_blocks"] == 2  # two full blocks hashed
     again = seq(10)
     s.add(again)
@@ -85,7 +93,9 @@ def test_concurrent_requests_share_blocks_by_reference_count() -> None:
     assert bm.stats()["num_shared_blocks"] == 2
     s.finish(a)
     assert all(bm.blocks[i].ref_count == 1 for i in b.block_table[:2])  # still held by b
+    assert bm.stats()["num_shared_blocks"] == 0
     s.finish(b)
+    assert_counts_hold(bm)
     assert bm.num_used_blocks == 0
 
 
