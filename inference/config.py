@@ -28,7 +28,7 @@ class EngineConfig:
 
     `source` is a Hugging Face model folder, a hub id already in the local HF cache, a `.gguf`
     file, or `"bundled"`. `dtype` is the weight precision: `float32`, `bfloat16`, `float16`, or
-    weight-only `int8` (per output channel) / `int4` (groups of 32; a GGUF's own Q4_0/Q4_1 blocks
+    weight-only `int8` (per output channel) / `int4` (groups of 32; a GGUF's own Q4_0/Q4_1/Q4_K blocks
     when the source has them), both with bfloat16 activations. `"auto"` means bfloat16 on CUDA and
     on CPUs with bfloat16 units (AVX512-BF16/AMX), float32 on other CPUs. `max_context` caps the model's own
     context length (None: the model's `max_position_embeddings`).

@@ -120,7 +120,7 @@ class LanguageModel(DefaultFlagModel):
         choices=[(d, d) for d in VALID_DTYPES],
         verbose_name="weight precision",
         help_text="float32/bfloat16/float16, or weight-only int8 (per channel) / int4 (groups of 32; a GGUF's own "
-        "Q4_0/Q4_1 blocks when the source has them) with bfloat16 activations. Fewer bytes per weight: faster "
+        "Q4_0/Q4_1/Q4_K blocks when the source has them) with bfloat16 activations. Fewer bytes per weight: faster "
         "decode (it is memory-bound), at a small cost in accuracy (the benchmark reports the KL divergence). "
         "auto: the worker's PLAYGROUND_DTYPE, which by default is bfloat16 on GPUs and on CPUs with bfloat16 "
         "units, float32 on other CPUs.",

@@ -1,12 +1,17 @@
 """A GGUF file's own 4-bit weights as `Int4Weight`s, so the served weights are the file's.
 
-Owns: reading Q4_0 / Q4_1 blocks (32 weights each: an fp16 scale `d`, for Q4_1 an fp16 minimum
-`m`, 16 bytes of nibbles: low nibbles are weights 0-15, high nibbles 16-31) and mapping them
-onto torch's int4 convention `w = (q - 8) * scale + zero`: Q4_0 is `d * (q - 8)` (zero 0), Q4_1
-is `d * q + m` (zero `m + 8 d`). Rows are put in the order transformers uses (llama.cpp stores
-Q and K rows permuted for its rotary layout; the same `TensorProcessor` that un-permutes the
-dequantized copy gives the row order). Other types (Q8_0, Q4_K, F16 ...) are not read here:
-the caller quantizes the converted float copy instead and says so.
+Owns: reading 4-bit blocks and mapping them onto torch's int4 convention
+`w = (q - 8) * scale + zero` in groups of 32, exactly:
+- Q4_0 / Q4_1: 32 weights per block, an fp16 scale `d` (Q4_1: and minimum `m`), 16 bytes of
+  nibbles (low nibbles weights 0-15, high 16-31). Q4_0 is `d * (q - 8)` (zero 0), Q4_1 is
+  `d * q + m` (zero `m + 8 d`).
+- Q4_K (the 4-bit tensors of Q4_K_S/M files): super-blocks of 256 with fp16 `d` and `dmin`,
+  and per group of 32 a 6-bit scale `sc` and minimum `mn`: `d sc * q - dmin mn`, so
+  scale `d sc`, zero `8 d sc - dmin mn` (gguf-py unpacks the 6-bit fields).
+Rows are put in the order transformers uses (llama.cpp stores Q and K rows permuted for its
+rotary layout; the same `TensorProcessor` that un-permutes the dequantized copy gives the row
+order). Other types (Q8_0, Q6_K, F16 ...) are not read here: the caller quantizes the converted
+float copy instead and says so.
 Must not know: the engine, requests, where converted folders live.
 """
 
@@ -22,9 +27,10 @@ import torch
 from inference.gguf_file import TensorInfo, read_header
 from inference.models.quant import Int4Weight
 
-Q4_0, Q4_1 = 2, 3  # GGML type ids
+Q4_0, Q4_1, Q4_K = 2, 3, 12  # GGML type ids
 _BLOCK_BYTES = {Q4_0: 18, Q4_1: 20}
-NATIVE_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1"}
+NATIVE_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q4_K: "Q4_K"}
+QK_K, Q4_K_BYTES = 256, 144  # a Q4_K super-block: 2 + 2 (d, dmin) + 12 (6-bit scales, mins) + 128 (nibbles)
 
 
 def native_int4_weights(gguf_path: Path, model: Any, dtype: torch.dtype) -> dict[str, tuple[Int4Weight, str]]:
@@ -66,6 +72,8 @@ def _gguf_to_hf_names(architecture: str, model: Any) -> dict[str, str]:
 
 def read_q4_blocks(data: Any, tensor: TensorInfo) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """codes (N, K) int32 in 0..15, scale and zero (N, K / 32) float32, in the file's row order."""
+    if tensor.type_id == Q4_K:
+        return read_q4_k_blocks(data, tensor)
     n, k = tensor.shape
     block_bytes = _BLOCK_BYTES[tensor.type_id]
     raw = np.frombuffer(data, dtype=np.uint8, count=tensor.nbytes, offset=tensor.offset)
@@ -77,6 +85,26 @@ def read_q4_blocks(data: Any, tensor: TensorInfo) -> tuple[torch.Tensor, torch.T
     else:
         scale, zero, nibbles = d, np.zeros_like(d), blocks[..., 2:]
     codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(n, k)  # (N, K)
+    return torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(scale), torch.from_numpy(zero)
+
+
+def read_q4_k_blocks(data: Any, tensor: TensorInfo) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`read_q4_blocks` for Q4_K: its eight groups of 32 per super-block, each with its own scale
+    and zero."""
+    from gguf import quants
+
+    n, k = tensor.shape
+    raw = np.frombuffer(data, dtype=np.uint8, count=tensor.nbytes, offset=tensor.offset)
+    blocks = raw.reshape(n, k // QK_K, Q4_K_BYTES)  # (N, S, bytes)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # (N, S, 1)
+    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mn = quants.Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))  # (N * S, 8) each
+    scale = d * sc.reshape(n, -1, 8).astype(np.float32)  # (N, S, 8): one per group of 32
+    minimum = dmin * mn.reshape(n, -1, 8).astype(np.float32)
+    # 32 bytes per pair of groups: group 2i in the low nibbles, group 2i + 1 in the high ones.
+    nibbles = blocks[..., 16:].reshape(n, -1, 4, 1, 32)  # (N, S, pair, 1, 32)
+    codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(n, k)  # (N, K)
+    scale, zero = scale.reshape(n, -1), (8 * scale - minimum).reshape(n, -1)  # (N, K / 32)
     return torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(scale), torch.from_numpy(zero)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
-INT4_GROUP_SIZE = 32  # the group of GGUF's Q4_0/Q4_1 blocks, so a file's blocks map one to one
+INT4_GROUP_SIZE = 32  # the group of GGUF's Q4_0/Q4_1 blocks (and Q4_K's sub-blocks): a file's blocks map one to one
 INT4_TILE_ROWS = 64  # the CPU int4 layout interleaves rows in tiles of 64: joins/slices keep to them
 INT4_INNER_K_TILES = 2  # the CPU packing only accepts 2 here
 

@@ -10,14 +10,18 @@ quantized model; int8 keeps the bundled model's greedy choices and distribution 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
 
 from inference import EngineConfig, SamplingParams, Step
 from inference.bench.precision import quality, quality_cases
 from inference.engine import Engine
+from inference.gguf_file import TensorInfo
 from inference.models.bundled import bundled_gguf_path
-from inference.models.gguf_blocks import native_int4_weights
+from inference.models.gguf_blocks import Q4_K, Q4_K_BYTES, QK_K, native_int4_weights, read_q4_blocks
 from inference.models.loader import LoadedModel, load_model
 from inference.models.precision import cpu_has_bf16, decode_read_bytes, resolve_precision, weight_stats
 from inference.models.quant import Int4Weight, Int8Weight, QuantizedLinear, Stacked, linear
@@ -113,6 +117,22 @@ def test_the_bundled_gguf_q4_1_blocks_are_served_as_they_are(bundled: LoadedMode
     want = x.float() @ state[name].float().t()  # dequantize-then-matmul
     got = served[name][0].matmul(x).float()
     assert torch.allclose(got, want, atol=0.05 * want.abs().max().item())
+
+
+def test_q4_k_super_blocks_map_exactly_onto_groups_of_32() -> None:
+    """Q4_K (the 4-bit tensors of Q4_K_S/M files): each group's 6-bit scale and minimum become its
+    scale and zero; served as they are, the weights are what gguf-py's own dequantizer reads."""
+    rng = np.random.default_rng(0)
+    n, k = 64, 512
+    blocks = rng.integers(0, 256, size=(n, k // QK_K, Q4_K_BYTES), dtype=np.uint8)  # any nibbles, 6-bit fields
+    blocks[..., 0:2] = np.float16(0.017).reshape(1).view(np.uint8)  # d and dmin: finite fp16 values
+    blocks[..., 2:4] = np.float16(0.003).reshape(1).view(np.uint8)
+    raw = blocks.tobytes()
+    codes, scale, zero = read_q4_blocks(raw, TensorInfo("blk.0.ffn_up.weight", (n, k), Q4_K, 0, len(raw)))
+    want = gguf_dequantize(np.frombuffer(raw, dtype=np.uint8).reshape(n, -1), GGMLQuantizationType.Q4_K)
+    weight = Int4Weight.from_blocks(codes, scale, zero, 32)
+    assert torch.equal(weight.dequantize(), torch.from_numpy(want))
+    assert len(set(scale[0, :8].tolist())) > 1  # the groups of a super-block really differ
 
 
 # --- the quantized model through the engine ---------------------------------------------------
