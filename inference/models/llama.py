@@ -3,7 +3,9 @@
 Owns: a forward pass with the same math as transformers' implementation but fewer, larger
 ops: fused QKV and gate/up projections, a precomputed rotary table, and a preallocated
 contiguous KV cache written in place. At batch 1 decode every op is a dispatch plus a
-weight read, so fewer dispatches is most of the win over `model.generate` on a CPU.
+weight read, so fewer dispatches is most of the win over `model.generate` on a CPU. On a CPU
+with the fused kernels built (`inference.kernels.cpu`) the pass runs on them (`fused.py`);
+the torch ops here are the path everywhere else (GPU, no C compiler).
 Must not know: sampling, requests.
 """
 
@@ -15,7 +17,7 @@ import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 from inference.kernels import cpu as cpu_kernels
 from inference.kernels.cpu import KVAddress
 from inference.kv.cache import ContiguousKVCache
-from inference.models.fused import FusedLlama
+from inference.models.fused import Attend, FusedLlama
 from inference.models.loader import architecture_of
 from inference.models.quant import QuantizedLinear, QuantizedWeight, Stacked, linear
 
@@ -199,7 +201,7 @@ class LlamaRunner:
         cache.advance(num_new)
         return logits[0]
 
-    def _prompt_attend(self, cache: ContiguousKVCache, start: int, num_new: int):
+    def _prompt_attend(self, cache: ContiguousKVCache, start: int, num_new: int) -> Attend:
         """The fused path's attention for several new tokens: torch's fused kernel in float32 (the
         kernels hand q over in float32)."""
 
@@ -210,7 +212,14 @@ class LlamaRunner:
         return attend
 
     def _attention(
-        self, i: int, layer: _Layer, x: torch.Tensor, cache: ContiguousKVCache, start: int, cos, sin
+        self,
+        i: int,
+        layer: _Layer,
+        x: torch.Tensor,
+        cache: ContiguousKVCache,
+        start: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
     ) -> torch.Tensor:
         num_new = x.shape[0]
         q, k, v = self.split_rotate(linear(x, layer.qkv_weight, layer.qkv_bias), cos, sin)  # (T, heads, D)

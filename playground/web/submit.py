@@ -8,7 +8,7 @@ before anything is written. Must not know: sockets, channel layers, Celery.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import transaction
@@ -23,6 +23,9 @@ from playground.models import ChatTemplate, Conversation, Generation, LanguageMo
 from playground.protocol import CommandError, get_field, get_id_list
 
 _TITLE_CHARS = 60
+# Regenerate under a greedy preset samples at this temperature: greedy would repeat the answer
+# word for word (and Greedy is the default preset). The preset's filters (top-k/p ...) stay.
+REGENERATE_TEMPERATURE = 0.8
 
 
 @dataclass(frozen=True)
@@ -204,11 +207,16 @@ def generate(session_key: str, content: dict[str, Any]) -> Queued:
 
 
 def regenerate(session_key: str, content: dict[str, Any]) -> Queued:
-    """Answers the user message before an assistant message again; the old answer stays on record."""
+    """Answers the user message before an assistant message again; the old answer stays on record.
+    A greedy preset samples here (REGENERATE_TEMPERATURE) unless the command itself asks for
+    greedy (a `temperature` or `greedy` override): another answer is what Regenerate is for."""
     with transaction.atomic():
         old_answer = _active_message(session_key, content, Message.Role.ASSISTANT)
         conversation = old_answer.conversation
         model, _, params = _choices(content, conversation)
+        overrides = get_field(content, "overrides", dict, default={})
+        if params.is_greedy and params.num_beams == 1 and not {"temperature", "greedy"} & overrides.keys():
+            params = replace(params, greedy=False, temperature=REGENERATE_TEMPERATURE)
         _check_chars(conversation, old_answer.position, conversation.system_prompt)
         _supersede(conversation, old_answer.position)
         return _queue_answer(session_key, conversation, old_answer.position, model, params, None)

@@ -75,7 +75,9 @@ function assistantElement(message, actions) {
     h("div", { class: "msg-serving" }),
     h("div", { class: "msg-actions" },
       h("button", { class: "btn ghost small prompt-btn", type: "button", onclick: () => actions.showPrompt(message) }, icon("code", 14), "Show prompt"),
-      h("button", { class: "btn ghost small regenerate-btn", type: "button", onclick: () => actions.regenerate(message) }, icon("refresh", 14), "Regenerate"),
+      h("button", { class: "btn ghost small regenerate-btn", type: "button", onclick: () => actions.regenerate(message),
+        title: "Answer again. Under a greedy preset this samples (temperature 0.8): greedy would repeat the same answer." },
+      icon("refresh", 14), "Regenerate"),
       h("button", { class: "btn ghost small copy-btn", type: "button", onclick: (e) => copyText(e.currentTarget, message) }, icon("copy", 14), "Copy"),
       ...["json", "csv"].map((fmt) => h("a", { class: `btn ghost small export-btn export-${fmt}`, download: "",
         title: `every step record of this answer as ${fmt.toUpperCase()}` }, icon("download", 14), `Steps ${fmt.toUpperCase()}`))));

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from inference.sampling_params import SamplingParams
 from playground.coord import cancel, store
 from playground.models import ChatTemplate, Generation, Message
 from playground.protocol import is_terminal
@@ -181,6 +182,18 @@ def test_a_regenerated_answer_sees_only_the_history_before_it(session_key: str) 
     conversation = Generation.objects.get(pk=again.generation_id).conversation
     assert [(m.role, m.content) for m in conversation.active_messages()] == [("user", "One?"), ("assistant", "uno")]
     assert Message.objects.filter(conversation=conversation).count() == 5  # the old ones stay on record
+
+
+def test_regenerate_under_a_greedy_preset_samples_unless_the_command_asks_for_greedy(session_key: str) -> None:
+    first = queue_chat(session_key, "One?")  # the default preset (Greedy)
+    assert Generation.objects.get(pk=first.generation_id).params["greedy"] is True
+    run(first.generation_id, FakeEngine("1"))
+    again = submit.regenerate(session_key, {"message_id": first.message_id})
+    params = Generation.objects.get(pk=again.generation_id).params
+    assert (params["greedy"], params["temperature"]) == (False, submit.REGENERATE_TEMPERATURE)
+    run(again.generation_id, FakeEngine("2"))
+    greedy = submit.regenerate(session_key, {"message_id": again.message_id, "overrides": {"temperature": 0}})
+    assert SamplingParams.from_dict(Generation.objects.get(pk=greedy.generation_id).params).is_greedy
 
 
 def test_the_worker_sends_the_reasoning_split_when_the_prompt_opens_a_think_block(session_key: str) -> None:
