@@ -77,7 +77,7 @@ function render(card) {
     table(`FLOPs (context ${exact(f.context)})`, [
       ["decode, one token", big(f.decode_per_token.as_run, "FLOP"), s.is_mla ? "as transformers runs MLA: every cached latent re-expanded each step" : ""],
       s.is_mla ? ["decode, absorbed", big(f.decode_per_token.absorbed, "FLOP"), "kv_b folded into query and output, attention over latents (DeepSeek's inference)"] : null,
-      ["prefill, per token", big(f.prefill_per_token, "FLOP"), `prefill of ${exact(f.context)} tokens: ${big(f.prefill_total, "FLOP")}`],
+      ["prefill, per token", big(f.prefill_per_token, "FLOP"), `prefill of ${exact(f.context)} tokens: ${big(f.prefill_total, "FLOP")} (logits of the last position only, the one sampled from)`],
     ]),
     card.vision ? visionTable(card.vision) : null,
     table("Bytes read per decoded token (batch 1)", [

@@ -82,6 +82,9 @@ def test_bundled_model_card(bundled_model_dir: Path, bundled) -> None:
     assert card["kv_cache"]["form"] == "gqa"
     s = arch.shape_from_config(config)
     assert card["kv_cache"]["bytes_per_token"] == s.layers * 2 * s.kv_heads * s.head_dim * 4
+    # the prefill computes the logits of its last position only, as the runners do
+    head = 2 * s.vocab * s.hidden
+    assert card["flops"]["prefill_total"] == arch.prefill_flops(s, 100) - 99 * head
 
 
 def test_mla_cache_bytes_are_the_latent() -> None:
