@@ -60,19 +60,20 @@ def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[
     row = Generation.objects.select_related("model").filter(pk=generation_id).first()
     if row is None:
         raise CommandError("not_found", f"generation {generation_id} does not exist")
-    context_ids, path = tokens_of(row)
     # Checked again here (the task's arguments are input too); `params` came merged with the generation's.
     checked = inspection.parse({k: v for k, v in request.items() if k != "params"}, request.get("params") or {})
+    view = checked["view"]
+    # The prompt's own logprobs need only its prompt: any ended generation (beam search, none generated).
+    context_ids, path = _prompt_of(row) if view == "prompt_logprobs" else tokens_of(row)
     params = SamplingParams.from_dict(checked["params"])
     if row.model is None:
         raise CommandError("model_unavailable", "the generation's model was deleted")
     engine = load_engine(row.model)
-    view = checked["view"]
     if view == "prompt_logprobs":
         return {
             "view": view,
             "generation_id": generation_id,
-            "tokens": loop_for(engine).call(lambda: _prompt_logprobs(engine, row, checked["top_n"])),
+            "tokens": loop_for(engine).call(lambda: _prompt_logprobs(engine, context_ids, checked["top_n"])),
         }
     if view == "kv":
         return loop_for(engine).call(lambda: _kv(engine, row, len(context_ids) + len(path)))
@@ -97,20 +98,32 @@ def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[
     return {"view": view, "generation_id": generation_id, "num_steps": len(path), **result}
 
 
-def _prompt_logprobs(engine: Engine, row: Generation, top_n: int) -> list[dict[str, Any]]:
+def _prompt_logprobs(engine: Engine, prompt_ids: list[int], top_n: int) -> list[dict[str, Any]]:
     from inference.introspect.prompt_logprobs import prompt_logprobs
 
-    prompt_ids = [int(token["id"]) for token in (row.prompt or {}).get("tokens", [])]
     tokens = prompt_logprobs(engine.model, prompt_ids, top_n)
     for token in tokens:
         token["token_bytes"] = engine.token_table.bytes_of(token["token_id"]).hex()
     return _named(engine, tokens)
 
 
-def tokens_of(row: Generation) -> tuple[list[int], list[int]]:
-    """(the text's token ids, the path's token ids) of a finished row."""
+def _prompt_of(row: Generation) -> tuple[list[int], list[int]]:
+    """(the whole prompt's token ids, no path) of an ended row."""
+    _check_ended(row)
+    prompt_ids = [int(token["id"]) for token in (row.prompt or {}).get("tokens", [])]
+    if not prompt_ids:
+        raise CommandError("invalid_params", f"generation {row.pk} has no prompt to inspect")
+    return prompt_ids, []
+
+
+def _check_ended(row: Generation) -> None:
     if row.is_active:
         raise CommandError("invalid_params", f"generation {row.pk} is still {row.status}: inspect it once it ends")
+
+
+def tokens_of(row: Generation) -> tuple[list[int], list[int]]:
+    """(the text's token ids, the path's token ids) of a finished row."""
+    _check_ended(row)
     if any(step.get("type") == "beam_step" for step in row.steps):
         raise CommandError("invalid_params", "beam search keeps several paths: its steps cannot be inspected here")
     prompt_ids = [int(token["id"]) for token in (row.prompt or {}).get("tokens", [])]

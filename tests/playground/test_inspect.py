@@ -61,6 +61,15 @@ def ask(row: Generation, engine: Engine = TINY, **request: Any) -> dict[str, Any
     return message
 
 
+def test_prompt_logprobs_need_only_the_prompt_so_beam_search_generations_have_them(session_key: str) -> None:
+    row = finished(session_key, num_beams=2, num_return_sequences=1)
+    assert ask(row, view="waterfall", step=0)["code"] == "invalid_params"  # several paths: no step to inspect
+    reply = ask(row, view="prompt_logprobs", top_n=3)
+    assert reply["ok"], reply
+    prompt_ids = [int(token["id"]) for token in row.prompt["tokens"]]
+    assert [t["token_id"] for t in reply["result"]["tokens"]] == prompt_ids
+
+
 def test_waterfall_ends_in_the_distribution_the_step_was_sampled_from(session_key: str) -> None:
     row = finished(session_key)
     answer = ask(row, view="waterfall", step=2, top_n=10)
