@@ -86,7 +86,11 @@ def load() -> CpuKernels | None:
     if os.environ.get("PLAYGROUND_CPU_KERNELS", "on").lower() in ("0", "off", "false", "no"):
         return None
     try:
-        return CpuKernels(ctypes.CDLL(str(build())))
+        try:
+            path = build()
+        except OSError:  # no usable cache folder (a container's read-only home ...): a private temp one
+            path = build(out_dir=Path(tempfile.gettempdir()) / f"llm-playground-kernels-{os.getuid()}")
+        return CpuKernels(ctypes.CDLL(str(path)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         log.warning("fused CPU decode kernels unavailable, using torch ops: %s", error)
         return None

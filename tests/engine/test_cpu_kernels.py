@@ -184,6 +184,19 @@ def test_without_a_working_compiler_the_kernels_are_unavailable(monkeypatch, tmp
         cpu_kernels.load.cache_clear()
 
 
+def test_an_unusable_cache_folder_falls_back_to_a_private_temp_one(kernels, monkeypatch, tmp_path) -> None:
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(not_a_folder))
+    monkeypatch.setattr(cpu_kernels.tempfile, "gettempdir", lambda: str(tmp_path))
+    cpu_kernels.load.cache_clear()
+    try:
+        assert cpu_kernels.load() is not None
+        assert list(tmp_path.glob("llm-playground-kernels-*/cpu_kernels-*.so"))
+    finally:
+        cpu_kernels.load.cache_clear()
+
+
 def test_a_runner_on_the_kernels_gives_the_torch_paths_logits(kernels) -> None:
     fused_engine, torch_engine = engine_for("qwen2"), engine_for("qwen2")  # qwen2: q/k/v biases
     fused, torch_ops = fused_engine.runner, torch_engine.runner
