@@ -1,5 +1,6 @@
-/* Fused CPU kernels for the decode step of the Llama-family runners (inference/kernels/cpu.py
- * builds and loads this file; inference/models/llama.py calls it).
+/* Fused CPU kernels for the Llama-family forward pass and for the read-outs of each step's
+ * distribution (inference/kernels/cpu.py builds and loads this file; inference/models/fused.py
+ * and inference/sampling/sampler.py call it).
  *
  * Why: at one token per step every op is a dispatch plus a tiny computation. Between the four
  * matrix multiplies of a layer, torch spends ~25 small ops (casts, norms, rotary, cache writes,

@@ -212,10 +212,14 @@ def test_a_runner_on_the_kernels_gives_the_torch_paths_logits(kernels) -> None:
     assert torch.allclose(fused_cache.buffer[:, :, :, :11], torch_cache.buffer[:, :, :, :11], atol=1e-5)
 
 
+@pytest.mark.parametrize("on_kernels", [True, False])
 @pytest.mark.parametrize("precision", ["float32", "int4"])
-def test_on_the_kernels_a_sequence_gets_the_same_tokens_alone_or_batched(kernels, precision: str) -> None:
+def test_a_sequence_gets_the_same_tokens_alone_or_batched(kernels, precision: str, on_kernels: bool) -> None:
+    """On the kernels and on the torch ops (a machine without a compiler) alike."""
     engine = engine_for("llama", precision=precision)
     assert engine.runner.fused is not None
+    if not on_kernels:
+        engine.runner.fused = None  # the batched runner reads it from the lean runner
     params = SamplingParams(greedy=True, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
     # different lengths: prefill chunks and decodes share steps
     requests = [([3 + (i * 5 + j) % 250 for j in range(4 + 11 * i)], params) for i in range(4)]
