@@ -68,10 +68,11 @@ def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 # Every step reports these read-outs of a 49k-entry distribution; torch spends 25-80 us on each
 # (a sort, several full passes), the fused CPU kernels one pass each.
-def _kernels_for(logprobs: torch.Tensor) -> cpu_kernels.CpuKernels | None:
+def _kernels_for(logprobs: torch.Tensor, ndim: int) -> cpu_kernels.CpuKernels | None:
+    """The kernels when they can read `logprobs` (an `ndim`-dim contiguous float32 CPU tensor)."""
     if logprobs.device.type != "cpu" or logprobs.dtype != torch.float32 or not logprobs.is_contiguous():
         return None
-    return cpu_kernels.load()
+    return cpu_kernels.load() if logprobs.dim() == ndim else None
 
 
 def top_alternatives(logprobs: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
@@ -80,7 +81,7 @@ def top_alternatives(logprobs: torch.Tensor, k: int) -> tuple[list[int], list[fl
     k = min(k, logprobs.shape[-1])
     if k <= 0:
         return [], []
-    kernels = _kernels_for(logprobs)
+    kernels = _kernels_for(logprobs, 1)
     values, ids = kernels.top_k(logprobs, k) if kernels else torch.topk(logprobs, k)
     is_kept = values > -torch.inf
     return ids[is_kept].tolist(), values[is_kept].tolist()
@@ -88,7 +89,7 @@ def top_alternatives(logprobs: torch.Tensor, k: int) -> tuple[list[int], list[fl
 
 def entropy(logprobs: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in nats over the last dim ((B, V) -> (B,)); -inf entries contribute 0."""
-    kernels = _kernels_for(logprobs)
+    kernels = _kernels_for(logprobs, 2)
     if kernels is not None:
         return torch.tensor([kernels.entropy(row) for row in logprobs])
     terms = logprobs.exp() * logprobs
@@ -97,7 +98,7 @@ def entropy(logprobs: torch.Tensor) -> torch.Tensor:
 
 def token_rank(logprobs: torch.Tensor, token_id: int) -> int:
     """1-based rank of `token_id` in one distribution (V,); tied tokens share the better rank."""
-    kernels = _kernels_for(logprobs)
+    kernels = _kernels_for(logprobs, 1)
     if kernels is not None:
         return kernels.count_greater(logprobs, float(logprobs[token_id])) + 1
     return int((logprobs > logprobs[token_id]).sum().item()) + 1
