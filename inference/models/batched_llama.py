@@ -119,10 +119,7 @@ class BatchedLlamaRunner:
         out = torch.empty(num_rows, lean.num_heads, lean.head_dim, dtype=x.dtype, device=x.device)
         if step.decode_slots is not None:
             out[step.decode_rows] = self._decode_attention(i, q[step.decode_rows], step)
-        for p in step.prefills:
-            keys, values = self.pool.gather(i, p.context_slots)  # (L, KVH, D)
-            rows = slice(p.row, p.row + p.num_tokens)
-            out[rows] = prompt_attention(q[rows], keys.transpose(0, 1), values.transpose(0, 1), p.start)
+        self._attend_prefills(i, q, out, step)
         return out.view(num_rows, lean.q_size)
 
     def _attend(self, step: StepInput, kv: list[KVAddress]) -> Attend:
@@ -139,12 +136,17 @@ class BatchedLlamaRunner:
                 decoded = torch.empty(len(step.decode_rows), *out.shape[1:], dtype=out.dtype)
                 decode(i, q[step.decode_rows], decoded)
                 out[step.decode_rows] = decoded
-            for p in step.prefills:
-                keys, values = (t.transpose(0, 1).float() for t in self.pool.gather(i, p.context_slots))  # (KVH, L, D)
-                rows = slice(p.row, p.row + p.num_tokens)
-                out[rows] = prompt_attention(q[rows], keys, values, p.start)
+            self._attend_prefills(i, q, out, step)
 
         return attend
+
+    def _attend_prefills(self, i: int, q: torch.Tensor, out: torch.Tensor, step: StepInput) -> None:
+        """Each prefill chunk's rows of out (T, H, D): its queries q (T, H, D) over its gathered
+        context, in q's dtype (float32 from the kernels, else the pool's)."""
+        for p in step.prefills:
+            keys, values = (t.transpose(0, 1).to(q.dtype) for t in self.pool.gather(i, p.context_slots))  # (KVH, L, D)
+            rows = slice(p.row, p.row + p.num_tokens)
+            out[rows] = prompt_attention(q[rows], keys, values, p.start)
 
     def _decode_attention(self, i: int, q: torch.Tensor, step: StepInput) -> torch.Tensor:
         """q (B, H, D) of single-token chunks -> (B, H, D), each over its own context (padded, masked)."""

@@ -11,6 +11,7 @@ alone or batched; without a compiler, or switched off, everything falls back to 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -168,33 +169,33 @@ def test_entropy_and_rank_read_outs_match_torch(kernels) -> None:
     assert kernels.count_greater(logprobs, float(logprobs[3])) == int((logprobs > logprobs[3]).sum())
 
 
-def test_without_a_working_compiler_the_kernels_are_unavailable(monkeypatch, tmp_path) -> None:
+@pytest.fixture
+def fresh_load() -> Iterator[None]:
+    """`cpu_kernels.load()` looks again (it is cached per process), before and after the test."""
+    cpu_kernels.load.cache_clear()
+    yield
+    cpu_kernels.load.cache_clear()
+
+
+def test_without_a_working_compiler_the_kernels_are_unavailable(monkeypatch, tmp_path, fresh_load) -> None:
     monkeypatch.setenv("CC", "/bin/false")
     with pytest.raises(RuntimeError, match="failed"):
         cpu_kernels.build(out_dir=tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built there yet
+    assert cpu_kernels.load() is None
     cpu_kernels.load.cache_clear()
-    try:
-        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built there yet
-        assert cpu_kernels.load() is None
-        cpu_kernels.load.cache_clear()
-        monkeypatch.delenv("CC")
-        monkeypatch.setenv("PLAYGROUND_CPU_KERNELS", "off")
-        assert cpu_kernels.load() is None
-    finally:
-        cpu_kernels.load.cache_clear()
+    monkeypatch.delenv("CC")
+    monkeypatch.setenv("PLAYGROUND_CPU_KERNELS", "off")
+    assert cpu_kernels.load() is None
 
 
-def test_an_unusable_cache_folder_falls_back_to_a_private_temp_one(kernels, monkeypatch, tmp_path) -> None:
+def test_an_unusable_cache_folder_falls_back_to_a_private_temp_one(kernels, monkeypatch, tmp_path, fresh_load) -> None:
     not_a_folder = tmp_path / "cache"
     not_a_folder.write_text("a file where the cache folder would go")
     monkeypatch.setenv("XDG_CACHE_HOME", str(not_a_folder))
     monkeypatch.setattr(cpu_kernels.tempfile, "gettempdir", lambda: str(tmp_path))
-    cpu_kernels.load.cache_clear()
-    try:
-        assert cpu_kernels.load() is not None
-        assert list(tmp_path.glob("llm-playground-kernels-*/cpu_kernels-*.so"))
-    finally:
-        cpu_kernels.load.cache_clear()
+    assert cpu_kernels.load() is not None
+    assert list(tmp_path.glob("llm-playground-kernels-*/cpu_kernels-*.so"))
 
 
 def test_a_runner_on_the_kernels_gives_the_torch_paths_logits(kernels) -> None:
