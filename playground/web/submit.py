@@ -101,8 +101,12 @@ def resolve_preset(preset_id: int | None, fallback: SamplingPreset | None = None
 def _choices(
     content: dict[str, Any],
     conversation: Conversation | None = None,
+    *,
+    is_regenerate: bool = False,
 ) -> tuple[LanguageModel, SamplingPreset | None, SamplingParams]:
-    """The model, preset and resolved params for one command (the conversation's as fallback)."""
+    """The model, preset and resolved params for one command (the conversation's as fallback).
+    A regenerate under a greedy preset samples (REGENERATE_TEMPERATURE) unless the command itself
+    asks for greedy (a `temperature` or `greedy` override): another answer is what it is for."""
     model = resolve_model(get_field(content, "model_id", int), conversation and conversation.model)
     preset = resolve_preset(get_field(content, "preset_id", int), conversation and conversation.preset)
     overrides = get_field(content, "overrides", dict, default={})
@@ -114,6 +118,9 @@ def _choices(
         params = preset.to_sampling_params(**overrides) if preset else SamplingParams.from_dict(overrides)
     except (TypeError, ValueError) as exc:
         raise CommandError("invalid_params", str(exc)) from exc
+    # "greedy" is in the overrides when the command asked for it, or set a temperature (above).
+    if is_regenerate and params.is_greedy and params.num_beams == 1 and "greedy" not in overrides:
+        params = replace(params, greedy=False, temperature=REGENERATE_TEMPERATURE)
     limits.check_params(params)
     return model, preset, params
 
@@ -207,16 +214,12 @@ def generate(session_key: str, content: dict[str, Any]) -> Queued:
 
 
 def regenerate(session_key: str, content: dict[str, Any]) -> Queued:
-    """Answers the user message before an assistant message again; the old answer stays on record.
-    A greedy preset samples here (REGENERATE_TEMPERATURE) unless the command itself asks for
-    greedy (a `temperature` or `greedy` override): another answer is what Regenerate is for."""
+    """Answers the user message before an assistant message again; the old answer stays on record
+    (under a greedy preset, sampled: see `_choices`)."""
     with transaction.atomic():
         old_answer = _active_message(session_key, content, Message.Role.ASSISTANT)
         conversation = old_answer.conversation
-        model, _, params = _choices(content, conversation)
-        overrides = get_field(content, "overrides", dict, default={})
-        if params.is_greedy and params.num_beams == 1 and not {"temperature", "greedy"} & overrides.keys():
-            params = replace(params, greedy=False, temperature=REGENERATE_TEMPERATURE)
+        model, _, params = _choices(content, conversation, is_regenerate=True)
         _check_chars(conversation, old_answer.position, conversation.system_prompt)
         _supersede(conversation, old_answer.position)
         return _queue_answer(session_key, conversation, old_answer.position, model, params, None)

@@ -107,10 +107,14 @@ def _prompt_logprobs(engine: Engine, prompt_ids: list[int], top_n: int) -> list[
     return _named(engine, tokens)
 
 
+def _prompt_ids(row: Generation) -> list[int]:
+    return [int(token["id"]) for token in (row.prompt or {}).get("tokens", [])]
+
+
 def _prompt_of(row: Generation) -> tuple[list[int], list[int]]:
     """(the whole prompt's token ids, no path) of an ended row."""
     _check_ended(row)
-    prompt_ids = [int(token["id"]) for token in (row.prompt or {}).get("tokens", [])]
+    prompt_ids = _prompt_ids(row)
     if not prompt_ids:
         raise CommandError("invalid_params", f"generation {row.pk} has no prompt to inspect")
     return prompt_ids, []
@@ -126,7 +130,7 @@ def tokens_of(row: Generation) -> tuple[list[int], list[int]]:
     _check_ended(row)
     if any(step.get("type") == "beam_step" for step in row.steps):
         raise CommandError("invalid_params", "beam search keeps several paths: its steps cannot be inspected here")
-    prompt_ids = [int(token["id"]) for token in (row.prompt or {}).get("tokens", [])]
+    prompt_ids = _prompt_ids(row)
     generated = [int(step["token_id"]) for step in row.steps]
     num_sent = len((row.inputs or {}).get("token_ids", []))  # earlier requests' tokens of the path
     if not generated or len(prompt_ids) <= num_sent:
