@@ -40,9 +40,10 @@ class EngineConfig:
     max_context: int | None = None
     trust_remote_code: bool = False
     data_dir: str | None = None
-    prefix_cache_bytes: int = 256 * 1024 * 1024
     num_threads: int | None = None
-    kv_cache_bytes: int = 512 * 1024 * 1024  # the paged KV pool of continuous batching
+    # The paged KV pool every request's KV lives in; what running requests do not hold keeps the
+    # prefix cache (freed blocks keep their hashes until they are reused).
+    kv_cache_bytes: int = 512 * 1024 * 1024
     # Tokens per KV block: the unit of allocation and of prefix sharing. Small, because attention
     # here gathers keys token by token (block size costs nothing there) and small blocks let short
     # prompts (the explorer's one-token steps) share their prefix too; GPU kernels prefer 16.
@@ -62,8 +63,6 @@ class EngineConfig:
             raise ValueError(f"device={self.device!r} is not one of {VALID_DEVICES} (or 'cuda:N')")
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"max_context={self.max_context} must be at least 2")
-        if self.prefix_cache_bytes < 0:
-            raise ValueError(f"prefix_cache_bytes={self.prefix_cache_bytes} must be >= 0")
         for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")

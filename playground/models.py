@@ -171,7 +171,6 @@ class LanguageModel(DefaultFlagModel):
             max_context=self.max_context,
             trust_remote_code=self.trust_remote_code,
             data_dir=str(settings.PLAYGROUND_DATA_DIR),
-            prefix_cache_bytes=settings.PLAYGROUND_PREFIX_CACHE_MB * 2**20,
             eos_token_ids=tuple(self.eos_token_ids) if isinstance(self.eos_token_ids, list) else None,
         )
 

@@ -306,7 +306,7 @@ SERVING_GROUP = "serving"  # every worker's batch steps, for the serving page
 
 
 def serving_step(worker: str, step: dict[str, Any], num_skipped: int) -> dict[str, Any]:
-    """One engine step of a worker's continuous batch (`inference.batching.BatchStep.to_dict()`,
+    """One engine step of a worker's continuous batch (`inference.engine_core.BatchStep.to_dict()`,
     request ids mapped to generation ids); `num_skipped` steps since the last one were not sent."""
     return {"type": "serving.step", "worker": worker, "step": step, "num_skipped": num_skipped}
 

@@ -74,7 +74,6 @@ PLAYGROUND_MAX_MESSAGE_BYTES = env_int(
 )
 # KV reuse across turns and branches, per worker process (0 disables it): the radix cache of
 # the requests that run alone (beam search, other architectures).
-PLAYGROUND_PREFIX_CACHE_MB = env_int("PLAYGROUND_PREFIX_CACHE_MB", 256)
 # Continuous batching, per worker process: how many generations share its engine's steps (also
 # the Celery thread pool's size), and the paged KV pool they share (its full blocks are the
 # prefix cache of the batched requests).

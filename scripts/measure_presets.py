@@ -103,7 +103,7 @@ def answers(engine: Engine, prompt_ids: list[int], params: list[SamplingParams])
 def measure(engine: Engine, preset: dict, num_questions: int, num_seeds: int, max_new_tokens: int) -> Tally:
     tally = Tally()
     for question, expected in QUESTIONS[:num_questions]:
-        prompt_ids = engine.encode(engine.render_chat([{"role": "user", "content": question}]).text)
+        prompt_ids = engine.prompts.encode(engine.prompts.render_chat([{"role": "user", "content": question}]).text)
         params = [preset_params(preset, max_new_tokens, seed) for seed in range(num_seeds)]
         weight = 1
         if is_deterministic(params[0]):  # every seed gives the same answer

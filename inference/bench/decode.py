@@ -78,10 +78,11 @@ def time_hf_prefill(model, prompt_ids: list[int]) -> float:
 def bench_decode(
     dtype: str, device: str, num_tokens: int, prompt_len: int, repeats: int, bandwidth: float
 ) -> dict[str, float]:
-    engine = Engine.load(EngineConfig(dtype=dtype, device=device, prefix_cache_bytes=0))
+    engine = Engine.load(EngineConfig(dtype=dtype, device=device))
     model = engine.model
-    chat_ids = engine.encode(PROMPT)
-    long_ids = (engine.encode("The lighthouse stood on the rocks above the harbour. ") * prompt_len)[:prompt_len]
+    chat_ids = engine.prompts.encode(PROMPT)
+    sentence = engine.prompts.encode("The lighthouse stood on the rocks above the harbour. ")
+    long_ids = (sentence * prompt_len)[:prompt_len]
     rows = {"decode": ([], []), "prefill": ([], [])}
     for _ in range(repeats):  # interleaved, best of N: noise hits both sides alike
         rows["decode"][0].append(time_ours_decode(engine, chat_ids, num_tokens))

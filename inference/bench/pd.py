@@ -5,13 +5,13 @@
 One mixed load, served two ways, side by side in one run: a few chats are decoding when
 long-prompt requests (about 1,500 tokens each) arrive.
 
-- colocated: one worker (this process, every core) serves everything, one token per request
-  per round, and runs a newcomer's prefill in the round it arrives: every chat's next token
-  waits behind that prefill.
+- colocated: one worker (this process, every core) serves everything in its continuous batch:
+  a newcomer's prefill is chunked into the steps the chats decode in, so every chat's next
+  token waits behind the chunk of its step.
 - disaggregated: a prefill worker process (half of the cores, or the second GPU) prefills
   the newcomers, serializes the KV cache with `inference.kv.transfer` and leaves it in a
   local store (a file on tmpfs); the decode worker (this process, the other cores / first
-  GPU) keeps decoding, and picks the blob up, verifies and loads it between two rounds.
+  GPU) keeps decoding, and picks the blob up, verifies and loads it between two steps.
 
 Reported: the chats' inter-token latency (p50/p99) and the newcomers' time to first token
 (arrival -> first token; arrivals are tied to the chats' progress, not to wall time, so
@@ -33,7 +33,6 @@ import queue
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -70,25 +69,25 @@ class Workload:
 
 @dataclass
 class Stream:
-    """One request being served: its events and when each of its tokens came out."""
+    """One request being served: when each of its tokens came out."""
 
     is_chat: bool
-    events: Iterator[Event] | None = None
     arrived_at: float = 0.0
     token_times: list[float] = field(default_factory=list)
     skip_first_step: bool = False  # handed over: the prefill worker produced the first token
+    is_done: bool = False
 
-    def advance(self) -> bool:
-        """Run until the next token (or the end); False once finished."""
-        for event in self.events:
-            if isinstance(event, Finished):
-                return False
-            if isinstance(event, Step):
-                if self.skip_first_step and event.index == 0:
-                    continue
-                self.token_times.append(time.monotonic())
-                return True
-        return False
+    def take(self, event: Event) -> None:
+        if isinstance(event, Finished):
+            self.is_done = True
+        elif isinstance(event, Step) and not (self.skip_first_step and event.index == 0):
+            self.token_times.append(time.monotonic())
+
+
+def step(engine: Engine, streams: dict[int, Stream]) -> None:
+    """One engine step; each request's records go to its stream."""
+    for request_id, event in engine.step():
+        streams[request_id].take(event)
 
 
 @dataclass
@@ -110,10 +109,10 @@ def make_workload(
     engine: Engine, num_chats: int, chat_tokens: int, num_long: int, long_len: int, long_tokens: int
 ) -> Workload:
     def chat(text: str) -> list[int]:
-        return engine.encode(engine.render_chat([{"role": "user", "content": text}]).text)
+        return engine.prompts.encode(engine.prompts.render_chat([{"role": "user", "content": text}]).text)
 
-    filler = engine.encode(FILLER)
-    long_text = engine.tokenizer.decode((filler * (long_len // len(filler) + 1))[:long_len])
+    filler = engine.prompts.encode(FILLER)
+    long_text = engine.loaded.tokenizer.decode((filler * (long_len // len(filler) + 1))[:long_len])
     long_ids = [chat(f"Request {i}. {long_text} Summarise this.") for i in range(num_long)]
     total = num_chats * chat_tokens
     # Spread the arrivals over the middle of the chats' run, so every prefill meets running decodes.
@@ -128,34 +127,31 @@ def make_workload(
     )
 
 
-def start_chats(engine: Engine, workload: Workload) -> list[Stream]:
+def start_chats(engine: Engine, workload: Workload) -> dict[int, Stream]:
     """The chats, prefilled and past their first token: from here on they are decoding."""
-    streams = []
-    for ids in workload.chat_ids:
-        stream = Stream(is_chat=True, events=engine.generate(ids, workload.chat_params), arrived_at=time.monotonic())
-        stream.advance()
-        streams.append(stream)
+    streams = {engine.add_request(ids, workload.chat_params): Stream(is_chat=True) for ids in workload.chat_ids}
+    for stream in streams.values():
+        stream.arrived_at = time.monotonic()
+    while any(not s.token_times for s in streams.values()):
+        step(engine, streams)
     return streams
+
+
+def chat_tokens(streams: dict[int, Stream]) -> int:
+    return sum(len(s.token_times) for s in streams.values() if s.is_chat)
 
 
 # ---- colocated -------------------------------------------------------------------------------
 
 
 def run_colocated(engine: Engine, workload: Workload) -> Result:
-    chats = start_chats(engine, workload)
-    active, done, pending = list(chats), [], list(enumerate(workload.long_ids))
-    while active:
-        num_chat_tokens = sum(len(s.token_times) for s in chats)
-        while pending and num_chat_tokens >= workload.arrivals[pending[0][0]]:
+    streams, pending = start_chats(engine, workload), list(enumerate(workload.long_ids))
+    while engine.has_unfinished or pending:
+        while pending and chat_tokens(streams) >= workload.arrivals[pending[0][0]]:
             _, ids = pending.pop(0)
-            active.append(
-                Stream(is_chat=False, events=engine.generate(ids, workload.long_params), arrived_at=time.monotonic())
-            )  # prefilled in this round: everyone waits
-        for stream in list(active):
-            if not stream.advance():
-                active.remove(stream)
-                done.append(stream)
-    return Result(done)
+            streams[engine.add_request(ids, workload.long_params)] = Stream(is_chat=False, arrived_at=time.monotonic())
+        step(engine, streams)
+    return Result(list(streams.values()))
 
 
 # ---- disaggregated -----------------------------------------------------------------------------
@@ -229,38 +225,34 @@ class PrefillWorker:
 
 
 def run_disaggregated(engine: Engine, workload: Workload, worker: PrefillWorker) -> Result:
-    chats = start_chats(engine, workload)
-    active, done, pending = list(chats), [], list(enumerate(workload.long_ids))
+    streams, pending = start_chats(engine, workload), list(enumerate(workload.long_ids))
     waiting: dict[int, Stream] = {}
-    result = Result(done)
-    while active or waiting:
-        num_chat_tokens = sum(len(s.token_times) for s in chats)
-        while pending and num_chat_tokens >= workload.arrivals[pending[0][0]]:
+    result = Result([])
+    while engine.has_unfinished or waiting or pending:
+        while pending and chat_tokens(streams) >= workload.arrivals[pending[0][0]]:
             job_id, ids = pending.pop(0)
             waiting[job_id] = Stream(is_chat=False, arrived_at=time.monotonic(), skip_first_step=True)
             worker.submit(job_id, ids, workload.long_params)
-        for _, job_id, path, timings in worker.poll(block=not active):
-            active.append(_load(engine, waiting.pop(job_id), Path(path), timings, result))
-        for stream in list(active):
-            if not stream.advance():
-                active.remove(stream)
-                done.append(stream)
+        for _, job_id, path, timings in worker.poll(block=not engine.has_unfinished):
+            request_id = _load(engine, waiting[job_id], Path(path), timings, result)
+            streams[request_id] = waiting.pop(job_id)
+        step(engine, streams)
+    result.streams = list(streams.values())
     return result
 
 
-def _load(engine: Engine, stream: Stream, path: Path, timings: dict[str, float], result: Result) -> Stream:
-    """Fetch, verify and load a handed-over request between two decode rounds."""
+def _load(engine: Engine, stream: Stream, path: Path, timings: dict[str, float], result: Result) -> int:
+    """Fetch and verify a handed-over request between two decode steps; it joins the batch."""
     t0 = time.perf_counter()
     blob = path.read_bytes()
     path.unlink()
     fetch_ms = (time.perf_counter() - t0) * 1000
     t0 = time.perf_counter()
     handoff = engine.import_handoff(blob)
-    stream.events = engine.generate(handoff.prompt_ids, handoff.params, handoff=handoff)
-    next(stream.events)  # Prefilled: the KV cache is in place now
+    request_id = engine.add_request(handoff.prompt_ids, handoff.params, handoff=handoff)
     stream.token_times.append(timings["first_token_at"])
     result.handoffs.append({**timings, "fetch_ms": fetch_ms, "load_ms": (time.perf_counter() - t0) * 1000})
-    return stream
+    return request_id
 
 
 # ---- reporting ---------------------------------------------------------------------------------
@@ -330,10 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     num_chats, chat_tokens, num_long = (3, 32, 2) if args.quick else (4, 96, 4)
     all_cores, decode_cores, prefill_cores = split_cores()
-    config = EngineConfig(device=args.device, prefix_cache_bytes=0)
+    config = EngineConfig(device=args.device)
     engine = Engine.load(config)
     workload = make_workload(engine, num_chats, chat_tokens, num_long, args.prompt_len, long_tokens=8)
-    worker = PrefillWorker(EngineConfig(device=prefill_device(args.device), prefix_cache_bytes=0), prefill_cores)
+    worker = PrefillWorker(EngineConfig(device=prefill_device(args.device)), prefill_cores)
     try:
         print(
             f"{num_chats} chats decoding {chat_tokens} tokens each; {num_long} requests with "

@@ -53,7 +53,9 @@ def quality_cases(reference: Engine, num_tokens: int) -> list[QualityCase]:
     params = SamplingParams(greedy=True, max_new_tokens=num_tokens, ignore_eos=True, use_prefix_cache=False)
     cases = []
     for question in QUALITY_PROMPTS:
-        prompt_ids = reference.encode(reference.render_chat([{"role": "user", "content": question}]).text)
+        prompt_ids = reference.prompts.encode(
+            reference.prompts.render_chat([{"role": "user", "content": question}]).text
+        )
         answer = list(list(reference.generate(prompt_ids, params))[-1].token_ids)
         ids = torch.tensor([prompt_ids + answer])
         cases.append(QualityCase(ids, len(prompt_ids), answer_logprobs(reference, ids, len(prompt_ids))))
@@ -64,11 +66,9 @@ def answer_logprobs(engine: Engine, ids: torch.Tensor, num_prompt_tokens: int) -
     """Teacher-forced next-token logprobs (N, V) at every answer position of `ids` (1, P + N), from
     the served path: the engine's runner, a prefill then one decode step per answer token, so the
     numbers are the ones a chat's steps report (its kernels and rounding, not transformers')."""
-    runner, answer = engine.runner, ids[0, num_prompt_tokens:-1].to(engine.device)
-    cache = runner.new_cache(ids.shape[1])
-    logits = [runner.forward(ids[0, :num_prompt_tokens].to(engine.device), cache)]
-    logits += [runner.forward(token_id[None], cache) for token_id in answer]
-    return torch.log_softmax(torch.stack(logits).float().cpu(), -1)  # (N, V)
+    prompt_ids, answer = ids[0, :num_prompt_tokens].tolist(), ids[0, num_prompt_tokens:-1].tolist()
+    logits = engine.core.teacher_force(prompt_ids, answer)  # (N, V)
+    return torch.log_softmax(logits.float().cpu(), -1)
 
 
 def quality(cases: list[QualityCase], engine: Engine) -> tuple[float, float]:
@@ -96,7 +96,7 @@ def main_precision(args: argparse.Namespace) -> dict:
     engines = {}
     for p in precisions:
         try:
-            engines[p] = Engine.load(EngineConfig(dtype=p, device=device, prefix_cache_bytes=0))
+            engines[p] = Engine.load(EngineConfig(dtype=p, device=device))
         except ModelLoadError as error:  # e.g. no int8 kernel for this GPU: the others still run
             print(f"{p}: skipped ({error})")
     reference = engines.get("float32") or Engine.load(EngineConfig(dtype="float32", device=device))

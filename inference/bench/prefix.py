@@ -2,8 +2,8 @@
 
 `python -m inference.bench prefix [--quick]` (or `python -m inference.bench.prefix`).
 
-Runs through the serving path by default (`Engine.add_request`/`step`: the prefix cache is the
-batch's shared KV blocks); `--path alone` measures `Engine.generate` and its radix cache.
+Runs through the serving path (`Engine.add_request`/`step`: the prefix cache is the batch's
+shared KV blocks).
 
 Owns: a synthetic conversation on the bundled model, the "previous turn" that leaves its
 history in the prefix cache, and the side-by-side TTFT at ~1,000 and ~2,000 history tokens.
@@ -53,28 +53,22 @@ def conversation(num_messages: int, seed: int = 0) -> list[dict]:
 def history_of(engine: Engine, messages: list[dict], num_tokens: int) -> list[dict]:
     """The shortest prefix of `messages`, ending on an assistant turn, of at least num_tokens tokens."""
     for end in range(2, len(messages) + 1, 2):
-        if len(engine.encode(engine.render_chat(messages[:end], add_generation_prompt=False).text)) >= num_tokens:
+        if len(chat_ids(engine, messages[:end], add_generation_prompt=False)) >= num_tokens:
             return messages[:end]
     raise ValueError(f"{len(messages)} messages hold fewer than {num_tokens} tokens")
 
 
+def chat_ids(engine: Engine, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    return engine.prompts.encode(engine.prompts.render_chat(messages, add_generation_prompt=add_generation_prompt).text)
+
+
 def turn_ids(engine: Engine, history: list[dict], question: str) -> list[int]:
-    return engine.encode(engine.render_chat(history + [{"role": "user", "content": question}]).text)
-
-
-PATHS = ("batched", "alone")  # the serving path (shared KV blocks) or one request alone (the radix cache)
-_path = {"name": "batched"}
+    return chat_ids(engine, history + [{"role": "user", "content": question}])
 
 
 def first_token(engine: Engine, prompt_ids: list[int], use_prefix_cache: bool) -> tuple[Prefilled, Finished]:
     params = SamplingParams(greedy=True, max_new_tokens=1, num_alternatives=0, use_prefix_cache=use_prefix_cache)
-    if _path["name"] == "alone":
-        events = list(engine.generate(prompt_ids, params))
-    else:
-        engine.add_request(prompt_ids, params)
-        events = []
-        while engine.has_unfinished:
-            events += [event for _, event in engine.step()]
+    events = list(engine.generate(prompt_ids, params))
     return events[0], events[-1]
 
 
@@ -106,15 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--repeats", type=int, default=None, help="best of N (default 3, 1 with --quick)")
-    parser.add_argument(
-        "--path",
-        choices=PATHS,
-        default="batched",
-        help="batched: the serving path, whose prefix cache is shared KV blocks (default); "
-        "alone: Engine.generate, whose prefix cache is the radix tree",
-    )
     args = parser.parse_args(argv)
-    _path["name"] = args.path
     repeats = args.repeats or (1 if args.quick else 3)
 
     engine = Engine.load(EngineConfig(source="bundled", device=args.device, dtype=args.dtype))
@@ -122,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     histories = {label: history_of(engine, messages, n) for label, n in HISTORY_SIZES.items()}
     # The previous turn: prefilling the longest history caches every shorter one too (its prefix).
     longest = histories[max(HISTORY_SIZES, key=HISTORY_SIZES.get)]
-    first_token(engine, engine.encode(engine.render_chat(longest, add_generation_prompt=False).text), True)
+    first_token(engine, chat_ids(engine, longest, add_generation_prompt=False), True)
 
     results: dict[str, float] = {}
     print(f"{'history':>8} {'prompt':>7} {'cached':>7} {'ttft off ms':>12} {'ttft on ms':>11} {'speedup':>8}")
@@ -135,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r[f'ttft_speedup_{label}']:>7.1f}x"
         )
 
-    stats = engine.prefix_cache_stats(None if _path["name"] == "alone" else SamplingParams())
+    stats = engine.prefix_cache_stats()
     mb_per_1k = stats["num_bytes"] / stats["num_stored_tokens"] * 1000 / 2**20
     print(
         f"cache holds {stats['num_stored_tokens']} tokens in {stats['num_bytes'] / 2**20:.1f} MiB "

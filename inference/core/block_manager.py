@@ -49,6 +49,9 @@ class BlockManager:
         # block of a 512 MB pool took ~0.7 ms a step, more than a tenth of an int4 decode step).
         self.num_shared_blocks = 0  # held by more than one sequence
         self.num_cached_free_blocks = 0  # free, but still holding a hashed prefix
+        # Copy-on-write of forked sequences: (source block, new block) pairs the model runner must
+        # copy before the next forward pass writes into the new block (`take_copies`).
+        self.pending_copies: list[tuple[int, int]] = []
 
     # ---- sizes ---------------------------------------------------------------------------
 
@@ -77,6 +80,16 @@ class BlockManager:
             "hit_rate": self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0,
         }
 
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached prefix that no sequence holds, and the hit counters."""
+        for block_id in self.free:
+            block = self.blocks[block_id]
+            if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
+                del self.hash_to_block[block.hash]
+            block.hash, block.token_ids = None, ()
+        self.num_cached_free_blocks = 0
+        self.num_queried_tokens = self.num_hit_tokens = self.num_hits = self.num_misses = self.num_evictions = 0
+
     # ---- admission -----------------------------------------------------------------------
 
     def _prefix_hits(self, seq: Sequence) -> list[int]:
@@ -84,17 +97,20 @@ class BlockManager:
         token: that one must be computed, its logits give the next token."""
         hits, parent = [], None
         for start in range(0, seq.num_tokens - 1 - self.block_size + 1, self.block_size):
-            tokens = tuple(seq.token_ids[start : start + self.block_size])
+            tokens = seq.key_ids(start, start + self.block_size)
             h = chain_hash(parent, tokens)
             block_id = self.hash_to_block.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             hits.append(block_id)
             parent = h
+        # A reused prefix must not end inside an image: its tokens are computed together.
+        while hits and seq.chunk_end(0, len(hits) * self.block_size) != len(hits) * self.block_size:
+            hits.pop()
         return hits
 
     def can_allocate(self, seq: Sequence) -> bool:
-        hits = self._prefix_hits(seq) if seq.params.use_prefix_cache and not seq.num_imported_tokens else []
+        hits = self._prefix_hits(seq) if seq.uses_prefix_cache and not seq.num_imported_tokens else []
         num_hits_in_use = sum(1 for i in hits if self.blocks[i].ref_count > 0)
         return seq.num_blocks_needed(self.block_size) - num_hits_in_use <= self.num_free_blocks
 
@@ -102,7 +118,7 @@ class BlockManager:
         """Blocks for all of the sequence's tokens; a cached prefix is shared, not recomputed."""
         assert not seq.block_table, f"sequence {seq.seq_id} already holds blocks"
         # An imported sequence's KV arrives whole: its blocks are its own (never written over shared ones).
-        hits = self._prefix_hits(seq) if seq.params.use_prefix_cache and not seq.num_imported_tokens else []
+        hits = self._prefix_hits(seq) if seq.uses_prefix_cache and not seq.num_imported_tokens else []
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -119,39 +135,77 @@ class BlockManager:
             return  # not a prefix-cache lookup
         self.num_queried_tokens += seq.num_tokens
         self.num_hit_tokens += seq.num_cached_tokens
-        if seq.params.use_prefix_cache:
+        if seq.uses_prefix_cache:
             self.num_hits += bool(hits)
             self.num_misses += not hits
 
     # ---- growth --------------------------------------------------------------------------
 
     def can_append(self, seq: Sequence, num_tokens: int) -> bool:
-        """Whether blocks for the first `num_tokens` tokens fit (growing by what is missing)."""
-        return seq.num_blocks_needed(self.block_size, num_tokens) - len(seq.block_table) <= self.num_free_blocks
+        """Whether blocks for the first `num_tokens` tokens fit (growing by what is missing, and
+        a private copy of a shared block the next tokens are written into)."""
+        missing = seq.num_blocks_needed(self.block_size, num_tokens) - len(seq.block_table)
+        return missing + self._needs_copy(seq) <= self.num_free_blocks
 
     def append_slots(self, seq: Sequence, num_tokens: int) -> None:
+        if self._needs_copy(seq):
+            self._copy_on_write(seq, seq.num_computed_tokens // self.block_size)
         self._grow(seq, seq.num_blocks_needed(self.block_size, num_tokens))
+
+    def _needs_copy(self, seq: Sequence) -> bool:
+        """The block the next token is written into is shared (a fork's partly filled last block)."""
+        index = seq.num_computed_tokens // self.block_size
+        return index < len(seq.block_table) and self.blocks[seq.block_table[index]].ref_count > 1
+
+    def _copy_on_write(self, seq: Sequence, index: int) -> None:
+        shared = self.blocks[seq.block_table[index]]
+        shared.ref_count -= 1
+        self.num_shared_blocks -= shared.ref_count == 1
+        seq.block_table[index] = self._take_free_block()
+        self.pending_copies.append((shared.block_id, seq.block_table[index]))
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The block copies owed before the next forward pass (and forget them)."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` shares every block of `parent` (its KV up to `parent.num_computed_tokens`); the
+        first write into a shared, partly filled block copies it (`append_slots`)."""
+        assert not child.block_table, f"sequence {child.seq_id} already holds blocks"
+        for block_id in parent.block_table:
+            block = self.blocks[block_id]
+            block.ref_count += 1
+            self.num_shared_blocks += block.ref_count == 2
+        child.block_table = list(parent.block_table)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        self.num_hashed[child.seq_id] = self.num_hashed.get(parent.seq_id, 0)
 
     def _grow(self, seq: Sequence, num_blocks: int) -> None:
         while len(seq.block_table) < num_blocks:
-            block_id, _ = self.free.popitem(last=False)  # least recently freed: evict its old prefix
-            block = self.blocks[block_id]
-            self.num_cached_free_blocks -= block.hash is not None
-            if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
-                del self.hash_to_block[block.hash]
-                self.num_evictions += 1
-            block.hash, block.token_ids, block.ref_count = None, (), 1
-            seq.block_table.append(block_id)
+            seq.block_table.append(self._take_free_block())
+
+    def _take_free_block(self) -> int:
+        """The least recently freed block (its old prefix evicted), now held once."""
+        block_id, _ = self.free.popitem(last=False)
+        block = self.blocks[block_id]
+        self.num_cached_free_blocks -= block.hash is not None
+        if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
+            del self.hash_to_block[block.hash]
+            self.num_evictions += 1
+        block.hash, block.token_ids, block.ref_count = None, (), 1
+        return block_id
 
     def mark_computed(self, seq: Sequence) -> None:
         """After a step: hash the blocks that are now full and computed, so later requests may share them."""
-        if not seq.params.use_prefix_cache:
+        if not seq.uses_prefix_cache:
             return
         done = self.num_hashed.get(seq.seq_id, 0)
         parent = self.blocks[seq.block_table[done - 1]].hash if done else None
         while (done + 1) * self.block_size <= seq.num_computed_tokens:
             block = self.blocks[seq.block_table[done]]
-            tokens = tuple(seq.token_ids[done * self.block_size : (done + 1) * self.block_size])
+            tokens = seq.key_ids(done * self.block_size, (done + 1) * self.block_size)
             h = chain_hash(parent, tokens)
             if block.hash is None and h not in self.hash_to_block:
                 block.hash, block.token_ids = h, tokens

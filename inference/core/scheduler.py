@@ -7,7 +7,9 @@ waiting queue in arrival order. A long prompt is split across steps (chunked pre
 shares each step with the decodes. When a running sequence needs a KV block and none is
 free, the newest running sequence is preempted: its blocks are freed and it goes back to the
 front of the queue, to recompute its tokens later (its full blocks may still be in the
-prefix cache then). Must not know: tensors, models, sampling.
+prefix cache then). Sequences of a group (beam search's beams) are preempted and admitted
+together. A sequence with nothing to compute (a beam waiting for its group) sits out the step.
+Must not know: tensors, models, sampling.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def num_used_slots(self) -> int:
+        return sum(seq.num_slots for seq in self.running)
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         # Decodes first, then prefill chunks; each group oldest first.
@@ -87,40 +93,74 @@ class Scheduler:
             budget = self.max_num_batched_tokens - out.num_batched_tokens  # a preempted chunk gives its share back
             if budget == 0:
                 break
-            if seq.status != SequenceStatus.RUNNING:
-                continue  # preempted by an older sequence earlier in this loop
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if seq.status != SequenceStatus.RUNNING or seq.is_idle:
+                continue  # preempted by an older sequence earlier in this loop, or waiting for its group
+            num_tokens = self._chunk_size(seq, budget)
             if self._make_room(seq, seq.num_computed_tokens + num_tokens, out):
                 out.chunks.append(Chunk.next_of(seq, num_tokens))
-        budget = self.max_num_batched_tokens - out.num_batched_tokens
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
-            seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq):
+        while self.waiting and not out.preempted:
+            budget = self.max_num_batched_tokens - out.num_batched_tokens
+            members = self._admissible(self.waiting[0])
+            if budget <= 0 or not members:
                 break
-            self.waiting.popleft()
-            self.block_manager.allocate(seq)
-            if seq.num_imported_tokens:
-                out.imported.append(seq)
-            seq.status = SequenceStatus.RUNNING
-            seq.first_scheduled_at = seq.first_scheduled_at or time.perf_counter()
-            self.running.append(seq)
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
-            out.chunks.append(Chunk.next_of(seq, num_tokens))
-            budget -= num_tokens
+            for seq in members:
+                self._admit(seq, out)
         return out
+
+    def _chunk_size(self, seq: Sequence, budget: int) -> int:
+        """Tokens of `seq` to compute now: as many as the budget allows, never cutting an image
+        (a chunk may then run over the budget: the image's tokens need each other)."""
+        start = seq.num_computed_tokens
+        end = seq.chunk_end(start, start + min(seq.num_uncomputed_tokens, budget))
+        return end - start
+
+    def _admissible(self, head: Sequence) -> list[Sequence]:
+        """The waiting sequences admitted with `head` (its group), if they fit now; else []."""
+        members = [m for m in head.members() if m.status == SequenceStatus.WAITING]
+        if self.num_used_slots + sum(m.num_slots for m in members) > self.max_num_seqs:
+            return []
+        needed = sum(m.num_blocks_needed(self.block_manager.block_size) for m in members)
+        if len(members) > 1 and needed > self.block_manager.num_free_blocks:
+            return []
+        return members if all(self.block_manager.can_allocate(m) for m in members) else []
+
+    def _admit(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.waiting.remove(seq)
+        self.block_manager.allocate(seq)
+        if seq.num_imported_tokens:
+            out.imported.append(seq)
+        seq.status = SequenceStatus.RUNNING
+        seq.first_scheduled_at = seq.first_scheduled_at or time.perf_counter()
+        self.running.append(seq)
+        budget = self.max_num_batched_tokens - out.num_batched_tokens
+        out.chunks.append(Chunk.next_of(seq, self._chunk_size(seq, max(budget, 1))))
 
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Blocks for `seq`'s first `num_tokens` tokens, preempting the newest running sequences
-        as needed; False when `seq` itself had to go."""
+        (with their group) as needed; False when `seq` itself had to go."""
         while not self.block_manager.can_append(seq, num_tokens):
-            victim = self.running[-1]
-            self._preempt(victim)
-            out.preempted.append(victim)
-            out.chunks = [c for c in out.chunks if c.seq is not victim]
-            if victim is seq:
+            victims = [m for m in self.running[-1].members() if m.status == SequenceStatus.RUNNING]
+            for victim in victims:
+                self._preempt(victim)
+            out.preempted += victims
+            out.chunks = [c for c in out.chunks if c.seq not in victims]
+            if seq in victims:
                 return False
         self.block_manager.append_slots(seq, num_tokens)
         return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` (a copy of `parent`'s tokens) runs beside it, sharing its KV blocks; it takes
+        one of the places `parent` held for its forks."""
+        self.block_manager.fork(parent, child)
+        child.status = SequenceStatus.RUNNING
+        child.first_scheduled_at = parent.first_scheduled_at
+        parent.num_slots -= 1
+        self.running.append(child)
+
+    def recompute(self, seq: Sequence) -> None:
+        """Drops the sequence's KV (no-KV-cache mode): its next step computes every token again."""
+        self.block_manager.deallocate(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -139,6 +179,8 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """The sequence ended (any reason, including cancel): free its blocks, forget it."""
+        if seq.group is not None and seq in seq.group:
+            seq.group.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
             self.block_manager.deallocate(seq)

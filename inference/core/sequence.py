@@ -41,6 +41,18 @@ class Sequence:
     num_preemptions: int = 0
     arrived_at: float = field(default_factory=time.perf_counter)
     first_scheduled_at: float | None = None
+    # Runs of positions computed together or not at all: an image's tokens (its pixels go through
+    # the vision tower whole). A chunk never ends inside one.
+    atomic_spans: tuple[tuple[int, int], ...] = ()
+    # (start, end, key): positions whose prefix-cache key is not their token id (an image's
+    # positions carry its content hash: every image is the same token id repeated).
+    key_overrides: tuple[tuple[int, int, int], ...] = ()
+    # Sequences scheduled as one: beam search's beams advance together, so a preemption takes
+    # them all and they are admitted together (a shared list; None: on its own).
+    group: list[Sequence] | None = None
+    # Places in the batch this sequence holds: a beam search or parallel-sampling leader holds
+    # one for each sequence it forks into after its prefill, so the forks always fit.
+    num_slots: int = 1
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -73,5 +85,38 @@ class Sequence:
         n = self.num_tokens if num_tokens is None else num_tokens
         return -(-n // block_size)
 
+    @property
+    def uses_prefix_cache(self) -> bool:
+        """Shares computed blocks with other requests: not without a KV cache (its KV is thrown
+        away and recomputed every step)."""
+        return self.params.use_prefix_cache and self.params.use_kv_cache
+
+    @property
+    def is_idle(self) -> bool:
+        """Every token has KV: nothing to compute until a token is appended (a beam waiting
+        for its siblings' logits before the group advances)."""
+        return self.num_uncomputed_tokens == 0
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def key_ids(self, start: int, end: int) -> tuple[int, ...]:
+        """The prefix-cache keys of positions start..end-1: token ids, image positions overridden."""
+        keys = self.token_ids[start:end]
+        for span_start, span_end, key in self.key_overrides:
+            lo, hi = max(span_start, start), min(span_end, end)
+            if lo < hi:
+                keys = [*keys[: lo - start], *[key] * (hi - lo), *keys[hi - start :]]
+        return tuple(keys)
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """`end`, moved so that the chunk start..end-1 cuts no atomic span: back to the span's
+        start when the chunk began before it, else forward to its end (over the budget)."""
+        for span_start, span_end in self.atomic_spans:
+            if span_start < end < span_end:
+                return span_start if span_start > start else span_end
+        return end
+
+    def members(self) -> list[Sequence]:
+        """The sequences scheduled with this one (itself included)."""
+        return self.group if self.group is not None else [self]

@@ -165,9 +165,9 @@ def routing_trace(model: torch.nn.Module, token_ids: list[int], first_position: 
 
 class PassRouting:
     """The routing of a generation's own forward passes, for its step records: on a model with
-    routers, `last_position()` hooks them for one pass and gives each MoE layer's choice for the
-    pass's last position (the token the next one is predicted from). On a dense model it
-    installs nothing: the dense forward pass stays as fast as without it."""
+    routers, `at_rows(rows)` hooks them for one pass and gives, for each of the pass's `rows`
+    (the positions the next tokens are predicted from), each MoE layer's choice. On a dense model
+    it installs nothing: the dense forward pass stays as fast as without it."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -178,14 +178,17 @@ class PassRouting:
         return bool(self.routers)
 
     @contextmanager
-    def last_position(self) -> Iterator[list[dict[str, Any]]]:
-        """The list, empty for a dense model, is filled on leaving with one `choice_at` per MoE layer
-        (plus its "layer" index), in `settings["layers"]` order."""
-        routing: list[dict[str, Any]] = []
+    def at_rows(self, rows: list[int]) -> Iterator[list[tuple[dict[str, Any], ...]]]:
+        """The list, empty for a dense model, is filled on leaving with one tuple per row: a
+        `choice_at` per MoE layer (plus its "layer" index), in `settings["layers"]` order."""
+        routing: list[tuple[dict[str, Any], ...]] = []
         if not self.routers:
             yield routing
             return
         with capture_routing(self.model, self.routers) as captured:
             yield routing
         per_group = self.settings["experts_per_group"]
-        routing.extend({"layer": layer, **choice_at(captured[layer], -1, per_group)} for layer, _ in self.routers)
+        routing.extend(
+            tuple({"layer": layer, **choice_at(captured[layer], row, per_group)} for layer, _ in self.routers)
+            for row in rows
+        )

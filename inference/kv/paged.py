@@ -1,27 +1,40 @@
-"""The paged KV pool: one preallocated tensor of fixed-size blocks that every running sequence
+"""The paged KV pool: preallocated tensors of fixed-size blocks that every running sequence
 writes its keys and values into, wherever the block manager put its blocks.
 
-Owns: the pool tensor, slot arithmetic (a token at position p of a sequence lives in slot
+Owns: the pool tensors, slot arithmetic (a token at position p of a sequence lives in slot
 `block_table[p // block_size] * block_size + p % block_size`), writes for a whole step in one
-`index_copy_` per layer, and gathers of one sequence's (or a padded batch's) keys and values.
+`index_copy_` per layer, gathers of sequences' keys and values, copies of whole blocks (a
+forked sequence's copy-on-write) and export/load as plain per-layer tensors (the handoff).
 Must not know: which blocks belong to whom (that is `inference.core.block_manager`), sampling.
+
+What a "key" and a "value" are is the model's: heads x head_dim for ordinary attention, or,
+for DeepSeek's multi-head latent attention, the compressed latent (1 x kv_lora_rank) and the
+shared rotary key (1 x qk_rope_head_dim). Keys and values of equal shape share one buffer
+(layers, 2, slots, heads, dim), the layout the fused CPU kernels address.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from inference.kv.cache import LayerKV
+# A cache exported as plain tensors: one (keys, values) pair per layer, each (heads, T, dim).
+LayerKV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Keys and values of one token in every layer."""
+    """Keys and values of one token in every layer (keys and values of one shape)."""
     return 2 * num_layers * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
 
 def num_blocks_for(budget_bytes: int, block_size: int, bytes_per_token: int) -> int:
     """How many blocks a byte budget buys (at least one)."""
     return max(1, budget_bytes // (block_size * bytes_per_token))
+
+
+def layer_kv_nbytes(layers: LayerKV) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
 
 
 class PagedKVPool:
@@ -35,25 +48,62 @@ class PagedKVPool:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
+        shape = (num_kv_heads, head_dim)
+        self._allocate(num_layers, num_blocks, block_size, shape, shape, dtype, device)
+
+    @classmethod
+    def with_shapes(
+        cls,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        key_shape: tuple[int, int],
+        value_shape: tuple[int, int],
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> PagedKVPool:
+        """A pool whose keys and values are (heads, dim) of their own: MLA's latent and rotary key."""
+        pool = cls.__new__(cls)
+        pool._allocate(num_layers, num_blocks, block_size, key_shape, value_shape, dtype, device)
+        return pool
+
+    def _allocate(self, num_layers, num_blocks, block_size, key_shape, value_shape, dtype, device) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
-        # (layers, k/v, slots, kv_heads, head_dim): a token's heads are contiguous, so one
-        # index_copy_ writes every new token of the step. `empty`: the OS backs pages only as
-        # blocks are used. Every slot is written before it is read, except slot 0, which pads
-        # the decode batch (masked, weight 0): it must hold finite numbers, since 0 * NaN is NaN.
-        self.buffer = torch.empty(
-            num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim, dtype=dtype, device=device
-        )
-        self.buffer[:, :, :block_size].zero_()
+        self.num_layers = num_layers
+        self.key_shape, self.value_shape = tuple(key_shape), tuple(value_shape)
+        num_slots = num_blocks * block_size
+        # `empty`: the OS backs pages only as blocks are used. Every slot is written before it is
+        # read, except the first block, whose slot 0 pads gathers (masked, weight 0): it must hold
+        # finite numbers, since 0 * NaN is NaN.
+        if self.key_shape == self.value_shape:
+            self.buffer: torch.Tensor | None = torch.empty(
+                num_layers, 2, num_slots, *key_shape, dtype=dtype, device=device
+            )
+            self.keys, self.values = self.buffer[:, 0], self.buffer[:, 1]  # (layers, slots, heads, dim)
+        else:
+            self.buffer = None
+            self.keys = torch.empty(num_layers, num_slots, *key_shape, dtype=dtype, device=device)
+            self.values = torch.empty(num_layers, num_slots, *value_shape, dtype=dtype, device=device)
+        self.keys[:, :block_size].zero_()
+        self.values[:, :block_size].zero_()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.keys.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
 
     @property
     def bytes_per_token(self) -> int:
-        num_layers, _, _, num_kv_heads, head_dim = self.buffer.shape
-        return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, self.buffer.dtype)
+        size = self.keys.element_size()
+        return self.num_layers * size * (math.prod(self.key_shape) + math.prod(self.value_shape))
 
     @property
     def nbytes(self) -> int:
-        return self.buffer.numel() * self.buffer.element_size()
+        return self.bytes_per_token * self.num_blocks * self.block_size
 
     def slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         """Slot index of positions start..end-1 of a sequence, (end - start,) int64 on the CPU."""
@@ -62,31 +112,35 @@ class PagedKVPool:
         return per_block.flatten()[start:end]
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """keys/values (T, kv_heads, head_dim) into `slots` (T,)."""
-        self.buffer[layer, 0].index_copy_(0, slots, keys)
-        self.buffer[layer, 1].index_copy_(0, slots, values)
+        """keys/values (T, heads, dim) into `slots` (T,)."""
+        self.keys[layer].index_copy_(0, slots, keys)
+        self.values[layer].index_copy_(0, slots, values)
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values at `slots` (any shape S) -> (*S, kv_heads, head_dim) each."""
+        """Keys and values at `slots` (any shape S) -> (*S, heads, dim) each."""
         flat = slots.reshape(-1)
-        keys = self.buffer[layer, 0].index_select(0, flat)
-        values = self.buffer[layer, 1].index_select(0, flat)
-        shape = (*slots.shape, *keys.shape[1:])
-        return keys.view(shape), values.view(shape)
+        keys = self.keys[layer].index_select(0, flat)
+        values = self.values[layer].index_select(0, flat)
+        return keys.view(*slots.shape, *keys.shape[1:]), values.view(*slots.shape, *values.shape[1:])
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copies every layer's keys and values of block `src` into block `dst`, for each pair."""
+        if not pairs:
+            return
+        src = self.slots([s for s, _ in pairs], 0, len(pairs) * self.block_size).to(self.device)
+        dst = self.slots([d for _, d in pairs], 0, len(pairs) * self.block_size).to(self.device)
+        self.keys.index_copy_(1, dst, self.keys.index_select(1, src))
+        self.values.index_copy_(1, dst, self.values.index_select(1, src))
 
     def export(self, block_table: list[int], num_tokens: int) -> LayerKV:
-        """A sequence's first `num_tokens` tokens as plain per-layer (kv_heads, T, head_dim) tensors
+        """A sequence's first `num_tokens` tokens as plain per-layer (heads, T, dim) tensors
         (the prefill -> decode handoff's format)."""
-        slots = self.slots(block_table, 0, num_tokens).to(self.buffer.device)
-        return [
-            tuple(t.transpose(0, 1).contiguous() for t in self.gather(i, slots)) for i in range(self.buffer.shape[0])
-        ]
+        slots = self.slots(block_table, 0, num_tokens).to(self.device)
+        return [tuple(t.transpose(0, 1).contiguous() for t in self.gather(i, slots)) for i in range(self.num_layers)]
 
     def load(self, block_table: list[int], layers: LayerKV) -> None:
         """The inverse of `export`: write exported tensors into a sequence's blocks."""
         num_tokens = layers[0][0].shape[1]
-        slots = self.slots(block_table, 0, num_tokens).to(self.buffer.device)
+        slots = self.slots(block_table, 0, num_tokens).to(self.device)
         for i, (keys, values) in enumerate(layers):
-            self.write(
-                i, slots, keys.transpose(0, 1).to(self.buffer.dtype), values.transpose(0, 1).to(self.buffer.dtype)
-            )
+            self.write(i, slots, keys.transpose(0, 1).to(self.dtype), values.transpose(0, 1).to(self.dtype))

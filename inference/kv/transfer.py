@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from inference.events import Alternative, Prefilled, Step
-from inference.kv.cache import LayerKV, layer_kv_nbytes
+from inference.kv.paged import LayerKV, layer_kv_nbytes
 from inference.sampling_params import SamplingParams
 from inference.vision.spans import ImageSpan
 

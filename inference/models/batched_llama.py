@@ -46,7 +46,7 @@ class StepInput:
 
 
 class BatchedLlamaRunner:
-    name = "lean-llama-batched"
+    name = "lean-llama"
 
     def __init__(self, lean: LlamaRunner, pool: PagedKVPool) -> None:
         self.lean, self.pool = lean, pool

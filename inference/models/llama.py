@@ -1,12 +1,12 @@
 """Lean runner for Llama-family checkpoints (Llama, Qwen2, Mistral without sliding window).
 
-Owns: a forward pass with the same math as transformers' implementation but fewer, larger
-ops: fused QKV and gate/up projections, a precomputed rotary table, and a preallocated
-contiguous KV cache written in place. At batch 1 decode every op is a dispatch plus a
-weight read, so fewer dispatches is most of the win over `model.generate` on a CPU. On a CPU
-with the fused kernels built (`inference.kernels.cpu`) the pass runs on them (`fused.py`);
-the torch ops here are the path everywhere else (GPU, no C compiler).
-Must not know: sampling, requests.
+Owns: the model's weights laid out for fewer, larger ops (fused QKV and gate/up projections,
+a precomputed rotary table) and the pieces of the same math as transformers' implementation
+(RMSNorm, rotary, attention of decodes and of prompt chunks). At batch 1 decode every op is a
+dispatch plus a weight read, so fewer dispatches is most of the win over transformers on a
+CPU. The whole step's pass is `batched_llama.py`'s; on a CPU with the fused kernels built
+(`inference.kernels.cpu`) it runs on them (`fused.py`), the torch ops here everywhere else
+(GPU, no C compiler). Must not know: sampling, requests.
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
 from inference.kernels import cpu as cpu_kernels
-from inference.kernels.cpu import KVAddress
-from inference.kv.cache import ContiguousKVCache
-from inference.models.fused import Attend, FusedLlama
+from inference.models.fused import FusedLlama
 from inference.models.loader import architecture_of
-from inference.models.quant import QuantizedLinear, QuantizedWeight, Stacked, linear
+from inference.models.quant import QuantizedLinear, QuantizedWeight, Stacked
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
@@ -142,11 +140,6 @@ class LlamaRunner:
         kernels = cpu_kernels.load() if FusedLlama.supports(self) else None
         self.fused = FusedLlama(self, kernels) if kernels is not None else None  # None: torch ops
 
-    def new_cache(self, capacity: int) -> ContiguousKVCache:
-        return ContiguousKVCache(
-            len(self.layers), self.num_kv_heads, self.head_dim, max(capacity, 1), self.dtype, self.device
-        )
-
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # Transformers' LlamaRMSNorm (float32 statistics, cast back, then the weight); torch's
         # rms_norm composes the same ops in C++: one Python call instead of five (decode is op-bound).
@@ -163,69 +156,3 @@ class LlamaRunner:
         qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         return q, k, qkv[:, self.q_size + self.kv_size :].unflatten(-1, (self.num_kv_heads, self.head_dim))
-
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cache: ContiguousKVCache | None) -> torch.Tensor:
-        """input_ids (T,) -> float32 logits (vocab,) of the last position; appends T tokens to `cache`."""
-        num_new = input_ids.shape[0]
-        if cache is None:  # "no KV cache" mode: a throwaway cache for this one pass
-            cache = self.new_cache(num_new)
-        if self.fused is not None:
-            return self._fused_forward(input_ids, cache)
-        cache.reserve(num_new)
-        start = cache.num_tokens
-        cos, sin = self.cos[start : start + num_new, None], self.sin[start : start + num_new, None]  # (T, 1, D)
-        h = F.embedding(input_ids.to(self.device), self.embed)  # (T, hidden)
-        for i, layer in enumerate(self.layers):
-            h = h + self._attention(i, layer, self._rms_norm(h, layer.input_norm), cache, start, cos, sin)
-            x = self._rms_norm(h, layer.post_norm)
-            gate_up = linear(x, layer.gate_up_weight)  # (T, 2 * intermediate)
-            gate, up = gate_up.split(self.intermediate_size, dim=-1)
-            h = h + linear(F.silu(gate) * up, layer.down_weight)
-        cache.advance(num_new)
-        last = self._rms_norm(h[-1:], self.final_norm)  # only the last position's logits are needed
-        return linear(last, self.lm_head)[0].float()  # (vocab,)
-
-    def _fused_forward(self, input_ids: torch.Tensor, cache: ContiguousKVCache) -> torch.Tensor:
-        """`forward` on the fused CPU kernels."""
-        num_new = input_ids.shape[0]
-        cache.reserve(num_new)
-        start = cache.num_tokens
-        positions = torch.arange(start, start + num_new)  # (T,): also their slots in this cache
-        kv = KVAddress.layers(cache.buffer, slot_dim=3, head_dim=2)  # (layers, 2, KVH, capacity, D)
-        if num_new == 1:
-            attend = self.fused.decode_attend(kv, positions + 1, None)
-        else:
-            attend = self._prompt_attend(cache, start, num_new)
-        logits = self.fused.forward(input_ids, positions, positions, kv, attend, slice(-1, None))  # (1, vocab)
-        cache.advance(num_new)
-        return logits[0]
-
-    def _prompt_attend(self, cache: ContiguousKVCache, start: int, num_new: int) -> Attend:
-        """The fused path's attention for several new tokens: torch's fused kernel in float32 (the
-        kernels hand q over in float32)."""
-
-        def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
-            keys, values = cache.buffer[i, 0, :, : start + num_new], cache.buffer[i, 1, :, : start + num_new]
-            out.copy_(prompt_attention(q, keys.float(), values.float(), start))
-
-        return attend
-
-    def _attention(
-        self,
-        i: int,
-        layer: _Layer,
-        x: torch.Tensor,
-        cache: ContiguousKVCache,
-        start: int,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-    ) -> torch.Tensor:
-        num_new = x.shape[0]
-        q, k, v = self.split_rotate(linear(x, layer.qkv_weight, layer.qkv_bias), cos, sin)  # (T, heads, D)
-        keys, values = cache.write(i, k.transpose(0, 1), v.transpose(0, 1))  # (KVH, start+T, D)
-        if num_new == 1:
-            out = decode_attention(q[None, 0], keys[None], values[None])  # (1, H, D)
-        else:
-            out = prompt_attention(q, keys, values, start)  # (T, H, D)
-        return linear(out.reshape(num_new, self.q_size), layer.o_weight)

@@ -1,9 +1,9 @@
 """Beam search with the semantics of transformers 5.x `generate(num_beams=..., do_sample=False)`.
 
 Owns: the beam bookkeeping (`BeamSearchState`: which continuations survive, which hypotheses
-are finished, when the search can stop) and the loop that drives a Hugging Face causal LM with
-a `DynamicCache` (`beam_search`), yielding `Prefilled`, one `BeamStep` per step, `Finished`.
-Must not know: sampling, tokenizers (text comes from the `decode` callable), Django.
+are finished, when the search can stop), fed one logits row per beam each step. The beams run
+in the batch as sequences that share KV blocks (`inference.beams` drives them).
+Must not know: models, caches, sampling, tokenizers (text comes from the `decode` callable), Django.
 
 Semantics follow transformers' `GenerationMixin._beam_search` step for step, including its
 -1e9 "masked" scores, so sequences and scores match `generate` (see tests/engine/test_beam.py):
@@ -21,15 +21,12 @@ logprobs, over prompt + beam tokens. Temperature, top-k/p, min-p and the seed do
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
-from inference.events import Beam, BeamStep, Finished, FinishReason, Prefilled
-from inference.kv.cache import dynamic_cache_nbytes
+from inference.events import Beam, FinishReason
 from inference.sampling.logits import RepetitionPenalty
 from inference.sampling_params import SamplingParams
 
@@ -221,110 +218,3 @@ class BeamSearchState:
             and len(best.token_ids) < self.params.max_new_tokens
         )
         return "context" if is_cut_by_context else "length"
-
-
-@dataclass
-class _Clock:
-    """perf_counter() readings of one search."""
-
-    start: float
-    prefill_done: float = 0.0
-    first_step_done: float = 0.0
-
-
-@torch.inference_mode()
-def beam_search(
-    model,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    *,
-    eos_token_ids: tuple[int, ...],
-    decode: Callable[[list[int]], str],
-    max_length: int,
-    should_cancel: Callable[[], bool] | None = None,
-) -> Iterator[Prefilled | BeamStep | Finished]:
-    """Runs beam search on a Hugging Face causal LM; yields `Prefilled`, a `BeamStep` per step
-    (the first from the prefill pass), then one `Finished`.
-
-    `max_length` is the context limit (prompt + generated); generation also stops after
-    `params.max_new_tokens`. `params.ignore_eos` empties `eos_token_ids`. `should_cancel` is
-    checked after every step; when it returns True the search ends with "cancelled" and the
-    live beams compete with the finished hypotheses for `Finished.sequences`.
-    """
-    if not prompt_ids:
-        raise ValueError("beam search needs a non-empty prompt")
-    if len(prompt_ids) >= max_length:
-        raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in a {max_length}-token context")
-    clock = _Clock(start=time.perf_counter())
-    limit = min(max_length, len(prompt_ids) + params.max_new_tokens)
-    eos_token_ids = () if params.ignore_eos else tuple(eos_token_ids)
-    state = BeamSearchState(prompt_ids, params, eos_token_ids, limit, decode, model.device)
-    cache = DynamicCache(config=model.config) if params.use_kv_cache else None
-    # One prefill pass for the prompt, shared by all beams (transformers runs it num_beams times).
-    logits = _next_logits(model, state.context_ids()[:1], cache).expand(params.num_beams, -1)
-    clock.prefill_done = time.perf_counter()
-    yield Prefilled(
-        num_prompt_tokens=len(prompt_ids),
-        num_cached_tokens=0,
-        num_prefilled_tokens=len(prompt_ids),
-        prefill_ms=_ms(clock.start, clock.prefill_done),
-        kv_cache_bytes=dynamic_cache_nbytes(cache),
-    )
-    if cache is not None:
-        cache.batch_repeat_interleave(params.num_beams)
-    num_steps, step_start, is_cancelled = 0, clock.start, False
-    while True:
-        step = state.advance(logits)
-        now = time.perf_counter()
-        clock.first_step_done = clock.first_step_done or now
-        yield BeamStep(
-            index=num_steps,
-            phase="decode" if num_steps else "prefill",
-            beams=step.beams,
-            latency_ms=_ms(step_start, now),
-        )
-        num_steps += 1
-        is_cancelled = should_cancel is not None and should_cancel()
-        if step.is_done or is_cancelled:
-            break
-        step_start = time.perf_counter()
-        if cache is not None:
-            cache.reorder_cache(step.beam_ids)
-            logits = _next_logits(model, state.last_ids(), cache)
-        else:
-            logits = _next_logits(model, state.context_ids(), None)
-    yield _finished(state, is_cancelled, max_length, clock, num_steps, dynamic_cache_nbytes(cache))
-
-
-def _finished(
-    state: BeamSearchState, is_cancelled: bool, context_length: int, clock: _Clock, num_steps: int, kv_cache_bytes: int
-) -> Finished:
-    sequences = state.best(include_running=is_cancelled)
-    best = sequences[0] if sequences else None
-    decode_s = time.perf_counter() - clock.prefill_done
-    # Every step after the prefill one extends all beams by a token: count steps, not tokens.
-    num_decode_steps = num_steps - 1
-    return Finished(
-        finish_reason="cancelled" if is_cancelled else state.finish_reason(best, context_length),
-        text=best.text if best else "",
-        token_ids=best.token_ids if best else (),
-        num_prompt_tokens=len(state.prompt_ids),
-        num_cached_tokens=0,
-        num_generated_tokens=len(best.token_ids) if best else 0,
-        prefill_ms=_ms(clock.start, clock.prefill_done),
-        ttft_ms=_ms(clock.start, clock.first_step_done),
-        decode_ms=decode_s * 1000,
-        decode_tok_s=num_decode_steps / decode_s if decode_s > 0 else 0.0,
-        kv_cache_bytes=kv_cache_bytes,
-        sequences=tuple(sequences),
-    )
-
-
-def _next_logits(model, input_ids: torch.Tensor, cache: DynamicCache | None) -> torch.Tensor:
-    """(B, T) ids -> (B, V) float32 logits of the last position; appends T tokens to `cache`."""
-    out = model(input_ids=input_ids, past_key_values=cache, use_cache=cache is not None, logits_to_keep=1)
-    return out.logits[:, -1].float()
-
-
-def _ms(start: float, end: float) -> float:
-    return (end - start) * 1000

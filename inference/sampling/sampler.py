@@ -1,14 +1,18 @@
 """Picking the next token from logits: seeded random sampling or greedy argmax.
 
 Owns: the per-request random generator (and so reproducibility: the same seed gives the same
-tokens run after run on the same device), the processed and raw log-probabilities every step
-reports, and small read-outs of a distribution (top alternatives, entropy, rank).
+tokens run after run on the same device, whatever else shares the step), the processed and raw
+log-probabilities every step reports, sampling a whole step's rows in one call (`sample_rows`:
+processors run once per group of rows with equal settings, one host read at the end), and
+small read-outs of a distribution (top alternatives, entropy, rank).
 Must not know: models, caches, tokenizers, events.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +43,11 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.seed)
 
+    @property
+    def settings_key(self) -> tuple:
+        """Equal for samplers whose rows can be processed together."""
+        return (tuple(self.processors), self.params.is_greedy)
+
     def __call__(self, logits: torch.Tensor, context_ids: torch.Tensor) -> SampleOutput:
         """`logits` (B, V) in any float dtype; `context_ids` (B, T) = prompt + generated so far."""
         logits = logits.float()
@@ -57,13 +66,151 @@ class Sampler:
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of `probs` (B, V) by inverse-CDF sampling: one uniform number per row,
     about 10x cheaper than `torch.multinomial` on a 49k vocabulary on CPU."""
+    uniform = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
+    return _inverse_cdf(probs, uniform)
+
+
+def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """probs (B, V), uniform (B, 1) float64 in [0, 1) -> (B,) token ids."""
     # float64 so tokens with tiny probabilities keep their share of the cumulative sum.
     cdf = probs.double().cumsum(dim=-1)
-    uniform = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
     # 1 - U lies in (0, 1]: the first index whose cumulative mass reaches the target then
     # always has a positive probability, and the target never passes the total.
     target = (1 - uniform) * cdf[:, -1:]
     return torch.searchsorted(cdf, target).squeeze(-1)
+
+
+# ---- a whole step's rows at once -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sampled row of a step: the request's sampler, its tokens so far (the repetition
+    penalty reads them), a token forced on it (the thinking budget's `</think>`), and how many
+    alternatives it reports."""
+
+    sampler: Sampler
+    context_ids: Sequence[int]
+    forced_token_id: int | None = None
+    num_alternatives: int = 0
+
+
+@dataclass(frozen=True)
+class RowSample:
+    """What one row drew and the read-outs of its distributions (plain numbers)."""
+
+    token_id: int
+    logprob: float  # of the processed distribution: what was sampled from
+    raw_logprob: float
+    rank: int  # 1-based, in the raw distribution (ties share the better rank)
+    entropy: float  # of the raw distribution, nats
+    top_raw: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
+    top_processed: tuple[tuple[int, float], ...] | None  # None: no processor, same as top_raw
+    error: str | None = None  # the settings left nothing to sample (the row's request fails alone)
+
+
+def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[RowSample]:
+    """`logits` (S, V), one row per entry of `rows` -> one `RowSample` each. Each row's tokens and
+    numbers are those its own `Sampler` gives it alone: rows only share the ops."""
+    logits = logits.float()
+    raw_logprobs = torch.log_softmax(logits, dim=-1)  # (S, V)
+    logprobs = raw_logprobs.clone() if any(r.sampler.processors for r in rows) else raw_logprobs
+    token_ids = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(row.sampler.settings_key, []).append(i)
+    for indices in groups.values():
+        first = rows[indices[0]].sampler
+        index = torch.tensor(indices, device=logits.device)
+        processed = logits[index]
+        if first.processors:
+            processed = apply_processors(first.processors, processed, _contexts([rows[i] for i in indices]))
+            logprobs[index] = torch.log_softmax(processed, dim=-1)
+        if first.params.is_greedy:
+            # On the logits, not the logprobs: subtracting the log-normalizer can round two
+            # distinct logits to one value and so change which index wins.
+            token_ids[index] = processed.argmax(dim=-1)
+        else:
+            uniform = torch.cat(
+                [torch.rand(1, 1, generator=rows[i].sampler.generator, dtype=torch.float64) for i in indices]
+            )
+            token_ids[index] = _inverse_cdf(logprobs[index].exp(), uniform.to(logits.device))
+    return _read_outs(logits, raw_logprobs, logprobs, token_ids, rows)
+
+
+def _contexts(rows: Sequence[Row]) -> torch.Tensor:
+    """(B, T) context ids, right-padded with one id past the vocabulary (the repetition penalty
+    drops that column)."""
+    width = max(len(r.context_ids) for r in rows)
+    pad = 1 << 40
+    return torch.tensor([[*r.context_ids, *[pad] * (width - len(r.context_ids))] for r in rows])
+
+
+def _read_outs(
+    logits: torch.Tensor, raw_logprobs: torch.Tensor, logprobs: torch.Tensor, token_ids: torch.Tensor, rows
+) -> list[RowSample]:
+    """The chosen token (forced ones included), its logprobs, rank and entropy and the top
+    alternatives of each row: on a CPU with the kernels one pass each per row (host memory: no
+    transfer), elsewhere vectorized over the rows and read back to the host once."""
+    forced = [(i, r.forced_token_id) for i, r in enumerate(rows) if r.forced_token_id is not None]
+    if forced:
+        token_ids = token_ids.clone()
+        token_ids[[i for i, _ in forced]] = torch.tensor([t for _, t in forced], device=token_ids.device)
+    is_valid = (token_ids >= 0) & (token_ids < logits.shape[-1]) & torch.isfinite(logprobs).any(dim=-1)
+    safe = torch.where(is_valid, token_ids, 0)[:, None]  # (S, 1)
+    chosen_raw = raw_logprobs.gather(1, safe)  # (S, 1)
+    columns = [token_ids[:, None].double(), is_valid[:, None].double(), logprobs.gather(1, safe).double()]
+    columns.append(chosen_raw.double())
+    k = max(r.num_alternatives for r in rows)
+    on_host = _kernels_for(raw_logprobs, 2) is not None
+    if not on_host:  # vectorized read-outs, fetched with the rest
+        columns += [(raw_logprobs > chosen_raw).sum(dim=-1, keepdim=True).double() + 1, entropy(raw_logprobs)[:, None]]
+        columns += [t.double() for t in _top_rows(raw_logprobs, k)] + [t.double() for t in _top_rows(logprobs, k)]
+    host = torch.cat(columns, dim=1).tolist()  # the step's one read from the device
+    samples = []
+    for i, row in enumerate(rows):
+        token_id, valid, logprob, raw_logprob, *rest = host[i]
+        if not valid:
+            samples.append(_invalid(row))
+            continue
+        n, token_id = row.num_alternatives, int(token_id)
+        if on_host:
+            raw = raw_logprobs[i]
+            rank, ent = token_rank(raw, token_id), float(entropy(raw_logprobs[i : i + 1])[0])
+            top_raw = _top(raw, n)
+            top_processed = _top(logprobs[i], n) if row.sampler.processors else None
+        else:
+            rank, ent = int(rest[0]), rest[1]
+            top_raw = _kept(rest[2 : 2 + k], rest[2 + k : 2 + 2 * k], n)
+            top_processed = _kept(rest[2 + 2 * k : 2 + 3 * k], rest[2 + 3 * k :], n) if row.sampler.processors else None
+        samples.append(RowSample(token_id, logprob, raw_logprob, rank, ent, top_raw, top_processed))
+    return samples
+
+
+def _top_rows(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S, k) ids and logprobs of each row's k most likely tokens."""
+    values, ids = torch.topk(logprobs, min(k, logprobs.shape[-1]), dim=-1)
+    return ids, values
+
+
+def _kept(ids: list[float], values: list[float], n: int) -> tuple[tuple[int, float], ...]:
+    """The first `n` (id, logprob) pairs that were not filtered out."""
+    return tuple((int(i), v) for i, v in zip(ids[:n], values[:n]) if v > -math.inf)
+
+
+def _top(logprobs: torch.Tensor, k: int) -> tuple[tuple[int, float], ...]:
+    ids, values = top_alternatives(logprobs, k)
+    return tuple(zip(ids, values))
+
+
+def _invalid(row: Row) -> RowSample:
+    params = row.sampler.params
+    message = (
+        "the sampling settings left no token to choose from "
+        f"(temperature={params.temperature}, top_k={params.top_k}, top_p={params.top_p}, "
+        f"min_p={params.min_p}, repetition_penalty={params.repetition_penalty})"
+    )
+    return RowSample(-1, float("nan"), float("nan"), 0, float("nan"), (), None, error=message)
 
 
 # Every step reports these read-outs of a 49k-entry distribution; torch spends 25-80 us on each

@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from inference.events import BeamStep, Event, Finished, Prefilled, Step
 from inference.sampling_params import SamplingParams
+from inference.text.prompt import Prompt, PromptError
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
-from inference.vision.spans import image_spans
 from playground import limits, protocol
 from playground.coord import cancel, liveness, store, worker_routing
 from playground.images import prompt_images
@@ -153,7 +153,7 @@ class GenerationRun:
         self.is_beam_search, self.params = params.is_beam_search, params
         engine = self._load(load_engine)
         info = engine.model_info()
-        prompt_ids, prompt = self._prompt(engine, info["max_context"])
+        prompt_ids, prompt = self._prompt(engine, engine.info.max_context)
         self.starts_in_reasoning = prompt_opens_reasoning(prompt["text"])
         self._save(
             prompt_text=prompt["text"],
@@ -196,64 +196,49 @@ class GenerationRun:
         raise RuntimeError("the engine ended without a Finished record")
 
     def _prompt(self, engine: Engine, max_context: int) -> tuple[list[int], dict[str, Any]]:
-        """The prompt's token ids and its record ({text, spans, tokens}), within the limits."""
+        """The prompt's token ids and its record ({text, spans, tokens, images}), within the limits."""
         generation = self.generation
         template = generation.chat_template.source if generation.chat_template else None
         inputs = generation.inputs
         image_records = [] if generation.kind == Generation.Kind.CHAT else inputs.get("images", [])
+        text = ""
         if generation.kind == Generation.Kind.CHAT:
             messages, image_records = self._chat_messages(engine)
         elif inputs.get("chat"):
             messages = [{"role": "user", "content": _with_placeholders(engine, inputs["text"], image_records)}]
         else:  # raw completion: the text as it is (after its images' placeholders)
-            messages = None
-        dropped_reasoning: list[int] = []
-        if messages is None:
-            text = _with_placeholders(engine, inputs["text"], image_records)
-            spans = [{"start": 0, "end": len(text), "kind": "content", "role": None}] if text else []
-        else:
-            try:
-                rendered = engine.render_chat(messages, template)
-            except ValueError as exc:  # includes ChatTemplateError
-                raise CommandError("invalid_params", f"the prompt could not be built: {exc}") from exc
-            text, spans = rendered.text, [span.to_dict() for span in rendered.spans]
-            dropped_reasoning = list(rendered.dropped_reasoning)
-        vocab_size = engine.model_info().get("vocab_size")
-        bad = [i for i in inputs.get("token_ids", []) if vocab_size and not 0 <= i < vocab_size]
-        if bad:
-            raise CommandError("invalid_params", f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
-        # On the loop thread: the tokenizer is not safe to share between threads.
-        tokens = self.loop.call(lambda: engine.tokenize(text) + engine.token_infos(inputs.get("token_ids", [])))
-        tokens, image_blocks = self._expand_images(engine, tokens, image_records)
-        limits.check_prompt_tokens(len(tokens), max_context)
-        record = protocol.prompt_record(text, spans, [t.to_dict() for t in tokens], image_blocks, dropped_reasoning)
-        return [t.id for t in tokens], record
+            messages, text = None, _with_placeholders(engine, inputs["text"], image_records)
+        if image_records and engine.vision is None:
+            raise CommandError("images_not_supported", f"model {generation.model.name!r} takes no images")
+        self.images = prompt_images(image_records) if image_records else []
 
-    def _expand_images(
-        self, engine: Engine, tokens: list[Any], image_records: list[dict[str, Any]]
-    ) -> tuple[list[Any], list[dict[str, Any]]]:
-        """Each image's placeholder token as its block of image tokens, and the blocks for the
-        token view (where, how many, the patch grid, the KV bytes they take)."""
-        vision = engine.vision
-        if not image_records:
-            return tokens, []
-        if vision is None:
-            raise CommandError("images_not_supported", f"model {self.generation.model.name!r} takes no images")
-        expanded = []
-        for token in tokens:
-            expanded += [token] * (vision.tokens_per_image if token.id == vision.image_token_id else 1)
-        self.images = prompt_images(image_records)
-        hashes = [image.content_hash for image in self.images]
+        def build() -> Prompt:  # on the loop thread: the tokenizer is not safe to share between threads
+            return engine.prompts.build(
+                messages=messages,
+                text=text,
+                template=template,
+                extra_token_ids=inputs.get("token_ids", []),
+                images=self.images,
+            )
+
         try:
-            spans = image_spans([t.id for t in expanded], vision.image_token_id, vision.tokens_per_image, hashes)
-        except ValueError as exc:  # e.g. the text itself holds the image token
-            raise CommandError("invalid_params", f"the images do not fit the prompt: {exc}") from exc
-        kv_bytes_per_token = engine.model_info()["kv_bytes_per_token"]
+            prompt = self.loop.call(build)
+        except PromptError as exc:
+            raise CommandError(exc.code, str(exc)) from exc
+        limits.check_prompt_tokens(len(prompt.tokens), max_context)
+        kv_bytes_per_token = engine.info.kv_bytes_per_token
         blocks = [
-            protocol.image_block(span.to_dict(), vision.grid, record, span.num_tokens * kv_bytes_per_token)
-            for span, record in zip(spans, image_records)
+            protocol.image_block(span.to_dict(), engine.vision.grid, record, span.num_tokens * kv_bytes_per_token)
+            for span, record in zip(prompt.image_spans, image_records)
         ]
-        return expanded, blocks
+        record = protocol.prompt_record(
+            prompt.text,
+            [span.to_dict() for span in prompt.spans],
+            [t.to_dict() for t in prompt.tokens],
+            blocks,
+            list(prompt.dropped_reasoning),
+        )
+        return prompt.token_ids, record
 
     def _chat_messages(self, engine: Engine) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
         """System prompt first, then the active messages before this generation's answer (each
@@ -329,7 +314,7 @@ class GenerationRun:
     def _stats(self, finished: Finished) -> dict[str, Any]:
         stats = protocol.stats_record(protocol.json_safe(finished.to_dict()), self.generation.worker)
         if self.engine is not None:  # this worker's prefix cache after the request: hit rate, bytes, ...
-            stats["prefix_cache"] = protocol.json_safe(self.engine.prefix_cache_stats(self.params))
+            stats["prefix_cache"] = protocol.json_safe(self.engine.prefix_cache_stats())
         return stats
 
     def _finished_fields(self, finished: Finished, stats: dict[str, Any]) -> dict[str, Any]:
@@ -358,7 +343,4 @@ class GenerationRun:
 
 
 def _with_placeholders(engine: Engine, text: str, image_records: list[dict[str, Any]]) -> str:
-    """DeepSeek-VL's convention: one image token per image, on its own line before the text."""
-    if not image_records or engine.vision is None:
-        return text  # a text-only model refuses the images in `_expand_images`
-    return engine.vision.image_token * len(image_records) + "\n" + text
+    return engine.prompts.with_image_placeholders(text, len(image_records))

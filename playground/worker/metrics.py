@@ -78,7 +78,8 @@ class WorkerMetrics:
                 self.histograms["time_to_first_token_seconds"].observe(event.ttft_ms / 1000)
 
     def snapshot(self, engine: Engine, num_requests: int) -> dict[str, Any]:
-        batcher, num_waiting = engine.batcher, len(engine.waiting_request_ids())
+        stats = engine.stats()
+        num_waiting = stats["num_waiting"]
         gauges = {
             "requests_running": num_requests - num_waiting,
             "requests_waiting": num_waiting,
@@ -89,24 +90,23 @@ class WorkerMetrics:
                 device_matmul_flops_per_second=limits.matmul_flops_per_s,
                 device_memory_bytes_per_second=limits.memory_bytes_per_s,
             )
+        blocks = stats["blocks"]
+        gauges.update(
+            kv_blocks_total=blocks["num_blocks"],
+            kv_blocks_used=blocks["num_used_blocks"],
+            kv_blocks_cached=stats["prefix_cache"]["num_entries"],
+            kv_block_size_tokens=blocks["block_size"],
+        )
         counters = dict(self.counters)
-        if batcher is not None:
-            bm = batcher.block_manager
-            gauges.update(
-                kv_blocks_total=bm.num_blocks,
-                kv_blocks_used=bm.num_used_blocks,
-                kv_blocks_cached=len(bm.hash_to_block),
-                kv_block_size_tokens=bm.block_size,
-            )
-            counters.update(
-                prefix_cache_hit_tokens_total=bm.num_hit_tokens,
-                prefix_cache_queried_tokens_total=bm.num_queried_tokens,
-                preemptions_total=batcher.scheduler.num_preemptions,
-                steps_total=batcher.num_steps,
-            )
+        counters.update(
+            prefix_cache_hit_tokens_total=blocks["num_hit_tokens"],
+            prefix_cache_queried_tokens_total=blocks["num_queried_tokens"],
+            preemptions_total=stats["num_preemptions"],
+            steps_total=stats["num_steps"],
+        )
         return {
             "worker": self.worker,
-            "model": engine.model_info()["name"],
+            "model": engine.info.name,
             "gauges": gauges,
             "counters": counters,
             "finish_reasons": self.finish_reasons,

@@ -15,8 +15,8 @@ from playground.worker import serving_view
 from playground.worker.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
-    from inference.batching import BatchStep
     from inference.engine import Engine
+    from inference.engine_core import BatchStep
     from inference.events import Event
 
 _name = {"worker": f"{socket.gethostname()}:{os.getpid()}"}

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from inference.events import Event, Finished
 
 if TYPE_CHECKING:
-    from inference.batching import BatchStep
     from inference.engine import Engine
+    from inference.engine_core import BatchStep
     from inference.kv.transfer import Handoff
     from inference.sampling_params import SamplingParams
     from inference.vision.images import PromptImage

@@ -17,7 +17,7 @@ from channels.layers import get_channel_layer
 from playground import protocol
 
 if TYPE_CHECKING:
-    from inference.batching import BatchStep
+    from inference.engine_core import BatchStep
 
 logger = logging.getLogger(__name__)
 

@@ -68,12 +68,12 @@ def _load_and_ask(record: LanguageModel, progress: _ProgressWriter) -> dict[str,
     load_s = time.perf_counter() - started
     info = engine.model_info()
     if engine.loaded.chat_template:
-        prompt = engine.render_chat([{"role": "user", "content": QUESTION}]).text
+        prompt = engine.prompts.render_chat([{"role": "user", "content": QUESTION}]).text
     else:
         prompt = RAW_PROMPT
     params = SamplingParams(greedy=True, max_new_tokens=MAX_NEW_TOKENS, use_prefix_cache=False)
     started = time.perf_counter()
-    finished = list(engine.generate(engine.encode(prompt), params))[-1]
+    finished = list(engine.generate(engine.prompts.encode(prompt), params))[-1]
     answer_s = time.perf_counter() - started
     result = {
         "source": config.source,
@@ -90,8 +90,8 @@ def _load_and_ask(record: LanguageModel, progress: _ProgressWriter) -> dict[str,
         "num_params": info["num_params"],
         "weight_mb": round(info["weight_bytes"] / 2**20, 1),
         "max_context": info["max_context"],
-        "eos_token_ids": list(engine.eos_token_ids),
-        "eos_tokens": [engine.piece(i) for i in engine.eos_token_ids],
+        "eos_token_ids": list(engine.vocab.eos_token_ids),
+        "eos_tokens": [engine.prompts.piece(i) for i in engine.vocab.eos_token_ids],
         "has_chat_template": info["has_chat_template"],
         "prompt": prompt,
         "answer": _one_line(finished.text),

@@ -10,31 +10,48 @@ from inference import EngineConfig, Finished, SamplingParams, Step
 from inference.engine import Engine
 from inference.models.loader import LoadedModel
 from inference.models.precision import QUANTIZED_BITS, quantize_model
-from tests.engine.tiny_models import make_tiny_model, make_tiny_tokenizer
+from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
+
+TEST_KV_BYTES = 8 * 1024 * 1024  # the tiny models' KV pool: thousands of tokens
 
 
-def engine_for(arch: str, prefix_cache_bytes: int = 0, seed: int = 0, precision: str = "float32") -> Engine:
+def engine_for(arch: str, seed: int = 0, precision: str = "float32", **config) -> Engine:
     """An Engine over a tiny random `arch` model with the tiny byte-level tokenizer, its linear
-    layers quantized for precision int8 / int4 (bfloat16 activations)."""
+    layers quantized for precision int8 / int4 (bfloat16 activations). `config`: EngineConfig fields."""
     model = make_tiny_model(arch, seed=seed)
-    tokenizer = make_tiny_tokenizer()
     quantization = None
     if precision in QUANTIZED_BITS:
         quantization = quantize_model(model, precision, torch.bfloat16)
+    return engine_around(model, precision=precision, quantization=quantization, name=f"tiny-{arch}", **config)
+
+
+def engine_around(
+    model,
+    *,
+    tokenizer=None,
+    eos_token_ids: tuple[int, ...] = (),
+    max_context: int | None = None,
+    precision: str = "float32",
+    quantization=None,
+    name: str = "tiny",
+    chat_template: str | None = None,
+    **config,
+) -> Engine:
+    """An Engine over `model` as it is (no loading): the tiny tokenizer unless one is given."""
     loaded = LoadedModel(
         model=model,
-        tokenizer=tokenizer,
-        name=f"tiny-{arch}",
+        tokenizer=tokenizer or make_tiny_tokenizer(),
+        name=name,
         source_path=Path("."),
-        dtype=torch.bfloat16 if quantization else torch.float32,
+        dtype=torch.bfloat16 if quantization else next(model.parameters()).dtype,
         device=torch.device("cpu"),
-        chat_template=None,
-        max_context=model.config.max_position_embeddings,
-        eos_token_ids=(),
+        chat_template=chat_template,
+        max_context=max_context or model.config.get_text_config().max_position_embeddings,
+        eos_token_ids=eos_token_ids,
         precision=precision,
         quantization=quantization,
     )
-    return Engine(loaded, EngineConfig(prefix_cache_bytes=prefix_cache_bytes))
+    return Engine(loaded, EngineConfig(**{"kv_cache_bytes": TEST_KV_BYTES, **config}))
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_ids) -> list[int]:
@@ -60,7 +77,7 @@ def run(engine: Engine, prompt_ids: list[int], **params) -> tuple[list, list[Ste
 
 
 def batched(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> list:
-    """One request through `add_request`/`step` (the continuous batcher when it takes it): its events."""
+    """One request through `add_request`/`step` (the continuous batch): its events."""
     request_id = engine.add_request(prompt_ids, params)
     events = []
     while engine.has_unfinished:

@@ -22,12 +22,12 @@ CREATIVE = SamplingParams(temperature=1.1, top_p=0.95, min_p=0.05, max_new_token
 
 @pytest.fixture(scope="module")
 def engine(bundled) -> Engine:
-    return Engine(bundled, EngineConfig(prefix_cache_bytes=0))
+    return Engine(bundled, EngineConfig())
 
 
 def side(engine: Engine, params: SamplingParams) -> tuple[Side, list]:
     """A real generation under `params` and its side (its path recomputed)."""
-    prompt = engine.encode(PROMPT)
+    prompt = engine.prompts.encode(PROMPT)
     _, steps, _ = run(engine, prompt, **{**params.to_dict(), "num_alternatives": 20})
     return Side(recompute(engine.model, prompt, [s.token_id for s in steps]), params), steps
 
@@ -86,6 +86,6 @@ def test_a_token_b_filtered_out_makes_kl_infinite() -> None:
 
 def test_different_prompts_are_refused(engine: Engine) -> None:
     a, _ = side(engine, GREEDY)
-    other = Side(recompute(engine.model, engine.encode("Hello"), a.path), GREEDY)
+    other = Side(recompute(engine.model, engine.prompts.encode("Hello"), a.path), GREEDY)
     with pytest.raises(ValueError, match="same prompt"):
         compare(a, other)

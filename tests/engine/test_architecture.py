@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DeepseekV3Config, Dyn
 
 from inference.introspect import architecture as arch
 from inference.kv.cache import dynamic_cache_nbytes
-from tests.engine.tiny_models import make_tiny_model, tiny_config
+from inference.models.tiny import make_tiny_model, tiny_config
 
 
 def meta_model(config_dict: dict) -> torch.nn.Module:

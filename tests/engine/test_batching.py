@@ -53,7 +53,7 @@ def alone(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> list
 
 @pytest.fixture(scope="module")
 def bundled_engine(bundled) -> Engine:
-    return Engine(bundled, EngineConfig(prefix_cache_bytes=0, max_num_batched_tokens=64, block_size=16))
+    return Engine(bundled, EngineConfig(max_num_batched_tokens=64, block_size=16))
 
 
 PROMPTS = [
@@ -67,7 +67,7 @@ PROMPTS = [
 def test_greedy_in_a_mixed_batch_equals_alone_on_the_bundled_model(bundled_engine: Engine) -> None:
     engine = bundled_engine
     params = SamplingParams(greedy=True, max_new_tokens=24, ignore_eos=True, num_alternatives=5, use_prefix_cache=False)
-    requests = [(engine.encode(p), params) for p in PROMPTS]
+    requests = [(engine.prompts.encode(p), params) for p in PROMPTS]
     batched = run_all(engine, requests, arrive_every=3)  # the long prompt is chunked beside decodes
     for i, (prompt_ids, _) in enumerate(requests):
         expected = alone(engine, prompt_ids, params)
@@ -83,8 +83,6 @@ def test_greedy_in_a_mixed_batch_equals_alone_on_the_bundled_model(bundled_engin
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_greedy_in_a_batch_equals_alone_on_tiny_models(arch: str) -> None:
     engine = engine_for(arch)
-    if engine.batcher is None:
-        pytest.skip(f"{arch}: the lean runner does not cover this tiny config")
     params = SamplingParams(greedy=True, max_new_tokens=12, ignore_eos=True, use_prefix_cache=False)
     requests = [([3 + (i * 7 + j) % 200 for j in range(5 + 9 * i)], params) for i in range(5)]
     batched = run_all(engine, requests)
@@ -95,13 +93,13 @@ def test_greedy_in_a_batch_equals_alone_on_tiny_models(arch: str) -> None:
 def test_a_seeded_request_draws_the_same_tokens_whoever_shares_its_step(bundled_engine: Engine) -> None:
     engine = bundled_engine
     seeded = (
-        engine.encode(PROMPTS[0]),
+        engine.prompts.encode(PROMPTS[0]),
         SamplingParams(
             temperature=0.9, top_p=0.95, seed=11, max_new_tokens=16, ignore_eos=True, use_prefix_cache=False
         ),
     )
     others = [
-        (engine.encode(p), SamplingParams(temperature=1.2, max_new_tokens=10, use_prefix_cache=False))
+        (engine.prompts.encode(p), SamplingParams(temperature=1.2, max_new_tokens=10, use_prefix_cache=False))
         for p in PROMPTS[1:3]
     ]
     with_others = run_all(engine, [seeded, *others])[0]
@@ -112,26 +110,26 @@ def test_a_seeded_request_draws_the_same_tokens_whoever_shares_its_step(bundled_
 def test_cancel_ends_one_request_and_the_others_continue_unharmed(bundled_engine: Engine) -> None:
     engine = bundled_engine
     params = SamplingParams(greedy=True, max_new_tokens=12, ignore_eos=True, use_prefix_cache=False)
-    requests = [(engine.encode(p), params) for p in PROMPTS[:3]]
+    requests = [(engine.prompts.encode(p), params) for p in PROMPTS[:3]]
     events = run_all(engine, requests, cancel_after={1: 4})
     cancelled = events[1]
     assert cancelled[-1].finish_reason == "cancelled" and len(tokens(cancelled)) == 4
     assert [e for e in cancelled if isinstance(e, Finished)] == [cancelled[-1]]
     for i in (0, 2):
         assert tokens(events[i]) == tokens(alone(engine, *requests[i]))
-    assert not engine.has_unfinished and engine.batcher.block_manager.num_used_blocks == 0
+    assert not engine.has_unfinished and engine.core.block_manager.num_used_blocks == 0
 
 
 def test_the_prefix_cache_is_shared_blocks_and_reports_cached_tokens(bundled_engine: Engine) -> None:
     engine = bundled_engine
     params = SamplingParams(greedy=True, max_new_tokens=6, ignore_eos=True)
-    first_prompt = engine.encode(PROMPTS[3])
+    first_prompt = engine.prompts.encode(PROMPTS[3])
     first = run_all(engine, [(first_prompt, params)])[0]
     answer = [e.token_id for e in first if isinstance(e, Step)]
-    turn_two = first_prompt + answer + engine.encode(" And then?")
+    turn_two = first_prompt + answer + engine.prompts.encode(" And then?")
     second = run_all(engine, [(turn_two, params)])[0]
     prefilled = second[0]
-    block = engine.batcher.block_manager.block_size
+    block = engine.core.block_manager.block_size
     assert prefilled.num_cached_tokens == (len(first_prompt) + len(answer) - 1) // block * block > 0
     assert prefilled.num_prefilled_tokens == len(turn_two) - prefilled.num_cached_tokens
     assert tokens(second) == tokens(alone(engine, turn_two, replace(params, use_prefix_cache=False)))
@@ -139,19 +137,19 @@ def test_the_prefix_cache_is_shared_blocks_and_reports_cached_tokens(bundled_eng
 
 def test_preemption_recomputes_and_still_gives_the_same_tokens(bundled) -> None:
     engine = Engine(
-        bundled, EngineConfig(prefix_cache_bytes=0, block_size=16, kv_cache_bytes=6 * 16 * 46_080)
+        bundled, EngineConfig(block_size=16, kv_cache_bytes=6 * 16 * 46_080)
     )  # 6 blocks of 16 tokens
     params = SamplingParams(greedy=True, max_new_tokens=30, ignore_eos=True, use_prefix_cache=False)
-    requests = [(engine.encode(p), params) for p in PROMPTS[:3]]
+    requests = [(engine.prompts.encode(p), params) for p in PROMPTS[:3]]
     events = run_all(engine, requests)
-    assert engine.batcher.scheduler.num_preemptions > 0
+    assert engine.core.scheduler.num_preemptions > 0
     for i, (prompt_ids, _) in enumerate(requests):
         assert tokens(events[i]) == tokens(alone(engine, prompt_ids, params))
 
 
-def test_beam_search_and_no_kv_cache_requests_run_alone_beside_the_batch(bundled_engine: Engine) -> None:
+def test_beam_search_and_no_kv_cache_requests_run_in_the_batch(bundled_engine: Engine) -> None:
     engine = bundled_engine
-    ids = engine.encode(PROMPTS[0])
+    ids = engine.prompts.encode(PROMPTS[0])
     greedy = SamplingParams(greedy=True, max_new_tokens=6, ignore_eos=True, use_prefix_cache=False)
     no_cache = replace(greedy, use_kv_cache=False)
     beams = SamplingParams(greedy=True, num_beams=2, max_new_tokens=4, use_prefix_cache=False)
@@ -161,9 +159,9 @@ def test_beam_search_and_no_kv_cache_requests_run_alone_beside_the_batch(bundled
 
 
 def test_a_prompt_larger_than_the_kv_pool_is_a_clear_error(bundled) -> None:
-    engine = Engine(bundled, EngineConfig(prefix_cache_bytes=0, block_size=16, kv_cache_bytes=2 * 16 * 46_080))
+    engine = Engine(bundled, EngineConfig(block_size=16, kv_cache_bytes=2 * 16 * 46_080))
     with pytest.raises(ValueError, match="more KV blocks than the pool has"):
-        engine.add_request(engine.encode(PROMPTS[3]), SamplingParams(greedy=True))
+        engine.add_request(engine.prompts.encode(PROMPTS[3]), SamplingParams(greedy=True))
     assert not engine.has_unfinished
 
 
@@ -175,9 +173,9 @@ def test_a_handoff_joins_the_batch_with_its_kv_loaded_into_blocks(bundled_engine
         SamplingParams(greedy=True, max_new_tokens=10, ignore_eos=True, use_prefix_cache=False),
         SamplingParams(temperature=0.8, seed=5, max_new_tokens=10, ignore_eos=True, use_prefix_cache=False),
     ):
-        ids = engine.encode(PROMPTS[1])
+        ids = engine.prompts.encode(PROMPTS[1])
         handoff = engine.import_handoff(engine.export_handoff(engine.prefill_for_handoff(ids, params)))
-        neighbour = engine.add_request(engine.encode(PROMPTS[0]), params)
+        neighbour = engine.add_request(engine.prompts.encode(PROMPTS[0]), params)
         request_id = engine.add_request(ids, params, handoff=handoff)
         events: dict[int, list] = {neighbour: [], request_id: []}
         shared_a_step = False
@@ -191,14 +189,14 @@ def test_a_handoff_joins_the_batch_with_its_kv_loaded_into_blocks(bundled_engine
         assert isinstance(events[request_id][0], Prefilled)
         assert tokens(events[request_id]) == tokens(alone(engine, ids, params))
         assert events[request_id][-1].finish_reason == "length"
-    assert engine.batcher.block_manager.num_used_blocks == 0
+    assert engine.core.block_manager.num_used_blocks == 0
 
 
 def test_batched_requests_report_the_kv_bytes_they_hold(bundled_engine: Engine) -> None:
     engine = bundled_engine
     params = SamplingParams(greedy=True, max_new_tokens=4, ignore_eos=True, use_prefix_cache=False)
-    events = run_all(engine, [(engine.encode(PROMPTS[0]), params)])[0]
-    per_token = engine.batcher.pool.bytes_per_token
+    events = run_all(engine, [(engine.prompts.encode(PROMPTS[0]), params)])[0]
+    per_token = engine.runner.pool.bytes_per_token
     prefilled, steps = events[0], [e for e in events if isinstance(e, Step)]
     assert prefilled.kv_cache_bytes == prefilled.num_prompt_tokens * per_token
     assert [s.kv_cache_bytes for s in steps] == [(prefilled.num_prompt_tokens + i) * per_token for i in range(4)]
@@ -213,7 +211,7 @@ def test_prefill_only_exports_the_kv_from_blocks_and_a_decode_in_the_batch_conti
 
     engine = bundled_engine
     params = SamplingParams(temperature=0.7, seed=3, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
-    ids = engine.encode(PROMPTS[2])
+    ids = engine.prompts.encode(PROMPTS[2])
     request_id = engine.add_request(ids, params, prefill_only=True)
     events = []
     while engine.has_unfinished:
@@ -231,9 +229,41 @@ def test_prefill_only_exports_the_kv_from_blocks_and_a_decode_in_the_batch_conti
 def test_a_run_without_a_seed_reports_the_one_it_drew_and_replays_with_it(bundled_engine: Engine) -> None:
     engine = bundled_engine
     unseeded = SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
-    ids = engine.encode(PROMPTS[0])
+    ids = engine.prompts.encode(PROMPTS[0])
     events = run_all(engine, [(ids, unseeded)])[0]
     seed = events[-1].seed
     assert isinstance(seed, int)
     again = alone(engine, ids, replace(unseeded, seed=seed))
     assert tokens(again) == tokens(events) and again[-1].seed == seed
+
+
+def test_a_request_whose_row_cannot_be_sampled_ends_alone_and_the_batch_goes_on(bundled_engine: Engine) -> None:
+    """One request's logits turn NaN mid-answer (what a broken setting or a bad kernel gives): it
+    ends with an error of its own; the three others sharing its steps finish as they would alone."""
+    engine = bundled_engine
+    params = SamplingParams(greedy=True, max_new_tokens=10, ignore_eos=True, use_prefix_cache=False)
+    requests = [(engine.prompts.encode(p), params) for p in PROMPTS]
+    ids = [engine.add_request(prompt_ids, params) for prompt_ids, params in requests]
+    real_run = engine.runner.run
+
+    def run(chunks, pixel_values=None):
+        out = real_run(chunks, pixel_values)
+        for row, chunk in enumerate(c for c in chunks if c.is_last):
+            if engine.core.owners[chunk.seq.seq_id].request_id == ids[1] and chunk.seq.num_generated_tokens >= 3:
+                out.logits[row] = float("nan")
+        return out
+
+    engine.runner.run = run
+    events: dict[int, list] = {i: [] for i in ids}
+    try:
+        while engine.has_unfinished:
+            for request_id, event in engine.step():
+                events[request_id].append(event)
+    finally:
+        engine.runner.run = real_run
+    events = [events[i] for i in ids]
+    assert events[1][-1].finish_reason == "error" and "no token to choose from" in events[1][-1].error
+    assert len(tokens(events[1])) == 3
+    for i in (0, 2, 3):
+        assert events[i][-1].finish_reason == "length"
+        assert tokens(events[i]) == tokens(alone(engine, *requests[i]))

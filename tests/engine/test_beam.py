@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from inference import SamplingParams
 from inference.events import BeamStep, Finished, Prefilled
-from inference.sampling.beam import ROOT_PARENT, beam_search
-from tests.engine.tiny_models import tiny_config
+from inference.sampling.beam import ROOT_PARENT
+from tests.engine.engines import engine_around
+from inference.models.tiny import tiny_config
 
 PROMPT = [1, 5, 9, 22, 7]
 CONTEXT = 128  # the context limit beam_search is given; the models allow more
@@ -43,19 +44,27 @@ def decode(ids: list[int]) -> str:
     return " ".join(f"t{i}" for i in ids)
 
 
+class NamedIds:
+    """A tokenizer stand-in whose text names each id ("t5 t9"): stop strings read it."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return decode(list(ids))
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+
 def run(model, params: SamplingParams, eos: int | None = None, max_length: int = CONTEXT, should_cancel=None) -> list:
-    eos_token_ids = () if eos is None else (eos,)
-    return list(
-        beam_search(
-            model,
-            PROMPT,
-            params,
-            eos_token_ids=eos_token_ids,
-            decode=decode,
-            max_length=max_length,
-            should_cancel=should_cancel,
-        )
-    )
+    """The search through the engine's batch (the beams are sequences sharing KV blocks)."""
+    engine = engine_around(model, eos_token_ids=() if eos is None else (eos,), max_context=max_length)
+    engine.core.vocab = replace(engine.core.vocab, tokenizer=NamedIds(engine.vocab.tokenizer))
+    return list(engine.generate(PROMPT, params, should_cancel=should_cancel))
 
 
 def greedy_tokens(model, num_tokens: int) -> list[int]:

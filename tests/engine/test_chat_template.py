@@ -16,7 +16,7 @@ from inference.text.chat_template import (
     validate_template,
 )
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser, split_reasoning, split_segments
-from tests.engine.tiny_models import make_tiny_tokenizer
+from inference.models.tiny import make_tiny_tokenizer
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 

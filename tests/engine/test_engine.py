@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from inference import EngineConfig, Finished, Prefilled, SamplingParams, Step
+from inference.core.scheduler import Chunk
+from inference.core.sequence import Sequence
 from inference.engine import Engine
-from inference.kv.cache import ContiguousKVCache
+from inference.models.runner import StepOutput
 from tests.engine.engines import engine_for, hf_greedy, run
 
 TINY_ARCHS = ["gpt2", "llama", "qwen2", "deepseek_v3"]
@@ -19,12 +21,12 @@ PROMPT = "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant
 
 @pytest.fixture(scope="module")
 def engine(bundled) -> Engine:
-    return Engine(bundled, EngineConfig(prefix_cache_bytes=0))
+    return Engine(bundled, EngineConfig())
 
 
 @pytest.fixture(scope="module")
 def prompt_ids(engine) -> list[int]:
-    return engine.encode(PROMPT)
+    return engine.prompts.encode(PROMPT)
 
 
 # ---- equivalence with transformers --------------------------------------------------------
@@ -32,7 +34,7 @@ def prompt_ids(engine) -> list[int]:
 
 @pytest.mark.parametrize("runner", ["auto", "transformers"])
 def test_greedy_equals_transformers_generate_on_bundled_model(bundled, prompt_ids, runner):
-    engine = Engine(bundled, EngineConfig(runner=runner, prefix_cache_bytes=0))
+    engine = Engine(bundled, EngineConfig(runner=runner))
     assert engine.runner.name == ("lean-llama" if runner == "auto" else "transformers")
     _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=24)
     expected = hf_greedy(bundled.model, prompt_ids, 24, bundled.eos_token_ids)
@@ -48,20 +50,20 @@ def test_greedy_equals_transformers_generate_on_tiny_models(arch):
     assert [s.token_id for s in steps] == hf_greedy(engine.model, prompt, 16, ())
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_lean_runner_logits_match_transformers_with_chunked_prefill(arch):
+@pytest.mark.parametrize("arch,runner", [("llama", "lean-llama"), ("qwen2", "lean-llama"), ("gpt2", "transformers")])
+def test_runner_logits_match_transformers_with_chunked_prefill(arch, runner):
+    """A prompt in three passes over the paged pool: a prefill chunk, a chunk after a cached
+    prefix (masked), one decode step: each pass's last logits equal transformers' at that position."""
     engine = engine_for(arch)
-    assert engine.runner.name == "lean-llama"
-    ids = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79, 32, 38])
+    assert engine.runner.name == runner
+    ids = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
     with torch.inference_mode():
-        expected = engine.model(ids[None]).logits[0].float()  # (T, vocab)
-    cache = engine.runner.new_cache(4)  # too small on purpose: it must grow
-    first = engine.runner.forward(ids[:6], cache)  # prefill
-    second = engine.runner.forward(ids[6:9], cache)  # a chunk after a cached prefix (masked)
-    third = engine.runner.forward(ids[9:], cache)  # one decode step
-    for got, position in [(first, 5), (second, 8), (third, 9)]:
-        torch.testing.assert_close(got, expected[position], atol=1e-4, rtol=1e-4)
-    assert isinstance(cache, ContiguousKVCache) and cache.num_tokens == 10
+        expected = engine.model(torch.tensor([ids])).logits[0].float()  # (T, vocab)
+    seq = Sequence(list(ids), SamplingParams())
+    engine.core.block_manager.allocate(seq)
+    for start, end in [(0, 6), (6, 9), (9, 10)]:
+        got = engine.runner.run([Chunk(seq, start, end - start, True, "prefill")]).logits[0]
+        torch.testing.assert_close(got, expected[end - 1], atol=1e-4, rtol=1e-4)
 
 
 def test_cached_decode_equals_recompute_without_cache(engine, prompt_ids):
@@ -83,7 +85,7 @@ def test_event_sequence_and_step_records(engine, prompt_ids):
         engine, prompt_ids, temperature=0.8, top_k=20, seed=3, max_new_tokens=8, num_alternatives=10
     )
     assert isinstance(events[0], Prefilled) and events[0].num_prompt_tokens == len(prompt_ids)
-    assert events[0].kv_cache_bytes == engine.kv_bytes_per_token() * len(prompt_ids)
+    assert events[0].kv_cache_bytes == engine.info.kv_bytes_per_token * len(prompt_ids)
     assert isinstance(finished, Finished) and sum(isinstance(e, Finished) for e in events) == 1
     assert [s.phase for s in steps] == ["prefill"] + ["decode"] * (len(steps) - 1)
     for step in steps:
@@ -95,7 +97,7 @@ def test_event_sequence_and_step_records(engine, prompt_ids):
         assert all(a.prob > 0 for a in step.top_processed)
         # temperature and top-k keep the raw order, so the chosen token is listed iff its raw rank <= 10
         assert (step.token_id in {a.token_id for a in step.top_processed}) == (step.rank <= 10)
-        assert step.token_bytes == engine.token_table.bytes_of(step.token_id)
+        assert step.token_bytes == engine.prompts.table.bytes_of(step.token_id)
     assert finished.text == "".join(s.text_delta for s in steps)
     assert finished.num_generated_tokens == len(steps) and finished.ttft_ms >= finished.prefill_ms
 
@@ -111,14 +113,11 @@ def test_same_seed_same_tokens_and_other_seed_differs(engine, prompt_ids):
 # ---- stops ------------------------------------------------------------------------------
 
 
-def test_stops_on_any_eos_id(engine, prompt_ids):
-    first = run(engine, prompt_ids, greedy=True, max_new_tokens=6)[1]
-    original = engine.eos_token_ids
-    engine.eos_token_ids = (999_999, first[2].token_id)  # pretend the third token is an end-of-sequence id
-    try:
-        _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=6)
-    finally:
-        engine.eos_token_ids = original
+def test_stops_on_any_eos_id(bundled, prompt_ids):
+    first = run(Engine(bundled, EngineConfig()), prompt_ids, greedy=True, max_new_tokens=6)[1]
+    # pretend the third token is an end-of-sequence id
+    engine = Engine(replace(bundled, eos_token_ids=(999_999, first[2].token_id)), EngineConfig())
+    _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=6)
     assert len(steps) == 3 and finished.finish_reason == "eos"
     _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=6, ignore_eos=True)
     assert len(steps) == 6 and finished.finish_reason == "length"
@@ -161,8 +160,7 @@ def test_cancellation_is_checked_every_step(engine, prompt_ids):
 
 
 def test_context_length_ends_generation(bundled, prompt_ids):
-    engine = Engine(bundled, EngineConfig(prefix_cache_bytes=0))
-    engine.max_context = len(prompt_ids) + 4
+    engine = Engine(replace(bundled, max_context=len(prompt_ids) + 4), EngineConfig())
     _, steps, finished = run(engine, prompt_ids, greedy=True, max_new_tokens=50, ignore_eos=True)
     assert finished.finish_reason == "context" and len(steps) == 4
     with pytest.raises(ValueError, match="context"):
@@ -171,14 +169,14 @@ def test_context_length_ends_generation(bundled, prompt_ids):
 
 def test_utf8_split_across_tokens_streams_whole_characters(engine):
     text = "Tea 🍵 and 日本語, naïve 👩‍👩‍👧!"
-    script = engine.encode(text)
+    script = engine.prompts.encode(text)
     assert len(script) > len(text.split())  # multi-byte characters really are split over tokens
-    real_runner = engine.runner
-    engine.runner = ScriptedRunner(script, len(engine.tokenizer))
+    real_run = engine.runner.run
+    engine.runner.run = ScriptedRunner(script, len(engine.loaded.tokenizer))
     try:
         _, steps, finished = run(engine, [1, 2, 3], greedy=True, max_new_tokens=len(script), ignore_eos=True)
     finally:
-        engine.runner = real_runner
+        engine.runner.run = real_run
     assert [s.token_id for s in steps] == script
     assert all("\ufffd" not in s.text_delta for s in steps)
     assert "".join(s.text_delta for s in steps) == text == finished.text
@@ -234,7 +232,7 @@ def cuda_engine(bundled_model_dir) -> Engine:
 def test_greedy_on_cuda_matches_transformers(bundled_model_dir):
     engine = cuda_engine(bundled_model_dir)
     loaded = engine.loaded
-    ids = engine.encode(PROMPT)
+    ids = engine.prompts.encode(PROMPT)
     _, steps, _ = run(engine, ids, greedy=True, max_new_tokens=16)
     assert [s.token_id for s in steps] == hf_greedy(loaded.model, ids, 16, loaded.eos_token_ids)
 
@@ -244,7 +242,7 @@ def test_greedy_on_cuda_matches_transformers(bundled_model_dir):
 def test_repetition_penalty_and_seeded_sampling_run_on_cuda(bundled_model_dir):
     """The penalty gathers logits (on CUDA) at the context ids: those must live there too."""
     engine = cuda_engine(bundled_model_dir)
-    ids = engine.encode(PROMPT)
+    ids = engine.prompts.encode(PROMPT)
     _, steps, finished = run(engine, ids, repetition_penalty=1.3, temperature=0.8, seed=7, max_new_tokens=12)
     assert len(steps) == finished.num_generated_tokens > 0
     _, again, _ = run(engine, ids, repetition_penalty=1.3, temperature=0.8, seed=7, max_new_tokens=12)
@@ -252,24 +250,16 @@ def test_repetition_penalty_and_seeded_sampling_run_on_cuda(bundled_model_dir):
 
 
 class ScriptedRunner:
-    """A fake model: its logits put all mass on the next token of a script."""
-
-    name = "scripted"
+    """A fake forward pass (`ModelRunner.run`): its logits put all mass on the next token of a script."""
 
     def __init__(self, script: list[int], vocab_size: int) -> None:
         self.script, self.vocab_size, self.calls = script, vocab_size, 0
 
-    def new_cache(self, capacity: int) -> ContiguousKVCache:
-        return ContiguousKVCache(1, 1, 1, capacity, torch.float32, torch.device("cpu"))
-
-    def forward(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
-        if cache is not None:
-            cache.reserve(len(input_ids))
-            cache.advance(len(input_ids))
-        logits = torch.zeros(self.vocab_size)
-        logits[self.script[min(self.calls, len(self.script) - 1)]] = 30.0
+    def __call__(self, chunks, pixel_values=None) -> StepOutput:
+        logits = torch.zeros(1, self.vocab_size)
+        logits[0, self.script[min(self.calls, len(self.script) - 1)]] = 30.0
         self.calls += 1
-        return logits
+        return StepOutput(logits=logits, routing=[None])
 
 
 def tiny_mistral(sliding_window: int | None):
@@ -295,7 +285,7 @@ LONGER_THAN_THE_WINDOW = [5, 77, 130, 9, 200, 41, 17, 3, 99, 150, 12]
 @pytest.mark.parametrize("sliding_window,runner", [(None, "lean-llama"), (8, "transformers")])
 def test_mistral_uses_the_lean_runner_only_without_a_sliding_window(sliding_window, runner):
     model = tiny_mistral(sliding_window)
-    engine = Engine(replace(engine_for("llama").loaded, model=model), EngineConfig(prefix_cache_bytes=0))
+    engine = Engine(replace(engine_for("llama").loaded, model=model), EngineConfig())
     assert engine.runner.name == runner
     prompt = LONGER_THAN_THE_WINDOW  # it must matter
     _, steps, _ = run(engine, prompt, greedy=True, max_new_tokens=12, ignore_eos=True)
@@ -303,8 +293,12 @@ def test_mistral_uses_the_lean_runner_only_without_a_sliding_window(sliding_wind
     assert engine.model_info()["sliding_window"] == sliding_window
 
 
-def test_a_sliding_window_conversation_that_cannot_be_cached_is_counted_in_the_stats():
-    engine = Engine(replace(engine_for("llama").loaded, model=tiny_mistral(8)), EngineConfig())
-    run(engine, LONGER_THAN_THE_WINDOW, greedy=True, max_new_tokens=4, ignore_eos=True)
-    stats = engine.prefix_cache_stats()
-    assert (stats["sliding_window"], stats["num_not_cached_sliding_window"], stats["num_entries"]) == (8, 1, 0)
+def test_a_sliding_window_conversation_is_reused_as_a_prefix():
+    """The paged pool keeps every position (the window is a mask), so the next turn reuses it."""
+    model = tiny_mistral(8)
+    engine = Engine(replace(engine_for("llama").loaded, model=model), EngineConfig(block_size=4))
+    _, steps, _ = run(engine, LONGER_THAN_THE_WINDOW, greedy=True, max_new_tokens=4, ignore_eos=True)
+    follow_up = [*LONGER_THAN_THE_WINDOW, *(s.token_id for s in steps), 7, 8]
+    events, steps, _ = run(engine, follow_up, greedy=True, max_new_tokens=6, ignore_eos=True)
+    assert events[0].num_cached_tokens >= len(LONGER_THAN_THE_WINDOW)
+    assert [s.token_id for s in steps] == hf_greedy(model, follow_up, 6, ())

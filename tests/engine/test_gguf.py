@@ -69,11 +69,11 @@ def test_a_base_model_without_template_converts_and_loads(base_gguf, tmp_path: P
 
 def test_raw_completion_works_and_chat_asks_for_a_template(base_gguf, tmp_path: Path) -> None:
     engine = Engine.load(cpu(base_gguf[0], tmp_path))
-    events = list(engine.generate(engine.encode("Hello"), SamplingParams(greedy=True, max_new_tokens=3)))
+    events = list(engine.generate(engine.prompts.encode("Hello"), SamplingParams(greedy=True, max_new_tokens=3)))
     assert events[-1].num_generated_tokens == 3
     with pytest.raises(ValueError, match="has no chat template"):
-        engine.render_chat([{"role": "user", "content": "Hi"}])
-    assert engine.render_chat([{"role": "user", "content": "Hi"}], CHATML).text.startswith("<|im_start|>user")
+        engine.prompts.render_chat([{"role": "user", "content": "Hi"}])
+    assert engine.prompts.render_chat([{"role": "user", "content": "Hi"}], CHATML).text.startswith("<|im_start|>user")
 
 
 def test_a_template_in_the_gguf_is_kept_and_ends_the_turn(tmp_path: Path) -> None:

@@ -27,11 +27,11 @@ ALL_STAGES = SamplingParams(
 
 @pytest.fixture(scope="module")
 def engine(bundled) -> Engine:
-    return Engine(bundled, EngineConfig(prefix_cache_bytes=0))
+    return Engine(bundled, EngineConfig())
 
 
 def generated(engine: Engine, params: SamplingParams) -> tuple[list[int], list]:
-    prompt = engine.encode(PROMPT)
+    prompt = engine.prompts.encode(PROMPT)
     _, steps, _ = run(engine, prompt, **{**params.to_dict(), "num_alternatives": 20})
     return prompt, steps
 
@@ -141,7 +141,7 @@ def test_lens_last_layer_is_the_models_output(engine: Engine) -> None:
 
 
 def test_lens_middle_layers_go_through_the_final_norm(engine: Engine) -> None:
-    ids = engine.encode(PROMPT)
+    ids = engine.prompts.encode(PROMPT)
     seen = lens.inspect_position(engine.model, ids, len(ids) - 1, top_n=3)
     with torch.inference_mode():
         hidden = engine.model(torch.tensor([ids]), output_hidden_states=True).hidden_states[10][0, -1]
@@ -152,7 +152,7 @@ def test_lens_middle_layers_go_through_the_final_norm(engine: Engine) -> None:
 
 
 def test_embedding_neighbours_by_cosine(engine: Engine) -> None:
-    token_id = engine.encode(" Paris")[0]
+    token_id = engine.prompts.encode(" Paris")[0]
     emb = lens.embedding_of(engine.model, token_id, top_n=5)
     table = engine.model.get_input_embeddings().weight.detach().float()
     assert emb["size"] == table.shape[1]
@@ -173,17 +173,17 @@ def test_bad_positions_and_layers_are_refused(engine: Engine) -> None:
 
 def test_kv_formula_is_the_measured_cache(engine: Engine) -> None:
     shape = kv.kv_shape(engine.model)
-    assert shape["bytes_per_token"] == engine.kv_bytes_per_token()
+    assert shape["bytes_per_token"] == engine.info.kv_bytes_per_token
     assert shape["kind"] == "gqa" and shape["num_kv_heads"] < shape["num_heads"]
     request = kv.request_kv(shape, num_tokens=100, num_cached_tokens=40)
-    assert request["total_bytes"] == 100 * engine.kv_bytes_per_token()
-    assert request["cached_bytes"] == 40 * engine.kv_bytes_per_token()
+    assert request["total_bytes"] == 100 * engine.info.kv_bytes_per_token
+    assert request["cached_bytes"] == 40 * engine.info.kv_bytes_per_token
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2", "llama", "deepseek_v3"])
 def test_kv_formula_on_other_architectures(arch: str) -> None:
     tiny = engine_for(arch)
-    assert kv.kv_shape(tiny.model)["bytes_per_token"] == tiny.kv_bytes_per_token()
+    assert kv.kv_shape(tiny.model)["bytes_per_token"] == tiny.info.kv_bytes_per_token
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2"])

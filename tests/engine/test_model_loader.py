@@ -14,7 +14,7 @@ import inference.models.bundled
 from inference.config import EngineConfig
 from inference.models.loader import ModelLoadError, load_model, resolve_device
 from inference.models.precision import activation_dtype, cpu_has_bf16, resolve_precision
-from tests.engine.tiny_models import TINY_ARCHITECTURES, make_tiny_model, make_tiny_tokenizer
+from inference.models.tiny import TINY_ARCHITECTURES, make_tiny_model, make_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from inference.config import EngineConfig
 from inference.models.loader import ModelLoadError, end_of_turn_id, load_model
-from tests.engine.tiny_models import make_tiny_model, make_tiny_tokenizer
+from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from inference.introspect import moe
 from inference.models.demo import DEMO_SEED, demo_config
-from tests.engine.tiny_models import make_tiny_model
+from inference.models.tiny import make_tiny_model
 
 TOKENS = [5, 17, 200, 3, 99, 42, 7, 7, 150, 260, 11, 64]
 

@@ -24,7 +24,7 @@ def moe_engine(kind: str) -> Engine:
     tiny = engine_for("deepseek_v3")
     if kind == "tiny":
         return tiny
-    return Engine(replace(tiny.loaded, model=demo_like_model(), name="demo-like"), EngineConfig(prefix_cache_bytes=0))
+    return Engine(replace(tiny.loaded, model=demo_like_model(), name="demo-like"), EngineConfig())
 
 
 @pytest.mark.parametrize("kind", ["tiny", "demo"])
@@ -44,7 +44,7 @@ def test_streamed_routing_equals_the_inspection(kind: str, use_kv_cache: bool) -
             assert streamed["experts"] == inspected["experts"]
             assert streamed["groups"] == inspected["groups"]
             assert streamed["weights"] == pytest.approx(inspected["weights"], abs=ONE_UNIT)
-    routers = [router for _, router in engine.routing.routers]
+    routers = [router for _, router in engine.runner.routing.routers]
     assert all(len(r._forward_hooks) == 0 for r in routers)  # removed after every pass
     chosen = {e for s in steps for c in s.moe_routing for e in c["experts"]}
     assert len(chosen) > trace["num_experts_per_tok"]  # the routing moves: equality is not trivial
@@ -55,7 +55,7 @@ def test_each_step_follows_the_rule_from_its_own_router_logits(kind: str) -> Non
     """An outer hook sees the same pass as the engine's: the step's choice is V3's rule applied
     to that pass's last-position router logits."""
     engine = moe_engine(kind)
-    settings = engine.routing.settings
+    settings = engine.runner.routing.settings
     events = engine.generate(PROMPT, SamplingParams(max_new_tokens=8, ignore_eos=True, greedy=True))
     num_steps = 0
     with moe.capture_routing(engine.model) as captured:
@@ -63,7 +63,7 @@ def test_each_step_follows_the_rule_from_its_own_router_logits(kind: str) -> Non
             if not isinstance(event, Step):
                 continue
             num_steps += 1
-            for choice, (layer, router) in zip(event.moe_routing, engine.routing.routers):
+            for choice, (layer, router) in zip(event.moe_routing, engine.runner.routing.routers):
                 weights, indices = moe.recompute_routing(
                     captured[layer]["logits"][-1:], router.e_score_correction_bias, **moe.router_settings(router)
                 )
@@ -82,7 +82,7 @@ def test_each_step_follows_the_rule_from_its_own_router_logits(kind: str) -> Non
 @pytest.mark.parametrize(("arch", "runner"), [("llama", "lean-llama"), ("gpt2", "transformers")])
 def test_a_dense_model_is_never_hooked(arch: str, runner: str, monkeypatch) -> None:
     engine = engine_for(arch)
-    assert engine.runner.name == runner and not engine.routing
+    assert engine.runner.name == runner and not engine.runner.routing
     hooked: list[torch.nn.Module] = []
     real = torch.nn.Module.register_forward_hook
     monkeypatch.setattr(

@@ -39,7 +39,7 @@ def test_preset_params_cap_the_length_and_take_the_seed():
 
 @pytest.fixture(scope="module")
 def engine(bundled) -> Engine:
-    return Engine(bundled, EngineConfig(prefix_cache_bytes=0))
+    return Engine(bundled, EngineConfig())
 
 
 def test_measure_counts_every_seed_and_runs_greedy_once(engine):

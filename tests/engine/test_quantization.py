@@ -145,7 +145,7 @@ def test_the_lean_runner_and_transformers_read_the_same_quantized_weights(arch: 
     assert engine.runner.name == "lean-llama"
     assert engine.loaded.quantization.num_quantized == 7 * 2 + 1  # q k v o gate up down per layer + head
     ids = [3 + (7 * j) % 200 for j in range(9)]
-    lean = engine.runner.forward(torch.tensor(ids), engine.runner.new_cache(16))  # (vocab,)
+    lean = engine.core.teacher_force(ids, [])[0]  # (vocab,): the prompt through the lean runner
     with torch.inference_mode():
         hf = engine.model(torch.tensor([ids])).logits[0, -1].float()
     assert torch.allclose(lean, hf, atol=0.05 * hf.abs().max().item())
@@ -172,7 +172,7 @@ def bundled_int8(data_dir) -> Engine:
 
 @pytest.mark.slow
 def test_int8_keeps_the_bundled_models_greedy_choices_and_distribution(bundled: LoadedModel, bundled_int8) -> None:
-    reference = Engine(bundled, EngineConfig(dtype="float32", prefix_cache_bytes=0))
+    reference = Engine(bundled, EngineConfig(dtype="float32"))
     kl, agreement = quality(quality_cases(reference, num_tokens=16), bundled_int8)
     assert kl < 0.02 and agreement >= 0.9, (kl, agreement)
     q = bundled_int8.loaded.quantization
@@ -181,7 +181,7 @@ def test_int8_keeps_the_bundled_models_greedy_choices_and_distribution(bundled: 
     # int8 linear layers + the bfloat16 embedding table (a token reads one row of it)
     assert decode_read_bytes(bundled_int8.model) < 0.3 * decode_read_bytes(bundled.model)
     assert num_bytes < 0.4 * weight_stats(bundled.model)[1]
-    steps = [e for e in bundled_int8.generate(bundled_int8.encode("The capital of France is"), _greedy(8))]
+    steps = [e for e in bundled_int8.generate(bundled_int8.prompts.encode("The capital of France is"), _greedy(8))]
     assert len([e for e in steps if isinstance(e, Step)]) == 8
 
 
@@ -199,7 +199,7 @@ def test_int8_on_cuda_serves_close_to_bfloat16_or_is_refused_by_name(bundled_mod
     except ModelLoadError as error:
         assert "no int8 weight kernel for cuda" in str(error)
         pytest.skip(str(error))
-    engine = Engine(loaded, EngineConfig(device="cuda", prefix_cache_bytes=0))
+    engine = Engine(loaded, EngineConfig(device="cuda"))
     reference = Engine(
         load_model(EngineConfig(source=str(bundled_model_dir), device="cuda", dtype="bfloat16")), EngineConfig()
     )
@@ -218,7 +218,7 @@ def test_int4_on_cuda_is_refused_by_name(bundled_model_dir) -> None:
 
 def test_a_model_without_linear_layers_is_refused_by_name() -> None:
     from inference.models.precision import quantize_model
-    from tests.engine.tiny_models import make_tiny_model
+    from inference.models.tiny import make_tiny_model
 
     with pytest.raises(ValueError, match="no linear layer the int8 kernel can take"):
         quantize_model(make_tiny_model("gpt2"), "int8", BF16)

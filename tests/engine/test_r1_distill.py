@@ -15,7 +15,7 @@ from inference.models.loader import load_model
 from inference.text.chat_template import TemplateTokens, render_chat
 from inference.text.reasoning import prompt_opens_reasoning, split_segments
 from tests.engine.engines import batched
-from tests.engine.tiny_models import make_tiny_model, make_tiny_tokenizer
+from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
 
 TEMPLATE = Path(__file__).with_name("chat_templates") / "deepseek_r1_distill_llama.jinja"
 SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"]
@@ -60,14 +60,14 @@ def r1_engine(checkpoint: Path) -> Engine:
 
 
 def r1_prompt(engine: Engine) -> list[int]:
-    return engine.encode(engine.render_chat(HISTORY).text)
+    return engine.prompts.encode(engine.prompts.render_chat(HISTORY).text)
 
 
 @pytest.mark.parametrize("budget", [0, 3])
 def test_the_budget_forces_the_single_think_close_token_alone_and_in_the_batch(r1_engine: Engine, budget: int) -> None:
     engine, prompt_ids = r1_engine, r1_prompt(r1_engine)
-    close_id = engine.tokenizer.convert_tokens_to_ids("</think>")
-    assert engine.think_close_ids == (close_id,) and engine.batcher is not None
+    close_id = engine.loaded.tokenizer.convert_tokens_to_ids("</think>")
+    assert engine.vocab.think_close_ids == (close_id,)
     params = SamplingParams(max_new_tokens=8, greedy=True, ignore_eos=True, max_thinking_tokens=budget)
     free = [e for e in engine.generate(prompt_ids, replace_budget(params, None)) if isinstance(e, Step)]
     assert close_id not in [s.token_id for s in free[: budget + 1]]  # the model would have gone on thinking

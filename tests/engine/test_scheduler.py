@@ -193,3 +193,91 @@ def test_invalid_limits_name_the_value(bad: dict) -> None:
     args = {"max_num_seqs": 1, "max_num_batched_tokens": 1, **bad}
     with pytest.raises(ValueError, match=next(iter(bad))):
         Scheduler(BlockManager(4, 4), **args)
+
+
+# ---- forks, groups, images: the bookkeeping behind beams, parallel sampling and vision ----------
+
+
+def test_a_fork_shares_blocks_and_copies_the_partly_filled_one_on_write() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64)
+    parent = seq(6)
+    s.add(parent)
+    s.update(s.schedule())  # prefill 6 tokens, no token appended yet
+    child = Sequence(list(parent.token_ids), parent.params)
+    s.fork(parent, child)
+    assert child.block_table == parent.block_table and bm.stats()["num_shared_blocks"] == 2
+    parent.append_token(1)
+    child.append_token(2)
+    out = s.schedule()  # both decode into block 1 (positions 4-7): each needs its own copy
+    assert {c.seq for c in out.chunks} == {parent, child}
+    assert parent.block_table[0] == child.block_table[0]  # the full block stays shared
+    assert parent.block_table[1] != child.block_table[1]
+    copies = bm.take_copies()
+    assert len(copies) == 1 and copies[0][0] in (parent.block_table[1], child.block_table[1])
+    assert bm.take_copies() == []
+    s.update(out)
+    assert_counts_hold(bm)
+    s.finish(parent)
+    s.finish(child)
+    assert bm.num_used_blocks == 0
+
+
+def test_a_group_is_preempted_and_admitted_as_one() -> None:
+    bm = BlockManager(num_blocks=6, block_size=4)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64)
+    first = seq(8, first=100)
+    s.add(first)
+    step(s)
+    group = [seq(4), seq(4, first=50)]
+    for member in group:
+        member.group = group
+        s.add(member)
+    step(s)
+    assert all(m.status == SequenceStatus.RUNNING for m in group)
+    for _ in range(3):  # first grows until the pool is full: the newest group goes, whole
+        step(s)
+    assert all(m.status == SequenceStatus.WAITING for m in group) and s.num_preemptions == 2
+    s.finish(first)
+    out = step(s)
+    assert {c.seq for c in out.chunks} == set(group)  # admitted together
+
+
+def test_an_idle_sequence_sits_out_and_a_chunk_never_cuts_an_image() -> None:
+    s = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=6)
+    image = Sequence(list(range(20)), PARAMS, atomic_spans=((3, 12),))
+    s.add(image)
+    out = s.schedule()  # the budget (6) would cut the image: the chunk stops before it
+    assert [(c.start, c.num_tokens) for c in out.chunks] == [(0, 3)]
+    s.update(out)
+    out = s.schedule()  # the whole image, over the budget
+    assert [(c.start, c.num_tokens) for c in out.chunks] == [(3, 9)]
+    s.update(out)
+    out = s.schedule()
+    s.update(out)
+    out = s.schedule()
+    s.update(out)
+    assert image.is_idle and s.schedule().is_empty  # nothing to compute until a token is appended
+
+
+def test_image_positions_key_the_prefix_cache_by_content() -> None:
+    bm = BlockManager(num_blocks=32, block_size=2)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64)
+    red = Sequence([1, 2, 9, 9, 9, 9, 3, 4], PARAMS, key_overrides=((2, 6, -11),), atomic_spans=((2, 6),))
+    s.add(red)
+    s.update(s.schedule())
+    s.finish(red)
+    blue = Sequence([1, 2, 9, 9, 9, 9, 3, 4], PARAMS, key_overrides=((2, 6, -22),), atomic_spans=((2, 6),))
+    red_again = Sequence([1, 2, 9, 9, 9, 9, 3, 4], PARAMS, key_overrides=((2, 6, -11),), atomic_spans=((2, 6),))
+    s.add(blue)
+    s.add(red_again)
+    s.schedule()
+    assert blue.num_cached_tokens == 2 and red_again.num_cached_tokens == 6
+
+
+def test_the_core_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, inference.core.scheduler; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

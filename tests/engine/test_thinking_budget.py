@@ -69,7 +69,7 @@ def engine() -> Engine:
 
 
 def open_prompt(engine: Engine) -> list[int]:
-    return engine.encode("Question: 2+2?\n<think>\n")
+    return engine.prompts.encode("Question: 2+2?\n<think>\n")
 
 
 def steps_of(events: list) -> list[Step]:
@@ -77,8 +77,8 @@ def steps_of(events: list) -> list[Step]:
 
 
 def test_a_vocabulary_without_the_tag_gets_its_token_sequence_alone_and_in_the_batch(engine: Engine) -> None:
-    close_ids = engine.encode("</think>")
-    assert engine.think_close_ids == tuple(close_ids) and len(close_ids) == 8  # one byte per token
+    close_ids = engine.prompts.encode("</think>")
+    assert engine.vocab.think_close_ids == tuple(close_ids) and len(close_ids) == 8  # one byte per token
     params = SamplingParams(max_new_tokens=14, greedy=True, ignore_eos=True, max_thinking_tokens=3)
     alone = list(engine.generate(open_prompt(engine), params))
     steps = steps_of(alone)
@@ -106,6 +106,6 @@ def test_budget_zero_forces_the_first_token_and_a_handoff_continues_the_tag(engi
 
 def test_without_an_open_block_nothing_is_reasoning_or_forced(engine: Engine) -> None:
     params = SamplingParams(max_new_tokens=6, greedy=True, ignore_eos=True, max_thinking_tokens=0)
-    events = list(engine.generate(engine.encode("Question: 2+2?\n"), params))
+    events = list(engine.generate(engine.prompts.encode("Question: 2+2?\n"), params))
     assert not any(s.is_reasoning or s.is_forced for s in steps_of(events))
     assert (events[-1].num_reasoning_tokens, events[-1].thinking_ended_by_budget) == (0, False)

@@ -17,7 +17,7 @@ from inference.text.tokenization import (
     token_table,
     tokenize,
 )
-from tests.engine.tiny_models import make_tiny_tokenizer
+from inference.models.tiny import make_tiny_tokenizer
 
 TEXTS = [
     "Hello, world!",

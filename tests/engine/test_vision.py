@@ -35,8 +35,8 @@ def loaded(vl_dir: Path, data_dir: Path):
     return load_model(EngineConfig(source=str(vl_dir), device="cpu", dtype="float32", data_dir=str(data_dir)))
 
 
-def new_engine(loaded, prefix_cache_bytes: int = 64 << 20) -> Engine:
-    return Engine(loaded, EngineConfig(source="vl", prefix_cache_bytes=prefix_cache_bytes))
+def new_engine(loaded) -> Engine:
+    return Engine(loaded, EngineConfig(source="vl", kv_cache_bytes=64 << 20))
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,8 @@ RED, BLUE = decode_image(png((200, 20, 20))), decode_image(png((20, 20, 200)))
 
 def image_prompt(engine: Engine, text: str = "What is in this picture?", num_images: int = 1) -> list[int]:
     token = engine.vision.image_token
-    rendered = engine.render_chat([{"role": "user", "content": token * num_images + "\n" + text}])
-    return engine.expand_image_placeholders(engine.encode(rendered.text))
+    rendered = engine.prompts.render_chat([{"role": "user", "content": token * num_images + "\n" + text}])
+    return engine.prompts.expand_image_placeholders(engine.prompts.encode(rendered.text))
 
 
 def steps_of(events) -> list[Step]:
@@ -92,7 +92,7 @@ def test_cached_decode_equals_full_recompute(engine: Engine) -> None:
         rtol=0,
     )
     assert all(len(s.top_raw) == 5 and len(s.top_processed) == 5 for s in cached)  # streamed top-k
-    assert cached[-1].kv_cache_bytes == engine.kv_bytes_per_token() * (len(prompt) + 5)
+    assert cached[-1].kv_cache_bytes == engine.info.kv_bytes_per_token * (len(prompt) + 5)
 
 
 def test_the_pixels_reach_the_model(engine: Engine) -> None:
@@ -117,7 +117,7 @@ def test_the_prefix_cache_keys_images_by_content(loaded) -> None:
     assert 0 < blue_prefilled.num_cached_tokens <= span.start
     red_prefilled, red_steps = run(RED)  # the same picture: the image's KV is reused
     assert red_prefilled.num_cached_tokens >= span.end
-    fresh = steps_of(new_engine(loaded, prefix_cache_bytes=0).generate(prompt, params, images=[BLUE]))
+    fresh = steps_of(new_engine(loaded).generate(prompt, params, images=[BLUE]))
     assert [s.token_id for s in blue_steps] == [s.token_id for s in fresh]
     assert blue_steps[0].raw_logprob == pytest.approx(fresh[0].raw_logprob, abs=1e-4)
 
@@ -171,7 +171,7 @@ def test_the_prompt_must_hold_one_block_per_image(engine: Engine) -> None:
 def test_a_text_model_refuses_images(bundled) -> None:
     engine = Engine(bundled, EngineConfig())
     with pytest.raises(ValueError, match="takes no images"):
-        engine.add_request(engine.encode("Hi"), GREEDY, images=[RED])
+        engine.add_request(engine.prompts.encode("Hi"), GREEDY, images=[RED])
     assert engine.model_info()["vision"] is None
 
 
@@ -214,10 +214,10 @@ def test_vl2_tiling_counts_are_the_published_ones() -> None:
 def test_the_architecture_card_counts_the_demos_image_tokens(vl_dir: Path, engine: Engine) -> None:
     card = arch.card(json.loads((vl_dir / "config.json").read_text()), context=1, dtype="float32")
     assert card["shape"]["model_type"] == "llama" and card["shape"]["layers"] == 4  # the language model's
-    assert card["kv_cache"]["bytes_per_token"] == engine.kv_bytes_per_token()
+    assert card["kv_cache"]["bytes_per_token"] == engine.info.kv_bytes_per_token
     own = card["vision"]["model"]
     assert own["tokens_per_image"] == engine.model_info()["vision"]["tokens_per_image"] == 64
-    assert own["kv_bytes_per_image"] == 64 * engine.kv_bytes_per_token()
+    assert own["kv_bytes_per_image"] == 64 * engine.info.kv_bytes_per_token
     one_tile = card["vision"]["vl2_tilings"][0]
-    assert one_tile["kv_bytes"] == 421 * engine.kv_bytes_per_token()
+    assert one_tile["kv_bytes"] == 421 * engine.info.kv_bytes_per_token
     assert arch.reference_card("deepseek_v3_671b")["vision"] is None

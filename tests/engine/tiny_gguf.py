@@ -12,7 +12,7 @@ import numpy as np
 from transformers import PreTrainedModel
 
 from inference.text.tokenization import bytes_to_unicode
-from tests.engine.tiny_models import TINY_VOCAB_SIZE, make_tiny_model
+from inference.models.tiny import TINY_VOCAB_SIZE, make_tiny_model
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")
 CHATML = (

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from inference.alone import AloneRequests
 from inference.events import Alternative, Beam, BeamStep, Event, Finished, Prefilled, Step
+from inference.model_info import ModelInfo
 from inference.sampling_params import SamplingParams
-from inference.text.chat_template import RenderedPrompt, render_chat
+from inference.text.chat_template import RenderedPrompt, Span, render_chat
+from inference.text.prompt import Prompt, PromptError
 from inference.text.tokenization import TokenInfo
 
 CHATML = (
@@ -31,6 +32,51 @@ R1_CHATML = (
 )
 
 
+class FakePrompts:
+    """`PromptBuilder`'s surface: one token per character, ChatML unless a template is given."""
+
+    vision = None  # a text-only model: it takes no images
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+
+    def render_chat(
+        self, messages: list[dict], template: str | None = None, add_generation_prompt: bool = True
+    ) -> RenderedPrompt:
+        self.engine.rendered.append((messages, template))
+        return render_chat(messages, template or CHATML, add_generation_prompt=add_generation_prompt)
+
+    def token_infos(self, token_ids: Sequence[int]) -> list[TokenInfo]:
+        return [TokenInfo(i, chr(i), chr(i).encode(), False) for i in token_ids]
+
+    def tokenize(self, text: str) -> list[TokenInfo]:
+        return self.token_infos([ord(c) for c in text])
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def piece(self, token_id: int) -> str:
+        return chr(token_id)
+
+    def with_image_placeholders(self, text: str, num_images: int) -> str:
+        return text
+
+    def build(self, *, messages=None, text="", template=None, extra_token_ids=(), images=()) -> Prompt:
+        if images:
+            raise PromptError("images_not_supported", "model 'fake' takes no images")
+        spans: tuple[Span, ...] = (Span(0, len(text), "content", None),) if text else ()
+        if messages is not None:
+            try:
+                rendered = self.render_chat(messages, template)
+            except ValueError as exc:
+                raise PromptError("invalid_params", f"the prompt could not be built: {exc}") from exc
+            text, spans = rendered.text, rendered.spans
+        bad = [i for i in extra_token_ids if not 0 <= i < 0x110000]
+        if bad:
+            raise PromptError("invalid_params", f"token id {bad[0]} is outside the vocabulary (0..{0x110000 - 1})")
+        return Prompt(text, tuple(spans), tuple(self.tokenize(text) + self.token_infos(extra_token_ids)))
+
+
 class FakeEngine:
     def __init__(
         self,
@@ -45,39 +91,50 @@ class FakeEngine:
         self.on_step = on_step  # called with each step's index before it is yielded
         self.prompt_ids: list[int] | None = None
         self.rendered: list[tuple[list[dict], str | None]] = []
-        self.alone = AloneRequests()
+        self.prompts = FakePrompts(self)
+        self._events: dict[int, Iterator[Event]] = {}  # every request runs alone, one event per step
+        self._cancelled: set[int] = set()
+        self.info = ModelInfo(
+            name="fake",
+            architecture="Fake",
+            model_type="fake",
+            num_params=1,
+            weight_bytes=4,
+            num_layers=1,
+            hidden_size=1,
+            vocab_size=0x110000,
+            dtype="float32",
+            precision="float32",
+            quantization=None,
+            device="cpu",
+            max_context=max_context,
+            eos_token_ids=[0],
+            kv_bytes_per_token=16,
+            runner="fake",
+            kernels="torch ops",
+            has_chat_template=True,
+            sliding_window=None,
+            num_moe_layers=0,
+            moe=None,
+            vision=None,
+        )
 
     def model_info(self) -> dict[str, Any]:
-        return {
-            "name": "fake",
-            "architecture": "Fake",
-            "num_params": 1,
-            "num_layers": 1,
-            "vocab_size": 0x110000,
-            "dtype": "float32",
-            "device": "cpu",
-            "max_context": self.max_context,
-            "eos_token_ids": [0],
-            "kv_bytes_per_token": 16,
-        }
+        return self.info.to_dict()
 
-    def prefix_cache_stats(self, params: SamplingParams | None = None) -> dict[str, Any]:
+    def prefix_cache_stats(self) -> dict[str, Any]:
         return {"hits": 0, "misses": 1, "hit_rate": 0.0, "num_entries": 0, "num_bytes": 0, "num_evictions": 0}
 
-    def render_chat(
-        self, messages: list[dict], template: str | None = None, add_generation_prompt: bool = True
-    ) -> RenderedPrompt:
-        self.rendered.append((messages, template))
-        return render_chat(messages, template or CHATML, add_generation_prompt=add_generation_prompt)
-
-    def token_infos(self, token_ids: Sequence[int]) -> list[TokenInfo]:
-        return [TokenInfo(i, chr(i), chr(i).encode(), False) for i in token_ids]
-
-    def tokenize(self, text: str) -> list[TokenInfo]:
-        return self.token_infos([ord(c) for c in text])
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
+    def stats(self) -> dict[str, Any]:
+        blocks = {"num_blocks": 1, "num_used_blocks": 0, "block_size": 1, "num_hit_tokens": 0, "num_queried_tokens": 0}
+        return {
+            "num_running": len(self._events),
+            "num_waiting": 0,
+            "num_steps": 0,
+            "num_preemptions": 0,
+            "blocks": blocks,
+            "prefix_cache": self.prefix_cache_stats(),
+        }
 
     # The engine's many-requests API: every request runs alone, one event per step.
     def add_request(
@@ -90,28 +147,34 @@ class FakeEngine:
     ) -> int:
         if prefill_only:
             raise ValueError("the fake engine has no KV cache to hand off")
-        self.num_requests = getattr(self, "num_requests", 0) + 1
-        self.alone.add(self.num_requests, lambda is_cancelled: self.generate(prompt_ids, params, is_cancelled))
-        return self.num_requests
+        request_id = self.num_requests = getattr(self, "num_requests", 0) + 1
+        self._events[request_id] = self.generate(prompt_ids, params, lambda: request_id in self._cancelled)
+        return request_id
 
     def cancel(self, request_id: int) -> None:
-        self.alone.cancel(request_id)
+        self._cancelled.add(request_id)
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.alone)
+        return bool(self._events)
 
     def step(self) -> list[tuple[int, Event]]:
-        return self.alone.step()
+        events: list[tuple[int, Event]] = []
+        for request_id, request_events in list(self._events.items()):
+            event = next(request_events, None)
+            if event is not None:
+                events.append((request_id, event))
+            if event is None or isinstance(event, Finished):
+                del self._events[request_id]
+        return events
 
     def waiting_request_ids(self) -> list[int]:
         return []
 
     def abort_all(self) -> None:
-        self.alone.clear()
+        self._events.clear()
 
     last_batch_step = None
-    batcher = None  # no batched path: every request runs alone
     vision = None  # a text-only model: it takes no images
 
     def generate(

@@ -113,9 +113,9 @@ def test_the_explorers_path_spans_its_earlier_requests(session_key: str) -> None
 def test_kv_view_is_the_measured_cache(session_key: str) -> None:
     row = finished(session_key)
     result = ask(row, view="kv")["result"]
-    assert result["shape"]["bytes_per_token"] == result["measured_bytes_per_token"] == TINY.kv_bytes_per_token()
+    assert result["shape"]["bytes_per_token"] == result["measured_bytes_per_token"] == TINY.info.kv_bytes_per_token
     num_tokens = row.num_prompt_tokens + len(row.steps) - 1
-    assert result["request"]["total_bytes"] == num_tokens * TINY.kv_bytes_per_token()
+    assert result["request"]["total_bytes"] == num_tokens * TINY.info.kv_bytes_per_token
 
 
 def test_roofline_view_places_the_recorded_phases(session_key: str) -> None:

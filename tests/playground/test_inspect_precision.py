@@ -43,7 +43,7 @@ def test_each_step_under_both_precisions_with_the_kl_between_them(session_key: s
         served_logprobs = torch.log_softmax(recompute(TINY.model, context, path).logits(k).double(), dim=-1)
         assert step["kl"] == pytest.approx(kl_divergence(served_logprobs, other_logprobs), rel=1e-6)
         assert step["kl"] > 0  # int8 is not float32
-        assert step["served"]["top"][0]["piece"] == TINY.piece(step["served"]["top"][0]["token_id"])
+        assert step["served"]["top"][0]["piece"] == TINY.prompts.piece(step["served"]["top"][0]["token_id"])
     assert result["mean_kl"] == pytest.approx(sum(s["kl"] for s in result["steps"]) / len(path))
 
 

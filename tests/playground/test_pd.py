@@ -140,7 +140,7 @@ def test_the_handoff_is_reported_in_the_event_the_stats_and_the_row(
     [handoff] = [event for event in events if event["type"] == "generation.handoff"]
     stats = events[-1]["stats"]
 
-    kv_bytes = engines["prefill"].kv_bytes_per_token() * len(PROMPT)  # one token per byte
+    kv_bytes = engines["prefill"].info.kv_bytes_per_token * len(PROMPT)  # one token per byte
     assert (handoff["prefill_worker"], handoff["decode_worker"]) == ("prefill-1", "decode-1")
     assert kv_bytes < handoff["kv_transfer_bytes"] < kv_bytes + 64 * 1024  # the KV cache plus a small header
     for name in ("serialize_ms", "store_ms", "fetch_ms", "load_ms"):

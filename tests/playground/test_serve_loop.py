@@ -64,7 +64,7 @@ def test_the_cancel_check_ends_only_the_flagged_generation() -> None:
 
 def test_a_request_without_room_in_the_batch_is_told_its_place() -> None:
     model_engine = engine_for("llama")
-    engine = Engine(model_engine.loaded, EngineConfig(prefix_cache_bytes=0, max_num_seqs=1))
+    engine = Engine(model_engine.loaded, EngineConfig(max_num_seqs=1))
     loop = ServeLoop(engine, never_cancelled)
     first = loop.submit(prompt(1), PARAMS, generation_id=1)
     second = loop.submit(prompt(2), PARAMS, generation_id=2)
@@ -75,15 +75,26 @@ def test_a_request_without_room_in_the_batch_is_told_its_place() -> None:
     assert events[[type(e) for e in events].index(Finished)].queue_ms > 0
 
 
-def test_a_failing_step_ends_every_request_with_an_error_and_the_loop_serves_on() -> None:
+def test_a_failing_forward_pass_ends_its_requests_with_an_error_and_the_loop_serves_on() -> None:
     engine = engine_for("llama")
     loop = ServeLoop(engine, never_cancelled)
-    real_step = engine.batcher.step
-    engine.batcher.step = lambda: (_ for _ in ()).throw(RuntimeError("boom"))
+    real_run = engine.runner.run
+    engine.runner.run = lambda *args: (_ for _ in ()).throw(RuntimeError("boom"))
+    finished = list(loop.submit(prompt(1), PARAMS, generation_id=1))[-1]
+    assert finished.finish_reason == "error" and "boom" in finished.error
+    engine.runner.run = real_run
+    assert list(loop.submit(prompt(1), PARAMS, generation_id=2))[-1].finish_reason == "length"
+
+
+def test_a_failing_engine_step_ends_every_request_with_an_error_and_the_loop_serves_on() -> None:
+    engine = engine_for("llama")
+    loop = ServeLoop(engine, never_cancelled)
+    real_step = engine.core.step
+    engine.core.step = lambda: (_ for _ in ()).throw(RuntimeError("boom"))
     events = loop.submit(prompt(1), PARAMS, generation_id=1)
     with pytest.raises(LoopFailed, match="boom"):
         list(events)
-    engine.batcher.step = real_step
+    engine.core.step = real_step
     assert list(loop.submit(prompt(1), PARAMS, generation_id=2))[-1].finish_reason == "length"
 
 

@@ -31,8 +31,8 @@ def expected_answers() -> dict[str, str]:
     params = SamplingParams(greedy=True, max_new_tokens=NUM_TOKENS, ignore_eos=True, use_prefix_cache=False)
     answers = {}
     for question in QUESTIONS:
-        prompt = engine.render_chat([{"role": "user", "content": question}]).text
-        answers[question] = list(engine.generate(engine.encode(prompt), params))[-1].text
+        prompt = engine.prompts.render_chat([{"role": "user", "content": question}]).text
+        answers[question] = list(engine.generate(engine.prompts.encode(prompt), params))[-1].text
     return answers
 
 

@@ -127,13 +127,13 @@ def test_echo_with_logprobs_scores_the_prompt_as_the_model_does(client: openai.O
     assert choice.text == prompt and scored.usage.completion_tokens == 0
     lp = choice.logprobs
     engine = Engine.load(EngineConfig(source="bundled", device="cpu", dtype="float32"))
-    ids = engine.encode(prompt)
+    ids = engine.prompts.encode(prompt)
     with torch.inference_mode():
         expected = torch.log_softmax(engine.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
-    assert lp.tokens == [engine.piece(i) for i in ids] and lp.token_logprobs[0] is None
+    assert lp.tokens == [engine.prompts.piece(i) for i in ids] and lp.token_logprobs[0] is None
     assert lp.token_logprobs[1:] == pytest.approx([float(expected[i, t]) for i, t in enumerate(ids[1:])], abs=1e-3)
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
-    assert prompt[lp.text_offset[-1] :] == engine.piece(ids[-1]).replace("Ġ", " ")
+    assert prompt[lp.text_offset[-1] :] == engine.prompts.piece(ids[-1]).replace("Ġ", " ")
     assert all(len(top) == 2 for top in lp.top_logprobs[1:])
     answered = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=1)
     assert len(answered.choices[0].logprobs.tokens) == len(ids) + answered.usage.completion_tokens

@@ -1,7 +1,9 @@
-"""Tiny random Hugging Face models and a byte-level tokenizer for engine tests.
+"""Tiny random Hugging Face models and a byte-level tokenizer, for tests and benchmarks.
 
 Owns: deterministic, CPU-cheap stand-ins for real checkpoints (2-3 layers, hidden 32-64,
-vocab 320) in the architectures the engine must handle, and a 256-byte BPE tokenizer with
+vocab 320) in the architectures the engine must handle, the same architectures at a size
+where a forward pass costs what it costs in real models (`tiny_config(arch, scale=8)`, for
+`python -m inference.bench batch --model tiny-gemma3`), and a 256-byte BPE tokenizer with
 chosen special tokens and chat template. Nothing is downloaded.
 """
 
@@ -12,6 +14,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     DeepseekV3Config,
+    Gemma3TextConfig,
     GPT2Config,
     LlamaConfig,
     PretrainedConfig,
@@ -23,12 +26,40 @@ from transformers import (
 from inference.text.tokenization import bytes_to_unicode
 
 TINY_VOCAB_SIZE = 320  # 256 byte tokens + room for special tokens
-TINY_ARCHITECTURES = ("gpt2", "llama", "qwen2", "deepseek_v3")
+TINY_ARCHITECTURES = ("gpt2", "llama", "qwen2", "deepseek_v3", "gemma3")
 _SHARED = dict(vocab_size=TINY_VOCAB_SIZE, bos_token_id=256, eos_token_id=257, pad_token_id=257)
 
 
-def tiny_config(arch: str) -> PretrainedConfig:
-    """A small config for `arch` (one of TINY_ARCHITECTURES)."""
+def tiny_config(arch: str, scale: int = 1) -> PretrainedConfig:
+    """A small config for `arch` (one of TINY_ARCHITECTURES); `scale` multiplies its widths
+    (and so its matmuls' cost) and doubles its layers from 2 on."""
+    config = _tiny_config(arch)
+    if scale > 1:
+        widths = {"hidden_size": scale, "intermediate_size": scale, "moe_intermediate_size": scale, "head_dim": 2}
+        for name, factor in widths.items():
+            if getattr(config, name, None):
+                setattr(config, name, getattr(config, name) * factor)
+        config.num_hidden_layers *= 2
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types * 2
+    return config
+
+
+def _tiny_config(arch: str) -> PretrainedConfig:
+    if arch == "gemma3":
+        # Gemma-3's local/global layers: two sliding-window layers, then a global one
+        return Gemma3TextConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            sliding_window=6,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            max_position_embeddings=256,
+            **_SHARED,
+        )
     if arch == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **_SHARED)
     if arch == "llama":
@@ -77,9 +108,9 @@ def tiny_config(arch: str) -> PretrainedConfig:
     raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHITECTURES}")
 
 
-def make_tiny_model(arch: str, seed: int = 0) -> PreTrainedModel:
+def make_tiny_model(arch: str, seed: int = 0, scale: int = 1) -> PreTrainedModel:
     """A randomly initialised float32 model in eval mode; the same seed gives the same weights."""
-    config = tiny_config(arch)
+    config = tiny_config(arch, scale)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
