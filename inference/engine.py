@@ -75,28 +75,35 @@ class Engine:
         handoff: Handoff | None = None,
         prefill_only: bool = False,
         images: Sequence[PromptImage] = (),
+        client: str = "",
     ) -> int:
         """Queue a request; its events come out of `step()`. Bad input raises `ValueError` here
         (a `PromptError` for the prompt). `handoff`: prefilled on another worker; its KV is
         loaded into this batch's blocks. `prefill_only`: the request ends after its first token
         with a `HandedOff` record (its KV exported for a decode worker). `images`: their blocks
-        of image tokens are in `prompt_ids` (`prompts.expand_image_placeholders`), in order."""
+        of image tokens are in `prompt_ids` (`prompts.expand_image_placeholders`), in order.
+        `client`: who asked (a session, an API key); the prefill budget is shared between clients."""
         if handoff is not None:
-            return self.core.add_handoff(handoff)
+            return self.core.add_handoff(handoff, client)
         if prefill_only and (params.is_beam_search or not params.use_kv_cache):
             raise ValueError("prefill/decode handoff needs use_kv_cache=True and num_beams=1")
         ids, spans = self.prompts.check(prompt_ids, params, images)
-        return self.core.add(ids, params, images=images, image_spans=spans, prefill_only=prefill_only)[0]
+        return self.core.add(ids, params, images=images, image_spans=spans, prefill_only=prefill_only, client=client)[0]
 
     def add_choices(
-        self, prompt_ids: Sequence[int], params: SamplingParams, num_choices: int, images: Sequence[PromptImage] = ()
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        num_choices: int,
+        images: Sequence[PromptImage] = (),
+        client: str = "",
     ) -> list[int]:
         """`num_choices` requests that share one prefill of the prompt (parallel sampling: the
         choices fork its KV blocks), seeded seed, seed + 1, ... when `params.seed` is set."""
         if params.is_beam_search:
             raise ValueError("several choices of a beam search: use num_return_sequences")
         ids, spans = self.prompts.check(prompt_ids, params, images)
-        return self.core.add(ids, params, images=images, image_spans=spans, num_choices=num_choices)
+        return self.core.add(ids, params, images=images, image_spans=spans, num_choices=num_choices, client=client)
 
     def cancel(self, request_id: int) -> None:
         """The request ends with finish reason "cancelled" at its next step (unknown ids are ignored)."""
@@ -123,33 +130,11 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """The batch and its KV pool now: for the live view and the metrics."""
-        scheduler = self.core.scheduler
-        return {
-            "num_running": len(scheduler.running),
-            "num_waiting": len(scheduler.waiting),
-            "num_steps": self.core.num_steps,
-            "num_preemptions": scheduler.num_preemptions,
-            "blocks": self.core.block_manager.stats(),
-            "prefix_cache": self.prefix_cache_stats(),
-        }
+        return self.core.stats()
 
     def prefix_cache_stats(self) -> dict[str, Any]:
         """The prefix cache: the KV blocks every request shares by hash."""
-        bm = self.core.block_manager
-        num_hashed, num_lookups = len(bm.hash_to_block), bm.num_hits + bm.num_misses
-        bytes_per_block = bm.block_size * self.runner.bytes_per_token
-        return {
-            "kind": "blocks",
-            "hits": bm.num_hits,
-            "misses": bm.num_misses,
-            "hit_rate": bm.num_hits / num_lookups if num_lookups else 0.0,
-            "num_entries": num_hashed,
-            "num_stored_tokens": num_hashed * bm.block_size,
-            "num_bytes": num_hashed * bytes_per_block,
-            "max_bytes": bm.num_blocks * bytes_per_block,
-            "num_evictions": bm.num_evictions,
-            "num_cached_tokens": bm.num_hit_tokens,
-        }
+        return self.core.prefix_cache_stats()
 
     # ---- one request alone -------------------------------------------------------------------
 

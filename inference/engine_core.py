@@ -85,26 +85,34 @@ class EngineCore:
         image_spans: Seq[ImageSpan] = (),
         prefill_only: bool = False,
         num_choices: int = 1,
+        client: str = "",
     ) -> list[int]:
-        """Queues a request (or `num_choices` of them sharing one prefill); their ids."""
+        """Queues a request (or `num_choices` of them sharing one prefill); their ids. `client`:
+        who asked (the scheduler shares the prefill budget fairly between clients)."""
+        if prefill_only and num_choices > 1:
+            raise ValueError("a prefill-only request has one choice")
         if params.is_beam_search:
             request = BeamRequest.new(next(self._ids), prompt_ids, params, self.vocab, self.runner.device)
+            request.seq.client = client
             return [self._queue(request, request.seq)]
         seeds = _choice_seeds(params, num_choices)
         leader = self._new_request(prompt_ids, params, seeds[0], images, image_spans)
         leader.prefill_only = prefill_only
         leader.seq.num_slots = num_choices
         leader.forks = [self._new_request(prompt_ids, params, seed, images, image_spans) for seed in seeds[1:]]
+        for request in (leader, *leader.forks):
+            request.seq.client = client
         for fork in leader.forks:
             self.requests[fork.request_id] = fork  # not scheduled: forked from the leader's blocks
         return [self._queue(leader, leader.seq), *(f.request_id for f in leader.forks)]
 
-    def add_handoff(self, handoff: Handoff) -> int:
+    def add_handoff(self, handoff: Handoff, client: str = "") -> int:
         """A request another worker prefilled: it joins the batch with its first token, and its
         prompt's KV is loaded into its own blocks when it is admitted (none is recomputed)."""
         request = self._new_request(handoff.prompt_ids, handoff.params, handoff.seed, (), handoff.image_spans)
         request.resume(handoff, self.vocab)
         request.seq.num_imported_tokens = len(handoff.prompt_ids)
+        request.seq.client = client
         return self._queue(request, request.seq)
 
     def _new_request(self, prompt_ids, params, seed, images, image_spans) -> Request:
@@ -162,6 +170,36 @@ class EngineCore:
         finally:
             self.block_manager.deallocate(seq)
         return torch.stack(rows)
+
+    def stats(self) -> dict[str, Any]:
+        """The batch and its KV pool now: for the live view and the metrics."""
+        scheduler = self.scheduler
+        return {
+            "num_running": len(scheduler.running),
+            "num_waiting": len(scheduler.waiting),
+            "num_steps": self.num_steps,
+            "num_preemptions": scheduler.num_preemptions,
+            "blocks": self.block_manager.stats(),
+            "prefix_cache": self.prefix_cache_stats(),
+        }
+
+    def prefix_cache_stats(self) -> dict[str, Any]:
+        """The prefix cache: the KV blocks every request shares by hash."""
+        bm = self.block_manager
+        num_hashed, num_lookups = len(bm.hash_to_block), bm.num_hits + bm.num_misses
+        bytes_per_block = bm.block_size * self.runner.bytes_per_token
+        return {
+            "kind": "blocks",
+            "hits": bm.num_hits,
+            "misses": bm.num_misses,
+            "hit_rate": bm.num_hits / num_lookups if num_lookups else 0.0,
+            "num_entries": num_hashed,
+            "num_stored_tokens": num_hashed * bm.block_size,
+            "num_bytes": num_hashed * bytes_per_block,
+            "max_bytes": bm.num_blocks * bytes_per_block,
+            "num_evictions": bm.num_evictions,
+            "num_cached_tokens": bm.num_hit_tokens,
+        }
 
     # ---- the step -----------------------------------------------------------------------------
 

@@ -2,8 +2,10 @@
 
 Each step the scheduler picks, within `max_num_batched_tokens` tokens and `max_num_seqs`
 sequences: first the running sequences' decodes (one token each, so time between tokens
-stays short), then the next prefill chunks of running sequences, then new sequences from the
-waiting queue in arrival order. A long prompt is split across steps (chunked prefill) and
+stays short); then, when several clients have prompts to prefill, a chunk of an equal share
+of the rest for each client (so one client's long prompts cannot hold another's first token);
+then the next prefill chunks of running sequences, then new sequences from the waiting queue,
+in arrival order. A long prompt is split across steps (chunked prefill) and
 shares each step with the decodes. When a running sequence needs a KV block and none is
 free, the newest running sequence is preempted: its blocks are freed and it goes back to the
 front of the queue, to recompute its tokens later (its full blocks may still be in the
@@ -50,6 +52,9 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
 
+    def has(self, seq: Sequence) -> bool:
+        return any(c.seq is seq for c in self.chunks)
+
     @property
     def is_empty(self) -> bool:
         return not self.chunks
@@ -88,24 +93,52 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        # Decodes first, then prefill chunks; each group oldest first.
-        for seq in sorted(self.running, key=lambda s: s.is_prefilling):
-            budget = self.max_num_batched_tokens - out.num_batched_tokens  # a preempted chunk gives its share back
-            if budget == 0:
-                break
-            if seq.status != SequenceStatus.RUNNING or seq.is_idle:
-                continue  # preempted by an older sequence earlier in this loop, or waiting for its group
-            num_tokens = self._chunk_size(seq, budget)
-            if self._make_room(seq, seq.num_computed_tokens + num_tokens, out):
-                out.chunks.append(Chunk.next_of(seq, num_tokens))
+        # Decodes first (one token each: time between tokens stays short), then prefill chunks.
+        for seq in [s for s in self.running if not s.is_prefilling]:
+            self._schedule_running(seq, out, self._budget(out))
+        self._fair_round(out)
+        for seq in [s for s in self.running if s.is_prefilling]:  # what is left, oldest first
+            self._schedule_running(seq, out, self._budget(out))
         while self.waiting and not out.preempted:
-            budget = self.max_num_batched_tokens - out.num_batched_tokens
             members = self._admissible(self.waiting[0])
-            if budget <= 0 or not members:
+            if self._budget(out) <= 0 or not members:
                 break
             for seq in members:
-                self._admit(seq, out)
+                self._admit(seq, out, self._budget(out))
         return out
+
+    def _budget(self, out: SchedulerOutput) -> int:
+        """Tokens left this step (a preempted chunk gives its share back)."""
+        return self.max_num_batched_tokens - out.num_batched_tokens
+
+    def _schedule_running(self, seq: Sequence, out: SchedulerOutput, limit: int) -> None:
+        """The next chunk of a running sequence, of at most `limit` tokens (none once scheduled,
+        preempted earlier in this step, or idle: waiting for its group)."""
+        if limit <= 0 or seq.status != SequenceStatus.RUNNING or seq.is_idle or out.has(seq):
+            return
+        num_tokens = self._chunk_size(seq, limit)
+        if self._make_room(seq, seq.num_computed_tokens + num_tokens, out):
+            out.chunks.append(Chunk.next_of(seq, num_tokens))
+
+    def _fair_round(self, out: SchedulerOutput) -> None:
+        """When several clients have prompts to prefill, each first gets a chunk of an equal share
+        of the step's budget (its oldest running prefill, else its oldest waiting request), so one
+        client's long prompts (or no-KV-cache recomputes) cannot hold everyone else's first token;
+        what is left then goes in arrival order."""
+        work: dict[str, Sequence] = {}
+        for seq in [s for s in self.running if s.is_prefilling and not s.is_idle] + list(self.waiting):
+            work.setdefault(seq.client, seq)
+        if len(work) < 2:
+            return
+        share = max(self._budget(out) // len(work), 1)
+        for seq in work.values():
+            if out.preempted:
+                return
+            if seq.status == SequenceStatus.RUNNING:
+                self._schedule_running(seq, out, min(share, self._budget(out)))
+            elif (members := self._admissible(seq)) and self._budget(out) > 0:
+                for member in members:
+                    self._admit(member, out, min(share, self._budget(out)))
 
     def _chunk_size(self, seq: Sequence, budget: int) -> int:
         """Tokens of `seq` to compute now: as many as the budget allows, never cutting an image
@@ -124,7 +157,7 @@ class Scheduler:
             return []
         return members if all(self.block_manager.can_allocate(m) for m in members) else []
 
-    def _admit(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _admit(self, seq: Sequence, out: SchedulerOutput, limit: int) -> None:
         self.waiting.remove(seq)
         self.block_manager.allocate(seq)
         if seq.num_imported_tokens:
@@ -132,8 +165,7 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         seq.first_scheduled_at = seq.first_scheduled_at or time.perf_counter()
         self.running.append(seq)
-        budget = self.max_num_batched_tokens - out.num_batched_tokens
-        out.chunks.append(Chunk.next_of(seq, self._chunk_size(seq, max(budget, 1))))
+        out.chunks.append(Chunk.next_of(seq, self._chunk_size(seq, max(limit, 1))))
 
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Blocks for `seq`'s first `num_tokens` tokens, preempting the newest running sequences

@@ -53,6 +53,8 @@ class Sequence:
     # Places in the batch this sequence holds: a beam search or parallel-sampling leader holds
     # one for each sequence it forks into after its prefill, so the forks always fit.
     num_slots: int = 1
+    # Who asked (a browser session, an API key): prefill budget is shared fairly between clients.
+    client: str = ""
 
     def __post_init__(self) -> None:
         if not self.token_ids:

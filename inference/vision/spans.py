@@ -1,13 +1,14 @@
 """Where each image sits in a prompt, and the prefix-cache keys that tell images apart.
 
-Owns: finding the image-token runs in token ids (`image_spans`), the cache key of a token
-sequence (`cache_key_ids`) and where a reused prefix must stop so that no image is cut in
-two (`cut_before_image`). Must not know: pixels, models, the prefix cache's internals.
+Owns: finding the image-token runs in token ids (`image_spans`) and each image's prefix-cache
+key. Must not know: pixels, models, the prefix cache's internals.
 
 Every image is the same token id repeated, so two different pictures give identical token
-ids. The prefix cache is keyed by `cache_key_ids`: image positions carry a negative number
-made from the image's content hash instead (negative, so never a real token id), which makes
-two different images diverge at their first image token and the same image match.
+ids. The KV blocks are hashed with image positions carrying a negative number made from the
+image's content hash instead (`ImageSpan.cache_key`; negative, so never a real token id),
+which makes two different images diverge at their first image token and the same image match
+(`Sequence.key_overrides`); a chunk or a reused prefix never ends inside an image
+(`Sequence.atomic_spans`).
 """
 
 from __future__ import annotations
@@ -60,21 +61,3 @@ def image_spans(
             raise ValueError(f"image {number + 1}'s {tokens_per_image} tokens are not one block in the prompt")
         spans.append(ImageSpan(start=start, num_tokens=tokens_per_image, content_hash=content_hash))
     return tuple(spans)
-
-
-def cache_key_ids(token_ids: Sequence[int], spans: Sequence[ImageSpan]) -> list[int]:
-    """`token_ids` with every image position replaced by its image's cache key."""
-    keys = [int(t) for t in token_ids]
-    for span in spans:
-        end = min(span.end, len(keys))
-        keys[span.start : end] = [span.cache_key] * max(end - span.start, 0)
-    return keys
-
-
-def cut_before_image(num_tokens: int, spans: Sequence[ImageSpan]) -> int:
-    """`num_tokens` reused tokens, moved back to the start of an image they would end inside
-    (its pixels go through the vision tower whole, so its tokens are computed together)."""
-    for span in spans:
-        if span.start < num_tokens < span.end:
-            return span.start
-    return num_tokens

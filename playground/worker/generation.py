@@ -137,7 +137,13 @@ class GenerationRun:
         images = self.images if handoff is None else []  # a handoff's images are already in its KV
         try:
             return self.loop.submit(
-                prompt_ids, params, self.generation.pk, handoff=handoff, prefill_only=prefill_only, images=images
+                prompt_ids,
+                params,
+                self.generation.pk,
+                handoff=handoff,
+                prefill_only=prefill_only,
+                images=images,
+                client=self.generation.session_key,
             )
         except ValueError as exc:  # the engine refused the request (e.g. it could never fit the KV pool)
             raise CommandError("invalid_params", str(exc)) from exc

@@ -91,22 +91,49 @@ class ServeLoop:
         handoff: Handoff | None = None,
         prefill_only: bool = False,
         images: Sequence[PromptImage] = (),
+        client: str = "",
     ) -> Iterator[Event | Waiting]:
         """Adds a request (a `ValueError` for bad input is raised here) and yields its events
-        up to its `Finished` (or, `prefill_only`, its `HandedOff`)."""
-        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        up to its `Finished` (or, `prefill_only`, its `HandedOff`). `client`: who asked (the
+        engine shares its prefill budget fairly between clients)."""
 
-        def add() -> int:
-            request_id = self.engine.add_request(
-                prompt_ids, params, handoff=handoff, prefill_only=prefill_only, images=images
-            )
-            self._outboxes[request_id] = outbox
-            self._generation_of[request_id] = generation_id
-            self._waiting_since[request_id] = time.perf_counter()
-            return request_id
+        def add() -> list[int]:
+            return [
+                self.engine.add_request(
+                    prompt_ids, params, handoff=handoff, prefill_only=prefill_only, images=images, client=client
+                )
+            ]
 
-        self.call(add)
-        return self._events(outbox)
+        return self._follow(add, [generation_id])[0]
+
+    def submit_choices(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        generation_ids: list[int],
+        images: Sequence[PromptImage] = (),
+        client: str = "",
+    ) -> list[Iterator[Event | Waiting]]:
+        """`len(generation_ids)` choices of one prompt, prefilled once and forked (the engine's
+        parallel sampling): one event iterator per choice, in order."""
+
+        def add() -> list[int]:
+            return self.engine.add_choices(prompt_ids, params, len(generation_ids), images=images, client=client)
+
+        return self._follow(add, generation_ids)
+
+    def _follow(self, add: Callable[[], list[int]], generation_ids: list[int]) -> list[Iterator[Event | Waiting]]:
+        """Runs `add` on the loop thread and gives each added request an outbox to read."""
+        outboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in generation_ids]
+
+        def register() -> None:
+            for request_id, generation_id, outbox in zip(add(), generation_ids, outboxes):
+                self._outboxes[request_id] = outbox
+                self._generation_of[request_id] = generation_id
+                self._waiting_since[request_id] = time.perf_counter()
+
+        self.call(register)
+        return [self._events(outbox) for outbox in outboxes]
 
     def _events(self, outbox: queue.SimpleQueue) -> Iterator[Event | Waiting]:
         while True:

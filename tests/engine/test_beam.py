@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from inference import SamplingParams
 from inference.events import BeamStep, Finished, Prefilled
+from inference.models.tiny import tiny_config
 from inference.sampling.beam import ROOT_PARENT
 from tests.engine.engines import engine_around
-from inference.models.tiny import tiny_config
 
 PROMPT = [1, 5, 9, 22, 7]
 CONTEXT = 128  # the context limit beam_search is given; the models allow more

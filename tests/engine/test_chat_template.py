@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from inference.models.tiny import make_tiny_tokenizer
 from inference.text.chat_template import (
     ChatTemplateError,
     RenderedPrompt,
@@ -16,7 +17,6 @@ from inference.text.chat_template import (
     validate_template,
 )
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser, split_reasoning, split_segments
-from inference.models.tiny import make_tiny_tokenizer
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 

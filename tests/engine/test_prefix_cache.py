@@ -119,8 +119,8 @@ def test_bundled_cache_lives_in_the_pool_and_evicts_the_oldest(bundled):
     another: the second evicts the first's oldest blocks (least recently freed first)."""
     engine = Engine(bundled, EngineConfig(block_size=1, kv_cache_bytes=100 * 46080))  # 100 float32 tokens
     assert engine.info.kv_bytes_per_token == 46080
-    first = chat_ids(engine, [{"role": "user", "content": "The sea was calm and grey. " * 9}])
-    second = chat_ids(engine, [{"role": "user", "content": "A cat sat by the warm fire. " * 9}])
+    first = chat_ids(engine, [{"role": "user", "content": "The sea was calm and grey. " * 7}])
+    second = chat_ids(engine, [{"role": "user", "content": "A cat sat by the warm fire. " * 7}])
     assert 60 < len(first) < 90 and 60 < len(second) < 90
     generate(engine, first, greedy=True, max_new_tokens=4)
     stats = engine.prefix_cache_stats()

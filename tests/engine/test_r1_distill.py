@@ -12,10 +12,10 @@ import pytest
 from inference import EngineConfig, Finished, SamplingParams, Step
 from inference.engine import Engine
 from inference.models.loader import load_model
+from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
 from inference.text.chat_template import TemplateTokens, render_chat
 from inference.text.reasoning import prompt_opens_reasoning, split_segments
 from tests.engine.engines import batched
-from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
 
 TEMPLATE = Path(__file__).with_name("chat_templates") / "deepseek_r1_distill_llama.jinja"
 SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"]

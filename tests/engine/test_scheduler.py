@@ -281,3 +281,37 @@ def test_the_core_imports_no_torch() -> None:
 
     code = "import sys, inference.core.scheduler; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_one_clients_long_prompts_do_not_hold_another_clients_first_token() -> None:
+    """Client a's two 2,000-token prompts fill every step's budget; client b's short prompt
+    still gets half of the next step's prefill budget, and its first token with it."""
+    s = Scheduler(BlockManager(2048, 4), max_num_seqs=8, max_num_batched_tokens=256)
+    long_prompts = [seq(2000, first=i * 3000) for i in range(2)]
+    for x in long_prompts:
+        x.client = "a"
+        s.add(x)
+    step(s)
+    short = seq(30, first=9000)
+    short.client = "b"
+    s.add(short)
+    out = step(s)
+    chunk = next(c for c in out.chunks if c.seq is short)
+    assert chunk.num_tokens == 30 and chunk.is_last  # its whole prompt (under half the budget) at once
+    assert out.num_batched_tokens == 256  # the rest still went to a's prompts: nothing wasted
+
+
+def test_a_no_kv_cache_recompute_is_charged_to_its_client() -> None:
+    """A request without a KV cache recomputes its whole context every step; with the fair share
+    another client's prompt is still admitted at once beside it."""
+    s = Scheduler(BlockManager(2048, 4), max_num_seqs=8, max_num_batched_tokens=128)
+    heavy = seq(600, use_kv_cache=False)
+    heavy.client = "a"
+    s.add(heavy)
+    for _ in range(5):
+        step(s)
+    light = seq(20, first=7000)
+    light.client = "b"
+    s.add(light)
+    out = step(s)
+    assert any(c.seq is light and c.is_last for c in out.chunks)

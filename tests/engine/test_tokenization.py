@@ -8,6 +8,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from inference.models.tiny import make_tiny_tokenizer
 from inference.text.tokenization import (
     IncrementalDetokenizer,
     TokenInfo,
@@ -17,7 +18,6 @@ from inference.text.tokenization import (
     token_table,
     tokenize,
 )
-from inference.models.tiny import make_tiny_tokenizer
 
 TEXTS = [
     "Hello, world!",

@@ -18,8 +18,11 @@ from inference.introspect import architecture as arch
 from inference.introspect.vision_tokens import vision_section, vl2_image_tokens
 from inference.models import vl_demo
 from inference.models.loader import load_model
+from inference.models.tiny import make_tiny_tokenizer
+from inference.requests import Request, Vocabulary
+from inference.text.tokenization import token_table
 from inference.vision.images import ImageError, PromptImage, decode_image
-from inference.vision.spans import ImageSpan, cache_key_ids, cut_before_image
+from inference.vision.spans import ImageSpan
 
 GREEDY = SamplingParams(max_new_tokens=6, greedy=True, ignore_eos=True, num_alternatives=5)
 
@@ -52,6 +55,7 @@ def png(colour: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes
     return out.getvalue()
 
 
+VOCAB = Vocabulary(make_tiny_tokenizer(), token_table(make_tiny_tokenizer()), (), (1,), 64)
 RED, BLUE = decode_image(png((200, 20, 20))), decode_image(png((20, 20, 200)))
 
 
@@ -122,19 +126,22 @@ def test_the_prefix_cache_keys_images_by_content(loaded) -> None:
     assert blue_steps[0].raw_logprob == pytest.approx(fresh[0].raw_logprob, abs=1e-4)
 
 
-def test_a_cached_prefix_never_ends_inside_an_image() -> None:
+def test_an_image_is_one_atomic_span_keyed_by_its_content() -> None:
     spans = [ImageSpan(start=3, num_tokens=4, content_hash="ab")]
-    assert [cut_before_image(n, spans) for n in (2, 3, 4, 6, 7, 9)] == [2, 3, 3, 3, 7, 9]
-    keys = cache_key_ids([1, 2, 3, 9, 9, 9, 9, 5], spans)
-    assert keys[:3] == [1, 2, 3] and keys[7] == 5 and len(set(keys[3:7])) == 1 and keys[3] < 0
-    other = cache_key_ids([1, 2, 3, 9, 9, 9, 9, 5], [ImageSpan(3, 4, "cd")])
-    assert other[3] != keys[3]
+    seq = Request.new(0, [1, 2, 3, 9, 9, 9, 9, 5], SamplingParams(), VOCAB, torch.device("cpu"), image_spans=spans).seq
+    assert [seq.chunk_end(0, n) for n in (2, 3, 4, 6, 7, 9)] == [2, 3, 3, 3, 7, 9]
+    keys = seq.key_ids(0, 8)
+    assert keys[:3] == (1, 2, 3) and keys[7] == 5 and len(set(keys[3:7])) == 1 and keys[3] < 0
+    other = Request.new(
+        0, seq.token_ids, SamplingParams(), VOCAB, torch.device("cpu"), image_spans=[ImageSpan(3, 4, "cd")]
+    )
+    assert other.seq.key_ids(0, 8)[3] != keys[3]
 
 
 def test_image_kv_survives_the_prefill_decode_handover(loaded) -> None:
     prefill, decode = new_engine(loaded), new_engine(loaded)
     prompt = image_prompt(engine=prefill)
-    expected = steps_of(new_engine(loaded, 0).generate(prompt, GREEDY, images=[RED]))
+    expected = steps_of(new_engine(loaded).generate(prompt, GREEDY, images=[RED]))
     handoff = prefill.prefill_for_handoff(prompt, GREEDY, images=[RED])
     received = decode.import_handoff(prefill.export_handoff(handoff))
     assert received.image_spans == handoff.image_spans and received.image_spans[0].content_hash == RED.content_hash
@@ -146,7 +153,7 @@ def test_image_kv_survives_the_prefill_decode_handover(loaded) -> None:
     assert again.num_cached_tokens <= handoff.image_spans[0].start
 
 
-def test_queued_requests_with_images_run_alone(engine: Engine) -> None:
+def test_queued_requests_with_images_run_in_the_batch(engine: Engine) -> None:
     prompt = image_prompt(engine, num_images=2)
     request_id = engine.add_request(prompt, GREEDY, images=[RED, BLUE])
     events = []

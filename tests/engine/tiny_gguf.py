@@ -11,8 +11,8 @@ import gguf
 import numpy as np
 from transformers import PreTrainedModel
 
-from inference.text.tokenization import bytes_to_unicode
 from inference.models.tiny import TINY_VOCAB_SIZE, make_tiny_model
+from inference.text.tokenization import bytes_to_unicode
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")
 CHATML = (

@@ -11,11 +11,11 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
 from playground import tasks
 from playground.models import LanguageModel, LoadReportStatus, resolve_source
 from playground.worker.test_load import RAW_PROMPT, run_test_load
 from tests.engine.tiny_gguf import CHATML, write_tiny_gguf
-from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
 
 pytestmark = pytest.mark.django_db
 ADD_URL = "/admin/playground/languagemodel/add/"
