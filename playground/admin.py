@@ -70,14 +70,14 @@ class LanguageModelAdmin(_PlaygroundAdmin):
 
     @admin.action(description="Test load on a worker (load time, memory, a one-line answer)")
     def test_load(self, request: HttpRequest, queryset: Any) -> None:
-        from playground import tasks
+        from playground import dispatch, task_names
         from playground.coord.worker_routing import SHARED_QUEUE
 
         ids = list(queryset.values_list("pk", flat=True))
         queryset.update(test_load_status=LoadReportStatus.QUEUED, test_load_error="", test_load_result={})
         for model_id in ids:
             # on commit: the worker must see the "queued" row it replaces
-            transaction.on_commit(lambda pk=model_id: tasks.run_test_load.apply_async((pk,), queue=SHARED_QUEUE))
+            transaction.on_commit(lambda pk=model_id: dispatch.send(task_names.RUN_TEST_LOAD, pk, queue=SHARED_QUEUE))
         self.message_user(
             request,
             f"Test load queued for {len(ids)} model(s) on queue {SHARED_QUEUE!r}; reload the model's page "

@@ -4,8 +4,8 @@ re-send of one stranded on a dead worker's queue.
 Owns: the PD mode (`PLAYGROUND_PD_MODE`, overridable per request by the command field
 `"pd"`), cache-aware routing wired to the Celery tasks, the decode task's enqueue after a
 handoff. Runs in both processes (the consumer enqueues, the prefill worker enqueues the
-decode), so it imports neither torch nor the worker package: tasks are sent by their
-Celery objects, whose bodies import the worker lazily.
+decode), so it imports neither torch nor the worker package nor the task bodies: tasks are
+sent by name (`send`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from playground import tasks
+from playground import task_names
+from playground.celery import app
 from playground.coord import liveness, store, worker_routing
 from playground.protocol import CommandError, get_field
 
@@ -58,7 +59,7 @@ def enqueue(generation_id: int, pd_requested: bool | None = None, conversation_i
     the private queue of the worker that holds the conversation's prefix in its KV cache when
     that worker is alive and idle (`worker_routing`), else on the shared "gpu" queue."""
     if is_disaggregated(pd_requested):
-        transaction.on_commit(lambda: tasks.run_prefill.delay(generation_id))
+        transaction.on_commit(lambda: send(task_names.RUN_PREFILL, generation_id))
         return
     transaction.on_commit(
         lambda: _send(generation_id, worker_routing.route(store.client(), generation_id, conversation_id))
@@ -73,8 +74,13 @@ def reroute_if_stranded(generation_id: int) -> bool:
 
 def enqueue_decode(generation_id: int, blob_key: str) -> None:
     """Called by the prefill worker once the KV blob is stored: no task waits on another."""
-    tasks.run_decode.delay(generation_id, blob_key)
+    send(task_names.RUN_DECODE, generation_id, blob_key)
 
 
 def _send(generation_id: int, queue: str) -> None:
-    tasks.run_generation.apply_async((generation_id,), queue=queue)
+    send(task_names.RUN_GENERATION, generation_id, queue=queue)
+
+
+def send(task_name: str, *args: Any, queue: str | None = None) -> None:
+    """Sends a task by its name (`playground.task_names`), on `queue` or the one its route names."""
+    app.send_task(task_name, args=args, queue=queue)

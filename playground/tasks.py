@@ -1,8 +1,8 @@
 """Celery tasks (thin: ids in, hand off to `playground.worker`): the generation task on queue
 "gpu", the prefill/decode pair on queues "prefill" and "decode".
 
-The web process imports this module to send tasks (see `dispatch`), so the worker package
-(and with it the engine) is imported inside the task bodies only, in the worker process.
+The web process sends tasks by name (`dispatch.send`) and never imports this module; the worker
+package (and with it the engine) is imported inside the task bodies, in the worker process.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from celery import shared_task
 from celery.signals import celeryd_after_setup
 
+from playground import task_names
 from playground.coord import liveness, worker_routing
 
 
@@ -20,14 +21,14 @@ def _worker_name(task: Any) -> str:
     return task.request.hostname or socket.gethostname()
 
 
-@shared_task(bind=True, name="playground.tasks.run_generation")
+@shared_task(bind=True, name=task_names.RUN_GENERATION)
 def run_generation(self: Any, generation_id: int) -> None:
     from playground.worker import generation
 
     generation.run_generation(generation_id, worker=_worker_name(self))
 
 
-@shared_task(bind=True, name="playground.tasks.run_prefill")
+@shared_task(bind=True, name=task_names.RUN_PREFILL)
 def run_prefill(self: Any, generation_id: int) -> None:
     from playground import dispatch
     from playground.worker import prefill_decode
@@ -35,7 +36,7 @@ def run_prefill(self: Any, generation_id: int) -> None:
     prefill_decode.run_prefill(generation_id, worker=_worker_name(self), enqueue_decode=dispatch.enqueue_decode)
 
 
-@shared_task(bind=True, name="playground.tasks.run_decode")
+@shared_task(bind=True, name=task_names.RUN_DECODE)
 def run_decode(self: Any, generation_id: int, blob_key: str) -> None:
     from playground.worker import prefill_decode
 
@@ -58,7 +59,7 @@ def _announce_worker(sender: str, instance: Any = None, **kwargs: Any) -> None:
         liveness.start_queue_heartbeat(sender, list(instance.app.amqp.queues.consume_from))
 
 
-@shared_task(bind=True, name="playground.tasks.run_test_load")
+@shared_task(bind=True, name=task_names.RUN_TEST_LOAD)
 def run_test_load(self: Any, model_id: int) -> None:
     """The admin's "test load": loads the model on a worker and stores the report on its record."""
     from playground.worker import test_load
@@ -66,7 +67,7 @@ def run_test_load(self: Any, model_id: int) -> None:
     test_load.run_test_load(model_id, worker=_worker_name(self))
 
 
-@shared_task(name="playground.tasks.inspect_generation")
+@shared_task(name=task_names.INSPECT_GENERATION)
 def inspect_generation(generation_id: int, request: dict[str, Any], reply_channel: str) -> None:
     """An inspection of a finished generation (docs/inside.md); the answer goes to `reply_channel`."""
     from playground.worker import inspect

@@ -16,8 +16,8 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+import inference.introspect.architecture as arch
 from inference.config import BUNDLED_MODEL
-from inference.introspect import architecture as arch
 from playground.models import LanguageModel
 from playground.protocol import CommandError
 from playground.web.api import endpoint

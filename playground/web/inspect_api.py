@@ -18,7 +18,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from playground import inspection, tasks
+from playground import dispatch, inspection, task_names
 from playground.coord import worker_routing
 from playground.models import Generation
 from playground.protocol import CommandError
@@ -85,4 +85,6 @@ async def ask_worker(generation_id: int, checked: dict[str, Any]) -> dict[str, A
 
 def send_task(generation_id: int, checked: dict[str, Any], reply_channel: str) -> None:
     """Queues the inspection on the shared generation queue (any worker can load the model)."""
-    tasks.inspect_generation.apply_async((generation_id, checked, reply_channel), queue=worker_routing.SHARED_QUEUE)
+    dispatch.send(
+        task_names.INSPECT_GENERATION, generation_id, checked, reply_channel, queue=worker_routing.SHARED_QUEUE
+    )

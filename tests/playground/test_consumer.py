@@ -13,12 +13,13 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
-from playground import protocol, tasks
+from playground import protocol
 from playground.asgi import application
 from playground.coord import cancel
 from playground.models import Conversation, Generation, Message
 from playground.web import consumers
 from playground.worker import generation
+from tests.playground.sent_tasks import on_task
 
 from .fake_engine import FakeEngine
 
@@ -33,7 +34,7 @@ HOST = (b"host", b"localhost")  # the page and its socket share one origin, as i
 def queued_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Records what the consumer enqueues instead of sending it to a broker."""
     ids: list[int] = []
-    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: ids.append(args[0]))
+    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: ids.append(args[0]))
     return ids
 
 
@@ -194,10 +195,10 @@ async def test_events_of_a_generation_flow_from_the_worker_to_the_socket(
     session_key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # "Eager" worker: the enqueued task runs the real runner (with a fake engine) at once.
-    monkeypatch.setattr(
-        tasks.run_generation,
-        "apply_async",
-        lambda args, **options: generation.run_generation(
+    on_task(
+        monkeypatch,
+        "run_generation",
+        apply_async=lambda args, **options: generation.run_generation(
             args[0], "eager", load_engine=lambda model: FakeEngine("Hi you")
         ),
     )
@@ -263,7 +264,7 @@ async def test_an_unreachable_queue_ends_the_generation_with_an_error(
     def broker_down(args: tuple[int], **options: Any) -> None:
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr(tasks.run_generation, "apply_async", broker_down)
+    on_task(monkeypatch, "run_generation", apply_async=broker_down)
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
     queued = await command(ws, "generate", content="hi")

@@ -11,8 +11,8 @@ from asgiref.sync import sync_to_async
 from django.contrib.sessions.models import Session
 from django.utils import timezone
 
-from playground import tasks
 from playground.models import Generation
+from tests.playground.sent_tasks import on_task
 
 from .conftest import make_generation
 from .test_consumer import TIMEOUT_S, assert_refused, command, connect
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 @pytest.fixture(autouse=True)
 def no_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the consumer enqueues goes nowhere: these tests are about what gets queued."""
-    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: None)
+    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: None)
 
 
 async def test_sockets_that_do_nothing_create_no_sessions() -> None:

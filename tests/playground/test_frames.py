@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from playground import protocol, tasks
+from playground import protocol
 from playground.models import Generation
 from playground.web import frames
+from tests.playground.sent_tasks import on_task
 
 from .test_consumer import TIMEOUT_S, command, connect
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 def queued_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """What the consumer enqueues, instead of sending it to a broker."""
     ids: list[int] = []
-    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: ids.append(args[0]))
+    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: ids.append(args[0]))
     return ids
 
 

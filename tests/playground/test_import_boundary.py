@@ -2,9 +2,11 @@
 the engine's device code or the worker; `playground/worker/` never imports the web side;
 `playground/coord/` (used by both) imports neither.
 
-Two checks, as for the engine: the web process's modules imported in a fresh interpreter leave
-no heavy module in `sys.modules` (catches indirect imports), and a static scan of every import
-statement in each package (catches imports inside functions that the first check never runs).
+Three checks: the web process's modules imported in a fresh interpreter leave no heavy module
+in `sys.modules` (catches indirect imports); a static scan of every import statement in each
+package (catches imports inside functions that the first check never runs) against what the
+package must never import; and, stricter, an allow-list of the project modules each package
+may import at all (a new dependency across packages is a decision, made here).
 """
 
 from __future__ import annotations
@@ -26,6 +28,32 @@ FORBIDDEN = {
     "web": ("torch", "transformers", "inference.engine", "inference.models", "inference.kv", "playground.worker"),
     "worker": ("playground.web",),
     "coord": ("torch", "transformers", "inference.engine", "inference.models", "playground.web", "playground.worker"),
+}
+
+# The project modules (and their submodules) each package may import; anything else of
+# `playground` or `inference` is refused. The web side reads the engine's torch-free contracts only.
+ENGINE_CONTRACTS = (
+    "inference.config",
+    "inference.sampling_params",
+    "inference.sources",
+    "inference.text.chat_template",
+    "inference.text.default_system_prompt",
+    "inference.text.reasoning",
+    "inference.vision.images",
+    "inference.introspect.architecture",
+)
+SHARED = ("playground.protocol", "playground.models", "playground.limits", "playground.images", "playground.coord")
+ALLOWED = {
+    "web": (
+        *SHARED,
+        *ENGINE_CONTRACTS,
+        "playground.web",
+        "playground.dispatch",
+        "playground.task_names",
+        "playground.inspection",
+    ),
+    "worker": (*SHARED, "playground.worker", "playground.inspection", "inference"),
+    "coord": ("playground.coord", "playground.models"),
 }
 
 PROBE = """
@@ -73,3 +101,28 @@ def test_static_scan_finds_no_import_across_the_boundary(package: str) -> None:
 def test_static_scan_sees_a_lazy_import_across_the_boundary() -> None:
     source = "def f():\n    from playground.worker import generation\n    import torch.nn"
     assert [n for n in imported_names(source) if is_under(n, FORBIDDEN["web"])] == ["playground.worker", "torch.nn"]
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_each_package_imports_only_what_its_allow_list_names(package: str) -> None:
+    offenders = {
+        str(path.relative_to(REPO_DIR)): bad
+        for path in sorted((APP_DIR / package).rglob("*.py"))
+        if (
+            bad := [
+                n
+                for n in imported_names(path.read_text())
+                if n.split(".")[0] in ("playground", "inference")
+                and n != "playground"
+                and not is_under(n, ALLOWED[package])
+            ]
+        )
+    }
+    assert offenders == {}
+
+
+def test_the_allow_list_refuses_what_it_does_not_name() -> None:
+    assert is_under("inference.engine_core", ALLOWED["worker"]) and not is_under("inference.engine", ALLOWED["web"])
+    assert not is_under("playground.worker.generation", ALLOWED["web"]) and not is_under(
+        "playground.web", ALLOWED["coord"]
+    )

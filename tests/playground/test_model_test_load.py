@@ -12,10 +12,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
-from playground import tasks
 from playground.models import LanguageModel, LoadReportStatus, resolve_source
 from playground.worker.test_load import RAW_PROMPT, run_test_load
 from tests.engine.tiny_gguf import CHATML, write_tiny_gguf
+from tests.playground.sent_tasks import on_task
 
 pytestmark = pytest.mark.django_db
 ADD_URL = "/admin/playground/languagemodel/add/"
@@ -103,7 +103,7 @@ def test_the_action_queues_a_test_load_on_the_shared_queue(
 ) -> None:
     model = LanguageModel.objects.create(name="mine", source="bundled", test_load_error="old")
     sent: list[tuple[Any, dict]] = []
-    monkeypatch.setattr(tasks.run_test_load, "apply_async", lambda args, **kw: sent.append((args, kw)))
+    on_task(monkeypatch, "run_test_load", apply_async=lambda args, **kw: sent.append((args, kw)))
     with django_capture_on_commit_callbacks(execute=True):
         response = staff_client.post(
             "/admin/playground/languagemodel/", {"action": "test_load", "_selected_action": [model.pk]}, follow=True

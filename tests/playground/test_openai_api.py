@@ -15,12 +15,13 @@ from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 from django.utils import timezone
 
-from playground import protocol, tasks
+from playground import protocol
 from playground.coord import cancel, liveness, store
 from playground.models import ApiKey, Conversation, Generation
 from playground.web.openai_api import follow
 from playground.worker import generation
 from playground.worker.publisher import send_to_group
+from tests.playground.sent_tasks import on_task
 
 from .fake_engine import FakeEngine
 
@@ -33,10 +34,10 @@ MODEL = "SmolLM2-135M-Instruct (bundled)"
 def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     """An eager worker: the enqueued task runs the real runner on this fake engine at once."""
     fake = FakeEngine("Hi you")
-    monkeypatch.setattr(
-        tasks.run_generation,
-        "apply_async",
-        lambda args, **options: generation.run_generation(args[0], "eager", load_engine=lambda model: fake),
+    on_task(
+        monkeypatch,
+        "run_generation",
+        apply_async=lambda args, **options: generation.run_generation(args[0], "eager", load_engine=lambda model: fake),
     )
     return fake
 
@@ -331,7 +332,7 @@ async def _started_elsewhere(monkeypatch: pytest.MonkeyPatch, started_at: Any) -
         send_to_group(protocol.generation_started(args[0], "w", {}, {}, protocol.prompt_record("p", [], [])))
         queued.append(args[0])
 
-    monkeypatch.setattr(tasks.run_generation, "apply_async", start_it)
+    on_task(monkeypatch, "run_generation", apply_async=start_it)
     return queued
 
 

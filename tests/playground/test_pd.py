@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from inference.engine import Engine
 from inference.sampling_params import SamplingParams
-from playground import dispatch, tasks
+from playground import dispatch, task_names
 from playground.asgi import application
 from playground.coord import cancel, keys, kv_store, liveness, store
 from playground.models import Generation
@@ -25,6 +25,7 @@ from playground.protocol import CommandError, is_terminal
 from playground.worker import generation
 from playground.worker import prefill_decode as pd
 from tests.engine.engines import engine_for
+from tests.playground.sent_tasks import on_task
 
 from .conftest import make_generation
 
@@ -348,10 +349,8 @@ def test_enqueue_picks_the_queue_from_the_setting_and_the_request(
 ) -> None:
     settings.PLAYGROUND_PD_MODE = mode
     sent: list[tuple[str, int]] = []
-    monkeypatch.setattr(tasks.run_prefill, "delay", lambda generation_id: sent.append(("run_prefill", generation_id)))
-    monkeypatch.setattr(
-        tasks.run_generation, "apply_async", lambda args, **options: sent.append(("run_generation", args[0]))
-    )
+    on_task(monkeypatch, "run_prefill", delay=lambda generation_id: sent.append(("run_prefill", generation_id)))
+    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: sent.append(("run_generation", args[0])))
     with django_capture_on_commit_callbacks(execute=True):
         dispatch.enqueue(42, pd_requested)
     assert sent == [(task, 42)]
@@ -379,10 +378,10 @@ async def test_a_pd_request_streams_through_the_socket_with_its_handoff_event(
         pd.run_decode(generation_id, blob_key, "decode-1", load_engine=lambda model: engines["decode"])
 
     # "Eager" workers: the enqueued tasks run at once, the decode one inside the prefill one.
-    monkeypatch.setattr(
-        tasks.run_prefill,
-        "delay",
-        lambda generation_id: pd.run_prefill(
+    on_task(
+        monkeypatch,
+        "run_prefill",
+        delay=lambda generation_id: pd.run_prefill(
             generation_id, "prefill-1", enqueue_decode=decode_now, load_engine=lambda model: engines["prefill"]
         ),
     )
@@ -417,8 +416,8 @@ async def test_a_pd_field_that_is_not_a_boolean_is_refused_before_anything_is_wr
 
 def test_the_tasks_are_routed_to_their_queues(settings: Any) -> None:
     routes = settings.CELERY_TASK_ROUTES
-    assert routes[tasks.run_prefill.name] == {"queue": "prefill"}
-    assert routes[tasks.run_decode.name] == {"queue": "decode"}
+    assert routes[task_names.RUN_PREFILL] == {"queue": "prefill"}
+    assert routes[task_names.RUN_DECODE] == {"queue": "decode"}
 
 
 # ---- the blob stores ------------------------------------------------------------------------------

@@ -13,9 +13,10 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
-from playground import protocol, tasks
+from playground import protocol
 from playground.coord import keys, liveness, store
 from playground.models import Conversation, Generation
+from tests.playground.sent_tasks import on_task
 
 from .test_consumer import TIMEOUT_S, assert_refused, command, connect
 
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """What the consumer enqueues, instead of sending it to a broker."""
     calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(tasks.run_prefill, "delay", lambda generation_id: calls.append(("prefill", generation_id)))
-    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: calls.append(("gpu", args[0])))
+    on_task(monkeypatch, "run_prefill", delay=lambda generation_id: calls.append(("prefill", generation_id)))
+    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: calls.append(("gpu", args[0])))
     return calls
 
 

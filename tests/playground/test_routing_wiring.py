@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from playground import dispatch, tasks
+from playground import dispatch
 from playground.coord import store, worker_routing
 from playground.models import Generation
+from tests.playground.sent_tasks import on_task
 
 from .fake_engine import FakeEngine
 from .test_generation import queue_chat, run
@@ -19,8 +20,8 @@ pytestmark = pytest.mark.django_db
 
 def sent_queues(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     sent: list[tuple[int, str]] = []
-    monkeypatch.setattr(
-        tasks.run_generation, "apply_async", lambda args, queue=None, **options: sent.append((args[0], queue))
+    on_task(
+        monkeypatch, "run_generation", apply_async=lambda args, queue=None, **options: sent.append((args[0], queue))
     )
     return sent
 
