@@ -36,9 +36,9 @@ class Inspector:
     ) -> dict[str, Any]:
         """Side A (path, settings) against side B, each path teacher-forced after the same text."""
         from inference.introspect.ab import Side, compare
-        from inference.introspect.recompute import recompute
+        from inference.introspect.recompute import replay
 
-        side_a, side_b = (Side(recompute(self.engine.model, context_ids, path), params) for path, params in (a, b))
+        side_a, side_b = (Side(replay(self.engine, context_ids, path), params) for path, params in (a, b))
         return self.named(compare(side_a, side_b))
 
     def view(
@@ -46,7 +46,7 @@ class Inspector:
     ) -> dict[str, Any]:
         """The logit lens, the waterfall or the what-if replay of step `step` of `path`."""
         from inference.introspect import lens
-        from inference.introspect.recompute import recompute
+        from inference.introspect.recompute import replay
         from inference.introspect.waterfall import waterfall
         from inference.introspect.whatif import what_if
 
@@ -59,7 +59,7 @@ class Inspector:
             seen["num_layers"] = model.config.get_text_config().num_hidden_layers
             seen["context"] = [{"token_id": i} for i in ids[: position + 1]]
             return {"step": step, **self.named(seen)}
-        again = recompute(model, context_ids, path if view == "whatif" else path[: step + 1])
+        again = replay(self.engine, context_ids, path if view == "whatif" else path[: step + 1])
         if view == "waterfall":
             fall = waterfall(again.logits(step), again.context(step), params, sampled_token_id=path[step], top_n=top_n)
             return {"step": step, "params": params.to_dict(), **self.named(fall)}

@@ -1,17 +1,16 @@
 """A finished generation's every next-token distribution, recomputed by teacher forcing.
 
-Owns: one forward pass of the model over prompt + generated tokens (the model reads the
-tokens it actually produced, so position P-1+k predicts step k), and the step logits taken
-from its last hidden states one step at a time.
+Owns: the step logits of prompt + generated tokens (the model reads the tokens it actually
+produced, so position P-1+k predicts step k), computed two ways: `replay` through the engine's
+own served path (the prompt in one pass, then one decode step per generated token, the same
+runner and kernels that streamed the steps: the numbers the explorer shows next to the
+streamed ones are those numbers), and `recompute` with one transformers forward pass over a
+bare model (another precision's copy, which no engine serves).
 Must not know: sampling settings, requests, Django.
 
 Why recomputed rather than stored: a step's full logits are a vocabulary-sized float vector
 (49,152 x 4 bytes = 192 KiB for the bundled model), so keeping them for every step of every
-generation would cost far more than the generation itself. One causal forward pass gives all
-of them at once, exactly what incremental decoding computed up to float rounding (a
-different matrix shape sums in another order: about 1e-5 on float32 logits, more in
-bfloat16), and nothing is kept between requests. Only the final hidden states (T x hidden)
-stay in memory; each step's logits (the LM head) are computed when asked for.
+generation would cost far more than the generation itself; nothing is kept between requests.
 """
 
 from __future__ import annotations
@@ -23,27 +22,35 @@ import torch
 
 @dataclass(frozen=True)
 class Recomputed:
-    """The sequence (prompt + generated) and the final hidden state before each step."""
+    """The sequence (prompt + generated) and the raw logits before each step."""
 
     token_ids: torch.Tensor  # (P + n,) prompt + generated
     num_prompt_tokens: int
-    hidden: torch.Tensor  # (n, hidden) the final (normed) hidden state that predicts step k
-    lm_head: torch.nn.Module
+    step_logits: torch.Tensor  # (n, vocab) float32: the raw logits that predict step k
 
     @property
     def num_steps(self) -> int:
-        return self.hidden.shape[0]
+        return self.step_logits.shape[0]
 
     def context(self, step: int) -> torch.Tensor:
         """What the model had read before step `step`: prompt + generated[:step] (T,)."""
         return self.token_ids[: self.num_prompt_tokens + step]
 
-    @torch.inference_mode()
     def logits(self, step: int) -> torch.Tensor:
         """Step `step`'s raw logits (V,) in float32, as the sampler receives them."""
         if not 0 <= step < self.num_steps:
             raise ValueError(f"step {step} is outside the generation (0..{self.num_steps - 1})")
-        return self.lm_head(self.hidden[step : step + 1])[0].float()
+        return self.step_logits[step]
+
+
+def replay(engine, prompt_ids: list[int], generated_ids: list[int]) -> Recomputed:
+    """The steps' logits through `engine`'s served path (`EngineCore.teacher_force`): equal to
+    what the stream computed. Run it on the engine's own thread, between two steps."""
+    if not prompt_ids or not generated_ids:
+        raise ValueError("need at least one prompt token and one generated token")
+    logits = engine.core.teacher_force(list(prompt_ids), list(generated_ids[:-1]))  # (n, V)
+    ids = torch.tensor(prompt_ids + generated_ids, dtype=torch.long, device=logits.device)
+    return Recomputed(token_ids=ids, num_prompt_tokens=len(prompt_ids), step_logits=logits)
 
 
 @torch.inference_mode()
@@ -60,9 +67,6 @@ def recompute(model, prompt_ids: list[int], generated_ids: list[int]) -> Recompu
         hidden = body(input_ids=inputs).last_hidden_state[0]  # the decoder applies its final norm
     else:  # no separate decoder: take the last hidden state of the whole model
         hidden = model(input_ids=inputs, output_hidden_states=True).hidden_states[-1][0]
-    return Recomputed(
-        token_ids=ids,
-        num_prompt_tokens=len(prompt_ids),
-        hidden=hidden[len(prompt_ids) - 1 :].clone(),
-        lm_head=model.get_output_embeddings(),
-    )
+    step_hidden = hidden[len(prompt_ids) - 1 :]  # (n, hidden): the states that predict each step
+    logits = model.get_output_embeddings()(step_hidden).float()
+    return Recomputed(token_ids=ids, num_prompt_tokens=len(prompt_ids), step_logits=logits)
