@@ -219,7 +219,8 @@ class EngineCore:
             output = self.runner.run(out.chunks, self._pixel_values(out.chunks))
         except Exception as exc:  # the pass is the step's: its requests fail, the waiting ones go on
             logger.exception("the forward pass failed; ending the requests of this step")
-            return events + self._fail({self.owners[c.seq.seq_id] for c in out.chunks}, exc)
+            stepped = {self.owners[c.seq.seq_id].request_id: self.owners[c.seq.seq_id] for c in out.chunks}
+            return events + self._fail(list(stepped.values()), exc)
         forward_ms = (time.perf_counter() - started) * 1000
         self.scheduler.update(out)
         events += self._sample(out.chunks, output, started, forward_ms)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DeepseekV3Config, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, DeepseekV3Config
 
 from inference.introspect import architecture as arch
-from inference.kv.cache import dynamic_cache_nbytes
 from inference.models.tiny import make_tiny_model, tiny_config
+from tests.engine.engines import engine_for
 
 
 def meta_model(config_dict: dict) -> torch.nn.Module:
@@ -88,13 +88,10 @@ def test_bundled_model_card(bundled_model_dir: Path, bundled) -> None:
 
 
 def test_mla_cache_bytes_are_the_latent() -> None:
-    """transformers caches MLA compressed: the measured bytes equal the card's latent bytes."""
-    model = make_tiny_model("deepseek_v3")
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(input_ids=torch.arange(10)[None], past_key_values=cache, use_cache=True)
-    card = arch.card(model.config.to_dict(), context=10, dtype="float32")
-    assert dynamic_cache_nbytes(cache) == card["kv_cache"]["bytes_at_context"]
+    """The engine's pool stores MLA compressed: its bytes per token equal the card's latent bytes."""
+    engine = engine_for("deepseek_v3")
+    card = arch.card(engine.model.config.to_dict(), context=10, dtype="float32")
+    assert 10 * engine.info.kv_bytes_per_token == card["kv_cache"]["bytes_at_context"]
     assert card["kv_cache"]["bytes_at_context"] < card["kv_cache"]["expanded_bytes_at_context"]
 
 

@@ -65,16 +65,18 @@ class FakePrompts:
         if images:
             raise PromptError("images_not_supported", "model 'fake' takes no images")
         spans: tuple[Span, ...] = (Span(0, len(text), "content", None),) if text else ()
+        dropped: tuple[int, ...] = ()
         if messages is not None:
             try:
                 rendered = self.render_chat(messages, template)
             except ValueError as exc:
                 raise PromptError("invalid_params", f"the prompt could not be built: {exc}") from exc
-            text, spans = rendered.text, rendered.spans
+            text, spans, dropped = rendered.text, rendered.spans, rendered.dropped_reasoning
         bad = [i for i in extra_token_ids if not 0 <= i < 0x110000]
         if bad:
             raise PromptError("invalid_params", f"token id {bad[0]} is outside the vocabulary (0..{0x110000 - 1})")
-        return Prompt(text, tuple(spans), tuple(self.tokenize(text) + self.token_infos(extra_token_ids)))
+        tokens = tuple(self.tokenize(text) + self.token_infos(extra_token_ids))
+        return Prompt(text, tuple(spans), tokens, dropped_reasoning=dropped)
 
 
 class FakeEngine:
@@ -94,7 +96,10 @@ class FakeEngine:
         self.prompts = FakePrompts(self)
         self._events: dict[int, Iterator[Event]] = {}  # every request runs alone, one event per step
         self._cancelled: set[int] = set()
-        self.info = ModelInfo(
+
+    @property
+    def info(self) -> ModelInfo:  # computed: tests change max_context
+        return ModelInfo(
             name="fake",
             architecture="Fake",
             model_type="fake",
@@ -107,7 +112,7 @@ class FakeEngine:
             precision="float32",
             quantization=None,
             device="cpu",
-            max_context=max_context,
+            max_context=self.max_context,
             eos_token_ids=[0],
             kv_bytes_per_token=16,
             runner="fake",
@@ -144,6 +149,7 @@ class FakeEngine:
         handoff: Any = None,
         prefill_only: bool = False,
         images: Sequence[Any] = (),
+        client: str = "",
     ) -> int:
         if prefill_only:
             raise ValueError("the fake engine has no KV cache to hand off")
