@@ -47,27 +47,12 @@ class PagedKVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        value_shape: tuple[int, int] | None = None,
     ) -> None:
-        shape = (num_kv_heads, head_dim)
-        self._allocate(num_layers, num_blocks, block_size, shape, shape, dtype, device)
-
-    @classmethod
-    def with_shapes(
-        cls,
-        num_layers: int,
-        num_blocks: int,
-        block_size: int,
-        key_shape: tuple[int, int],
-        value_shape: tuple[int, int],
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> PagedKVPool:
-        """A pool whose keys and values are (heads, dim) of their own: MLA's latent and rotary key."""
-        pool = cls.__new__(cls)
-        pool._allocate(num_layers, num_blocks, block_size, key_shape, value_shape, dtype, device)
-        return pool
-
-    def _allocate(self, num_layers, num_blocks, block_size, key_shape, value_shape, dtype, device) -> None:
+        """Keys of (num_kv_heads, head_dim) per token and layer; values the same unless
+        `value_shape` says otherwise (MLA's rotary key beside its latent)."""
+        key_shape = (num_kv_heads, head_dim)
+        value_shape = value_shape or key_shape
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_layers = num_layers

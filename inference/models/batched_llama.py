@@ -100,12 +100,12 @@ class BatchedLlamaRunner:
         h = F.embedding(step.input_ids, lean.embed)  # (T, hidden)
         cos, sin = lean.cos[step.positions][:, None], lean.sin[step.positions][:, None]  # (T, 1, D)
         for i, layer in enumerate(lean.layers):
-            x = lean._rms_norm(h, layer.input_norm)
+            x = lean.rms_norm(h, layer.input_norm)
             h = h + linear(self._attention(i, layer, x, cos, sin, step), layer.o_weight)
-            x = lean._rms_norm(h, layer.post_norm)
+            x = lean.rms_norm(h, layer.post_norm)
             gate, up = linear(x, layer.gate_up_weight).split(lean.intermediate_size, dim=-1)
             h = h + linear(F.silu(gate) * up, layer.down_weight)
-        last = lean._rms_norm(h[step.logit_rows], lean.final_norm)  # (S, hidden)
+        last = lean.rms_norm(h[step.logit_rows], lean.final_norm)  # (S, hidden)
         return linear(last, lean.lm_head).float()  # (S, vocab)
 
     def _attention(

@@ -193,8 +193,8 @@ class HFBatchedRunner:
 
     def new_pool(self, num_blocks: int, block_size: int) -> PagedKVPool:
         g = self.geometry
-        return PagedKVPool.with_shapes(
-            g.num_layers, num_blocks, block_size, g.key_shape, g.value_shape, g.dtype, self.device
+        return PagedKVPool(
+            g.num_layers, num_blocks, block_size, *g.key_shape, g.dtype, self.device, value_shape=g.value_shape
         )
 
     def prepare(self, chunks: list[Chunk], pool: PagedKVPool) -> StepLayout:

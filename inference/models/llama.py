@@ -140,7 +140,7 @@ class LlamaRunner:
         kernels = cpu_kernels.load() if FusedLlama.supports(self) else None
         self.fused = FusedLlama(self, kernels) if kernels is not None else None  # None: torch ops
 
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # Transformers' LlamaRMSNorm (float32 statistics, cast back, then the weight); torch's
         # rms_norm composes the same ops in C++: one Python call instead of five (decode is op-bound).
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,60 @@ def test_static_scan_catches_each_form(source: str) -> None:
 
 def test_static_scan_ignores_lookalikes() -> None:
     assert not any(is_forbidden(n) for n in imported_names("import djangoish\nfrom .channels import x\nimport torch"))
+
+
+# ---- inside the engine: what each package may import of the engine (an allow-list) ------------
+
+CONTRACTS = ("inference.config", "inference.sampling_params", "inference.events")
+ALLOWED = {
+    # tensor-free bookkeeping: unit-tested without a device
+    "core": ("inference.core", "inference.sampling_params"),
+    "vision": ("inference.vision",),
+    "kernels": ("inference.kernels",),
+    "text": (*CONTRACTS, "inference.text", "inference.vision"),
+    "sampling": (*CONTRACTS, "inference.sampling", "inference.kernels", "inference.text"),
+    "kv": (*CONTRACTS, "inference.kv", "inference.vision"),
+    # what owns the device; the MoE routing capture is the introspection's, read per row
+    "models": (
+        *CONTRACTS,
+        "inference.models",
+        "inference.core",
+        "inference.kernels",
+        "inference.kv",
+        "inference.text",
+        "inference.gguf_file",
+        "inference.sources",
+        "inference.introspect.moe",
+    ),
+    # exact views of finished generations; the engine only as a type
+    "introspect": (*CONTRACTS, "inference.introspect", "inference.sampling", "inference.engine"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_each_engine_package_imports_only_its_allow_list(package: str) -> None:
+    allowed = ALLOWED[package]
+    offenders = {
+        str(path.relative_to(REPO_ROOT)): bad
+        for path in sorted((ENGINE_DIR / package).rglob("*.py"))
+        if (
+            bad := [
+                n
+                for n in imported_names(path.read_text())
+                if n.startswith("inference.") and not any(n == a or n.startswith(a + ".") for a in allowed)
+            ]
+        )
+    }
+    assert offenders == {}
+
+
+def test_no_engine_module_calls_another_modules_private_names() -> None:
+    """`module._name(...)` across modules: each module keeps its underscore names to itself."""
+    pattern = re.compile(r"\b(?!self\b|cls\b)([a-z_][a-z0-9_]*)\._[a-z][a-z0-9_]*\(")
+    offenders = {}
+    for path in sorted(ENGINE_DIR.rglob("*.py")):
+        calls = {m.group(0) for m in pattern.finditer(path.read_text()) if not m.group(1).startswith("_")}
+        calls = {c for c in calls if not c.startswith(("torch.", "F.", "os.", "np."))}
+        if calls:
+            offenders[str(path.relative_to(REPO_ROOT))] = sorted(calls)
+    assert offenders == {}
