@@ -38,14 +38,14 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         self.model = loaded.model
         self.device = loaded.device
-        self.lean: BatchedLlamaRunner | None = None
+        self.llama: BatchedLlamaRunner | None = None
         self.hf: HFBatchedRunner | None = None
         if config.runner == "auto" and llama.supports(self.model):
             lean = llama.LlamaRunner(self.model, loaded.max_context)
             shape = (lean.num_kv_heads, lean.head_dim)
             num_blocks = _num_blocks(config, len(lean.layers), shape, shape, lean.dtype)
             self.pool = PagedKVPool(len(lean.layers), num_blocks, config.block_size, *shape, lean.dtype, self.device)
-            self.lean = BatchedLlamaRunner(lean, self.pool)
+            self.llama = BatchedLlamaRunner(lean, self.pool)
         else:
             self.hf = HFBatchedRunner(self.model)
             g = self.hf.geometry
@@ -55,12 +55,12 @@ class ModelRunner:
 
     @property
     def name(self) -> str:
-        return self.lean.name if self.lean is not None else self.hf.name
+        return self.llama.name if self.llama is not None else self.hf.name
 
     @property
     def kernels(self) -> str:
         """What runs between the matmuls: the fused CPU kernels, or torch's ops (GPU, no compiler)."""
-        return "fused CPU kernels" if self.lean is not None and self.lean.lean.fused is not None else "torch ops"
+        return "fused CPU kernels" if self.llama is not None and self.llama.lean.fused is not None else "torch ops"
 
     @property
     def bytes_per_token(self) -> int:
@@ -71,10 +71,10 @@ class ModelRunner:
         `pixel_values` (num_images, 3, H, W): the images whose tokens are in these chunks, in order."""
         rows = _logit_rows(chunks)
         with self.routing.at_rows(rows) as routing:
-            if self.lean is not None:
+            if self.llama is not None:
                 if pixel_values is not None:
                     raise ValueError("the lean runner takes no images")
-                logits = self.lean.forward(self.lean.prepare(chunks))
+                logits = self.llama.forward(self.llama.prepare(chunks))
             else:
                 logits = self.hf.forward(self.hf.prepare(chunks, self.pool), self.pool, pixel_values)
         return StepOutput(logits=logits, routing=routing or [None] * len(rows))

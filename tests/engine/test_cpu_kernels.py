@@ -200,17 +200,13 @@ def test_an_unusable_cache_folder_falls_back_to_a_private_temp_one(kernels, monk
 
 def test_a_runner_on_the_kernels_gives_the_torch_paths_logits(kernels) -> None:
     fused_engine, torch_engine = engine_for("qwen2"), engine_for("qwen2")  # qwen2: q/k/v biases
-    fused, torch_ops = fused_engine.runner, torch_engine.runner
-    assert fused.fused is not None
-    torch_ops.fused = None  # as on a machine without a compiler
+    assert fused_engine.runner.llama.lean.fused is not None
+    torch_engine.runner.llama.lean.fused = None  # as on a machine without a compiler
     assert fused_engine.model_info()["kernels"] == "fused CPU kernels"
-    assert torch_engine.model_info()["kernels"] == "torch ops"
-    prompt = torch.tensor([5, 70, 3, 199, 42, 8, 1])
-    fused_cache, torch_cache = fused.new_cache(4), torch_ops.new_cache(4)  # too small: both grow
-    for ids in (prompt, torch.tensor([17]), torch.tensor([250]), torch.tensor([3, 4]), torch.tensor([9])):
-        got, want = fused.forward(ids, fused_cache), torch_ops.forward(ids, torch_cache)
-        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
-    assert torch.allclose(fused_cache.buffer[:, :, :, :11], torch_cache.buffer[:, :, :, :11], atol=1e-5)
+    assert torch_engine.runner.kernels == "torch ops"
+    prompt, answer = [5, 70, 3, 199, 42, 8, 1], [17, 250, 3, 4, 9]
+    got, want = fused_engine.core.teacher_force(prompt, answer), torch_engine.core.teacher_force(prompt, answer)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)  # a prompt pass, then one decode step per token
 
 
 @pytest.mark.parametrize("on_kernels", [True, False])
@@ -218,9 +214,9 @@ def test_a_runner_on_the_kernels_gives_the_torch_paths_logits(kernels) -> None:
 def test_a_sequence_gets_the_same_tokens_alone_or_batched(kernels, precision: str, on_kernels: bool) -> None:
     """On the kernels and on the torch ops (a machine without a compiler) alike."""
     engine = engine_for("llama", precision=precision)
-    assert engine.runner.fused is not None
+    assert engine.runner.llama.lean.fused is not None
     if not on_kernels:
-        engine.runner.fused = None  # the batched runner reads it from the lean runner
+        engine.runner.llama.lean.fused = None  # the batched runner reads it from the lean runner
     params = SamplingParams(greedy=True, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
     # different lengths: prefill chunks and decodes share steps
     requests = [([3 + (i * 5 + j) % 250 for j in range(4 + 11 * i)], params) for i in range(4)]
