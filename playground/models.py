@@ -166,6 +166,7 @@ class LanguageModel(DefaultFlagModel):
     def to_engine_config(self) -> EngineConfig:
         return EngineConfig(
             source=resolve_source(self.source),
+            name=self.name,  # what users chose: the name generations, metrics and errors show
             dtype=settings.PLAYGROUND_DTYPE if self.dtype == "auto" else self.dtype,
             device=settings.PLAYGROUND_DEVICE if self.device == "auto" else self.device,
             max_context=self.max_context,
