@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from inference.events import Event, Finished
+from playground.choices import choice_params
 
 if TYPE_CHECKING:
     from inference.batching import BatchStep
@@ -107,6 +108,37 @@ class ServeLoop:
 
         self.call(add)
         return self._events(outbox)
+
+    def submit_parallel(
+        self, prompt_ids: list[int], params: SamplingParams, generation_ids: Sequence[int]
+    ) -> list[Iterator[Event | Waiting]]:
+        """The n sequences of one prompt (`n` choices of the OpenAI API, n = len(generation_ids)),
+        added between the same two steps; returns each one's events up to its `Finished`, in
+        order. Sequence i samples with `choices.choice_params(params, i)` (the seed + i). A
+        `ValueError` for bad input is raised here, and then none of them runs.
+
+        For now n ordinary requests, each prefilling the prompt itself; the engine will prefill
+        the prompt once and fork it into n sequences sharing its KV blocks, behind this method.
+        """
+        outboxes = [queue.SimpleQueue() for _ in generation_ids]
+
+        def add_all() -> None:
+            added: list[int] = []
+            try:
+                for index, (generation_id, outbox) in enumerate(zip(generation_ids, outboxes, strict=True)):
+                    request_id = self.engine.add_request(prompt_ids, choice_params(params, index))
+                    added.append(request_id)
+                    self._outboxes[request_id] = outbox
+                    self._generation_of[request_id] = generation_id
+                    self._waiting_since[request_id] = time.perf_counter()
+            except Exception:
+                for request_id in added:  # all or none: the ones added already are dropped unseen
+                    self._forget(request_id)
+                    self.engine.cancel(request_id)
+                raise
+
+        self.call(add_all)
+        return [self._events(outbox) for outbox in outboxes]
 
     def _events(self, outbox: queue.SimpleQueue) -> Iterator[Event | Waiting]:
         while True:
