@@ -334,7 +334,7 @@ COMMANDS = {"generate": generate, "regenerate": regenerate, "edit": edit, "compl
 # The OpenAI-compatible API (web/openai_api) -----------------------------------------------
 #
 # An API client has no browser session: its owner name (e.g. "api-key-3", from
-# `openai_api.auth.Client.name`) stands in for the session key, so the limits and the admin's
+# `openai_api.auth.Client.owner`) stands in for the session key, so the limits and the admin's
 # records work as for the browser. A chat becomes a conversation of its own whose messages are
 # the request's, which the worker renders like any other chat (no worker change), and each
 # answer is saved as its assistant message. `num_choices` (`n`) makes that many generations of

@@ -3,7 +3,7 @@
 without one.
 
 Owns: the key check (hashed lookup, revoked keys refused), the owner a generation is filed
-under (`Client.name`, the one place every other module reads it from), and the client's
+under (`Client.owner`, the one place every other module reads it from), and the client's
 concurrency (the key's own, else `PLAYGROUND_API_MAX_CONCURRENT`). On localhost without a key
 requirement, a bearer token that is not one of ours (no `pg-` prefix, e.g. the "none" that
 clients insist on sending) is ignored, and so is an empty one (`Bearer ` with nothing after
@@ -28,7 +28,9 @@ _LOCAL_ADDRESSES = ("127.0.0.1", "::1", "localhost")
 
 @dataclass(frozen=True)
 class Client:
-    name: str  # the owner of its generations (their session key): read it from here only
+    # Who owns its generations (their session key): produced here only, read from here only,
+    # so a change of what an owner is (e.g. the key's record) lands in this module.
+    owner: str
     max_concurrent: int  # generations running at once; more wait for their turn (`turns`)
 
 

@@ -74,7 +74,7 @@ class ApiRun:
         self._check_size()
         units = await database_sync_to_async(self._submit)()
         n = self.request.num_choices
-        on_end = functools.partial(turns.notify, self.client.name)  # a place is free: waiting units check
+        on_end = functools.partial(turns.notify, self.client.owner)  # a place is free: waiting units check
         self.units = [
             [
                 Choice(i * n + j, queued.generation_id, is_chat=self.is_chat, arrived_at=self.arrived_at, on_end=on_end)
@@ -86,7 +86,7 @@ class ApiRun:
             await choice.join(self.inbox)
         for unit in self.units:
             generation_ids = [choice.generation_id for choice in unit]
-            await turns.wait_for_turn(self.client.name, generation_ids, self.client.max_concurrent)
+            await turns.wait_for_turn(self.client.owner, generation_ids, self.client.max_concurrent)
             self._take_early()  # an earlier unit may have failed meanwhile
             await self._enqueue(generation_ids)
         while not all(choice.is_started or choice.has_ended for choice in self.choices):
@@ -134,7 +134,7 @@ class ApiRun:
                 return self._make_rows(content)
             except CommandError as exc:
                 # A full backlog may hold the rows of a web process that died: drop them, try again.
-                if exc.code != "too_many_generations" or not turns.cancel_orphans(self.client.name):
+                if exc.code != "too_many_generations" or not turns.cancel_orphans(self.client.owner):
                     raise
                 return self._make_rows(content)
         except CommandError as exc:
@@ -143,8 +143,10 @@ class ApiRun:
     def _make_rows(self, content: dict[str, Any]) -> list[list[submit.Queued]]:
         client, request = self.client, self.request
         if self.is_chat:
-            return [submit.api_chat(client.name, content, request.messages, request.num_choices, client.max_concurrent)]
-        return submit.api_complete(client.name, content, request.prompts, request.num_choices, client.max_concurrent)
+            return [
+                submit.api_chat(client.owner, content, request.messages, request.num_choices, client.max_concurrent)
+            ]
+        return submit.api_complete(client.owner, content, request.prompts, request.num_choices, client.max_concurrent)
 
     async def _enqueue(self, generation_ids: list[int]) -> None:
         try:
@@ -170,7 +172,7 @@ class ApiRun:
             await choice.close()
         if self.units:
             await database_sync_to_async(turns.forget)([choice.generation_id for choice in self.choices])
-        turns.notify(self.client.name)
+        turns.notify(self.client.owner)
 
     # ---- non-streaming --------------------------------------------------------------------
 
