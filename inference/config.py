@@ -31,10 +31,13 @@ class EngineConfig:
     weight-only `int8` (per output channel) / `int4` (groups of 32; a GGUF's own Q4_0/Q4_1/Q4_K blocks
     when the source has them), both with bfloat16 activations. `"auto"` means bfloat16 on CUDA and
     on CPUs with bfloat16 units (AVX512-BF16/AMX), float32 on other CPUs. `max_context` caps the model's own
-    context length (None: the model's `max_position_embeddings`).
+    context length (None: the model's `max_position_embeddings`). `name` is what people call the
+    model (the playground's record name): it is the model's name in everything the engine reports
+    (`model_info()`, errors, handoffs); empty, the source's own name (folder, file stem, hub id).
     """
 
     source: str = BUNDLED_MODEL
+    name: str = ""
     dtype: str = "auto"
     device: str = "auto"
     max_context: int | None = None

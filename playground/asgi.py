@@ -15,6 +15,9 @@ from channels.sessions import SessionMiddlewareStack  # noqa: E402
 
 from playground.routing import websocket_urlpatterns  # noqa: E402
 from playground.web.origin import SameOriginValidator  # noqa: E402
+from playground.web.status_lines import complete_reason_phrases  # noqa: E402
+
+complete_reason_phrases()  # daphne wrote "429 Unknown Status"
 
 application = ProtocolTypeRouter(
     {

@@ -66,6 +66,19 @@ def enqueue(generation_id: int, pd_requested: bool | None = None, conversation_i
     )
 
 
+def enqueue_choices(generation_ids: list[int], pd_requested: bool | None = None) -> None:
+    """Queues the n choices of one prompt as one task, so one worker runs them together and they
+    share the prompt (`worker.choices`), on the shared queue: a new prompt has no prefix owner.
+    Disaggregated, each choice goes through prefill and decode on its own."""
+    if len(generation_ids) == 1 or is_disaggregated(pd_requested):
+        for generation_id in generation_ids:
+            enqueue(generation_id, pd_requested)
+        return
+    transaction.on_commit(
+        lambda: send(task_names.RUN_CHOICES, list(generation_ids), queue=worker_routing.SHARED_QUEUE)
+    )
+
+
 def reroute_if_stranded(generation_id: int) -> bool:
     """Re-sends a generation whose chosen worker died (or stalled) before claiming it to "gpu";
     the worker-side claim makes the late original a no-op. Called by the consumer's watchdog."""

@@ -54,20 +54,45 @@ def check_concurrency(session_key: str, limit: int | None = None) -> None:
     check_server_queue()
 
 
-def check_server_queue() -> None:
-    """At most `PLAYGROUND_MAX_QUEUED` generations waiting for a worker, over all clients: the
-    per-client limit alone lets a crowd (or one client with many sessions) queue without end."""
+def check_server_queue(num_new: int = 1) -> None:
+    """At most `PLAYGROUND_MAX_QUEUED` generations waiting for a worker, over all clients, once
+    `num_new` more are queued: the per-client limit alone lets a crowd (or one client with many
+    sessions) queue without end."""
     limit = settings.PLAYGROUND_MAX_QUEUED
     if not limit:
         return
     queued = Generation.objects.filter(status=Generation.Status.QUEUED)
-    if queued.count() < limit:
+    if queued.count() + num_new <= limit:
         return
     liveness.reconcile(queued.all())  # only when full: those of a dead worker must not block everyone
     num_queued = queued.count()
-    if num_queued >= limit:
+    if num_queued + num_new > limit:
         raise CommandError(
             "server_busy",
             f"the server is busy: {num_queued} requests are waiting for a worker (the limit is {limit}); "
             "try again in a moment",
         )
+
+
+def max_api_backlog(max_concurrent: int) -> int:
+    """The generations one API client may have queued or running: its concurrency, plus
+    `PLAYGROUND_API_MAX_WAITING` waiting for their turn."""
+    return max_concurrent + settings.PLAYGROUND_API_MAX_WAITING
+
+
+def check_api_backlog(owner: str, num_new: int, max_concurrent: int) -> None:
+    """An API client's generations beyond its concurrency wait for their turn
+    (`web/openai_api/turns.py`) rather than fail, up to `max_api_backlog` in all; and the
+    server's queue bound holds."""
+    active = Generation.objects.filter(session_key=owner, status__in=Generation.ACTIVE_STATUSES)
+    limit = max_api_backlog(max_concurrent)
+    if active.count() + num_new > limit:
+        liveness.reconcile(active.all())  # a dead worker's generations must not block the client forever
+        num_active = active.count()
+        if num_active + num_new > limit:
+            raise CommandError(
+                "too_many_generations",
+                f"this client has {num_active} generations queued or running and asks for {num_new} more; the limit "
+                f"is {limit} ({max_concurrent} running at once, {limit - max_concurrent} waiting for their turn)",
+            )
+    check_server_queue(num_new)

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models, transaction
 
 from inference.config import BUNDLED_MODEL, VALID_DTYPES, EngineConfig
@@ -166,6 +167,7 @@ class LanguageModel(DefaultFlagModel):
     def to_engine_config(self) -> EngineConfig:
         return EngineConfig(
             source=resolve_source(self.source),
+            name=self.name,  # what users chose: the name generations, metrics and errors show
             dtype=settings.PLAYGROUND_DTYPE if self.dtype == "auto" else self.dtype,
             device=settings.PLAYGROUND_DEVICE if self.device == "auto" else self.device,
             max_context=self.max_context,
@@ -403,7 +405,13 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100, help_text="Who or what uses this key.")
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     key_prefix = models.CharField(max_length=12, editable=False, help_text="The key's first characters.")
-    max_concurrent = models.PositiveIntegerField(default=2, help_text="Queued or running generations at once.")
+    max_concurrent = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Generations running at once; more wait for their turn. Empty: PLAYGROUND_API_MAX_CONCURRENT "
+        "(by default the worker slots, one worker's batch).",
+    )
     is_active = models.BooleanField(default=True, help_text="Untick to revoke the key.")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

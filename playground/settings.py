@@ -90,6 +90,16 @@ PLAYGROUND_HEARTBEAT_TTL_S = 3
 PLAYGROUND_QUEUE_TIMEOUT_S = env_int("PLAYGROUND_QUEUE_TIMEOUT_S", 15)
 # The OpenAI-compatible API (/v1/) answers local clients without a key (make run); keys: the admin.
 PLAYGROUND_API_KEYLESS_LOCALHOST = env_bool("PLAYGROUND_API_KEYLESS_LOCALHOST", True)
+# One API client's generations running at once (the keyless local client, and keys without a
+# value of their own): by default one worker's batch. More wait for their turn, in order, up to
+# API_MAX_WAITING more per client; beyond that the client gets 429 (see playground/web/openai_api/turns.py).
+PLAYGROUND_API_MAX_CONCURRENT = env_int("PLAYGROUND_API_MAX_CONCURRENT", PLAYGROUND_WORKER_SLOTS)
+PLAYGROUND_API_MAX_WAITING = env_int("PLAYGROUND_API_MAX_WAITING", 64)
+if PLAYGROUND_API_MAX_CONCURRENT < 1 or PLAYGROUND_API_MAX_WAITING < 0:
+    raise ValueError(
+        f"PLAYGROUND_API_MAX_CONCURRENT={PLAYGROUND_API_MAX_CONCURRENT} must be >= 1 and "
+        f"PLAYGROUND_API_MAX_WAITING={PLAYGROUND_API_MAX_WAITING} >= 0"
+    )
 
 # Prefill/decode disaggregation (see docs/pd-disaggregation.md): "colocated" (one worker does
 # both) or "disaggregated" (queue "prefill", then queue "decode"); a request's "pd" field wins.
@@ -185,6 +195,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True  # results travel over the channel layer and the DB
 CELERY_TASK_ROUTES = {
     "playground.tasks.run_generation": {"queue": "gpu"},
+    "playground.tasks.run_choices": {"queue": "gpu"},
     "playground.tasks.run_prefill": {"queue": "prefill"},
     "playground.tasks.run_decode": {"queue": "decode"},
 }

@@ -5,6 +5,7 @@ or the worker package; `playground/tasks.py` registers each body under its name 
 """
 
 RUN_GENERATION = "playground.tasks.run_generation"
+RUN_CHOICES = "playground.tasks.run_choices"
 RUN_PREFILL = "playground.tasks.run_prefill"
 RUN_DECODE = "playground.tasks.run_decode"
 RUN_TEST_LOAD = "playground.tasks.run_test_load"

@@ -1,5 +1,5 @@
-"""Celery tasks (thin: ids in, hand off to `playground.worker`): the generation task on queue
-"gpu", the prefill/decode pair on queues "prefill" and "decode".
+"""Celery tasks (thin: ids in, hand off to `playground.worker`): the generation task and the
+several-choices task on queue "gpu", the prefill/decode pair on queues "prefill" and "decode".
 
 The web process sends tasks by name (`dispatch.send`) and never imports this module; the worker
 package (and with it the engine) is imported inside the task bodies, in the worker process.
@@ -26,6 +26,14 @@ def run_generation(self: Any, generation_id: int) -> None:
     from playground.worker import generation
 
     generation.run_generation(generation_id, worker=_worker_name(self))
+
+
+@shared_task(bind=True, name=task_names.RUN_CHOICES)
+def run_choices(self: Any, generation_ids: list[int]) -> None:
+    """The n choices of one prompt, as one unit on one worker (`worker.choices`)."""
+    from playground.worker import choices
+
+    choices.run_choices(generation_ids, worker=_worker_name(self))
 
 
 @shared_task(bind=True, name=task_names.RUN_PREFILL)

@@ -74,7 +74,8 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     device = resolve_device(config.device)
     precision = resolve_precision(config.dtype, device)
     dtype = activation_dtype(precision, device)
-    folder, name = resolve_source(config, progress)
+    folder, source_name = resolve_source(config, progress)
+    name = config.name or source_name
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
     if not config.trust_remote_code:  # custom tokenizer code may keep its vocabulary anywhere

@@ -66,8 +66,9 @@ def _reasoning(text: str, start: int, segments: list[Segment]) -> int:
 
 
 def split_reasoning(text: str, *, starts_in_reasoning: bool = False) -> tuple[str, str]:
-    """(reasoning, answer), each joined over its segments and stripped (the API's
-    `reasoning_content` and `content`)."""
+    """(reasoning, answer), each joined over its segments and stripped (what a chat template
+    keeps of an earlier answer; the API hands out its streamed deltas instead, unstripped at
+    the end)."""
     segments = split_segments(text, starts_in_reasoning=starts_in_reasoning)
     reasoning = "".join(text[s.start : s.end] for s in segments if s.kind == "reasoning")
     answer = "".join(text[s.start : s.end] for s in segments if s.kind == "answer")

@@ -50,6 +50,13 @@ def generation_rerouted(generation_id: int | str) -> str:
     return f"{PREFIX}generation:{generation_id}:rerouted"
 
 
+def api_turn(generation_id: int | str) -> str:
+    """Set by the web process that holds an API generation: "waiting" while it waits for its
+    client's turn (refreshed, short TTL), then "sent" once queued for a worker. A queued API
+    generation without it belongs to a web process that died (`web/openai_api/turns.py`)."""
+    return f"{PREFIX}generation:{generation_id}:api-turn"
+
+
 def cancel_requested(generation_id: int | str) -> str:
     """Set by the web side when a user stops a generation; the worker reads it every step."""
     return f"{PREFIX}cancel:{generation_id}"

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from inference.sampling_params import SamplingParams
 from playground import limits
+from playground.choices import choice_params
 from playground.coord import cancel, liveness
 from playground.images import parse_images
 from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
@@ -162,13 +163,11 @@ def _queue_answer(
     model: LanguageModel,
     params: SamplingParams,
     user_message: Message | None,
-    max_concurrent: int | None = None,
+    is_active: bool = True,
 ) -> Queued:
-    """Creates the queued chat generation and its (empty) assistant message at `position`.
-
-    Runs inside the command's transaction, so a refusal here writes nothing.
-    """
-    limits.check_concurrency(session_key, max_concurrent)
+    """Creates the queued chat generation and its (empty) assistant message at `position`
+    (`is_active` false: another choice beside the active one). Runs inside the command's
+    transaction after its limit check, so a refusal writes nothing."""
     generation = Generation.objects.create(
         kind=Generation.Kind.CHAT,
         session_key=session_key,
@@ -178,7 +177,11 @@ def _queue_answer(
         params=params.to_dict(),
     )
     answer = Message.objects.create(
-        conversation=conversation, role=Message.Role.ASSISTANT, position=position, generation=generation
+        conversation=conversation,
+        role=Message.Role.ASSISTANT,
+        position=position,
+        generation=generation,
+        is_active=is_active,
     )
     conversation.save(update_fields=["updated_at"])
     return Queued(generation.pk, conversation.pk, user_message and user_message.pk, answer.pk)
@@ -210,6 +213,7 @@ def generate(session_key: str, content: dict[str, Any]) -> Queued:
         user_message = Message.objects.create(
             conversation=conversation, role=Message.Role.USER, content=text, images=images, position=position
         )
+        limits.check_concurrency(session_key)
         return _queue_answer(session_key, conversation, position + 1, model, params, user_message)
 
 
@@ -222,6 +226,7 @@ def regenerate(session_key: str, content: dict[str, Any]) -> Queued:
         model, _, params = _choices(content, conversation, is_regenerate=True)
         _check_chars(conversation, old_answer.position, conversation.system_prompt)
         _supersede(conversation, old_answer.position)
+        limits.check_concurrency(session_key)
         return _queue_answer(session_key, conversation, old_answer.position, model, params, None)
 
 
@@ -243,6 +248,7 @@ def edit(session_key: str, content: dict[str, Any]) -> Queued:
             images=old_question.images if images is None else images,
             position=old_question.position,
         )
+        limits.check_concurrency(session_key)
         return _queue_answer(session_key, conversation, old_question.position + 1, model, params, user_message)
 
 
@@ -253,32 +259,33 @@ def complete(session_key: str, content: dict[str, Any]) -> Queued:
     token_ids = get_id_list(content, "token_ids")
     if not text and not token_ids:
         raise CommandError("invalid_field", "text must not be empty")
-    return _queue_completion(session_key, content, text, token_ids, is_chat, images=parse_images(content))
+    images = parse_images(content)
+    limits.check_prompt_chars(len(text))
+    model, _, params = _choices(content)
+    with transaction.atomic():
+        limits.check_concurrency(session_key)
+        return _queue_completion(session_key, model, params, text, token_ids, is_chat, images)
 
 
 def _queue_completion(
     session_key: str,
-    content: dict[str, Any],
+    model: LanguageModel,
+    params: SamplingParams,
     text: str,
     token_ids: list[int],
     is_chat: bool,
-    max_concurrent: int | None = None,
     images: list[dict[str, Any]] | None = None,
 ) -> Queued:
-    """The queued row of a raw completion (no conversation), within the limits; `images` go
-    before the text (playground/images.py's records)."""
-    limits.check_prompt_chars(len(text))
-    model, _, params = _choices(content)
-    with transaction.atomic():
-        limits.check_concurrency(session_key, max_concurrent)
-        generation = Generation.objects.create(
-            kind=Generation.Kind.COMPLETE,
-            session_key=session_key,
-            model=model,
-            chat_template=_template(model),
-            params=params.to_dict(),
-            inputs={"text": text, "chat": is_chat, "token_ids": token_ids, "images": images or []},
-        )
+    """The queued row of a raw completion (no conversation); `images` go before the text
+    (playground/images.py's records). Runs inside the command's transaction after its limit check."""
+    generation = Generation.objects.create(
+        kind=Generation.Kind.COMPLETE,
+        session_key=session_key,
+        model=model,
+        chat_template=_template(model),
+        params=params.to_dict(),
+        inputs={"text": text, "chat": is_chat, "token_ids": token_ids, "images": images or []},
+    )
     return Queued(generation.pk)
 
 
@@ -326,40 +333,69 @@ COMMANDS = {"generate": generate, "regenerate": regenerate, "edit": edit, "compl
 
 # The OpenAI-compatible API (web/openai_api) -----------------------------------------------
 #
-# An API client has no browser session: `client` (e.g. "api-key-3") stands in for the session
-# key, so the concurrency limit and the admin's records work as for the browser. A chat becomes
-# a conversation of its own whose messages are the request's, which the worker renders like any
-# other chat (no worker change), and the answer is saved as its assistant message.
+# An API client has no browser session: its owner name (e.g. "api-key-3", from
+# `openai_api.auth.Client.owner`) stands in for the session key, so the limits and the admin's
+# records work as for the browser. A chat becomes a conversation of its own whose messages are
+# the request's, which the worker renders like any other chat (no worker change), and each
+# answer is saved as its assistant message. `num_choices` (`n`) makes that many generations of
+# one prompt, a unit (choice i samples with `choices.choice_params`); a unit's choices are
+# created in order, so the client's turns (`openai_api.turns`) take them together.
 
 
 def api_chat(
-    client: str, content: dict[str, Any], messages: list[dict[str, str]], max_concurrent: int | None = None
-) -> Queued:
-    """A chat generation answering `messages` ({role, content}, roles system/user/assistant);
-    `content` holds model_id, preset_id and overrides as the WebSocket commands do."""
+    owner: str, content: dict[str, Any], messages: list[dict[str, str]], num_choices: int, max_concurrent: int
+) -> list[Queued]:
+    """The choices answering `messages` ({role, content}, roles system/user/assistant), in order;
+    `content` holds model_id, preset_id and overrides as the WebSocket commands do. The first
+    choice's answer is the conversation's active one, the others stand beside it."""
     if not messages:
         raise CommandError("invalid_field", "messages must not be empty")
     first_user = next((m["content"] for m in messages if m["role"] == Message.Role.USER), "")
     with transaction.atomic():
-        conversation = Conversation(session_key=client, title=first_user.strip()[:_TITLE_CHARS] or "API chat")
+        conversation = Conversation(session_key=owner, title=first_user.strip()[:_TITLE_CHARS] or "API chat")
         model, preset, params = _choices(content)
+        _check_choices(params, num_choices)
         _check_chars(conversation, None, *(m["content"] for m in messages))
+        limits.check_api_backlog(owner, num_choices, max_concurrent)
         conversation.model, conversation.preset = model, preset
         conversation.save()
         for position, message in enumerate(messages):
             Message.objects.create(
                 conversation=conversation, role=message["role"], content=message["content"], position=position
             )
-        return _queue_answer(client, conversation, len(messages), model, params, None, max_concurrent)
+        return [
+            _queue_answer(owner, conversation, len(messages), model, choice_params(params, i), None, is_active=i == 0)
+            for i in range(num_choices)
+        ]
 
 
-def api_complete(client: str, content: dict[str, Any], max_concurrent: int | None = None) -> Queued:
-    """A raw completion (`complete` without a browser session): text and/or token_ids as the prompt."""
-    text = get_field(content, "text", str, default="")
-    token_ids = get_id_list(content, "token_ids")
-    if not text and not token_ids:
-        raise CommandError("invalid_field", "prompt must not be empty")
-    return _queue_completion(client, content, text, token_ids, is_chat=False, max_concurrent=max_concurrent)
+def api_complete(
+    owner: str, content: dict[str, Any], prompts: list[tuple[str, list[int]]], num_choices: int, max_concurrent: int
+) -> list[list[Queued]]:
+    """Raw completions (`complete` without a browser session) of each prompt (text and/or token
+    ids): per prompt, its choices in order."""
+    for text, token_ids in prompts:
+        if not text and not token_ids:
+            raise CommandError("invalid_field", "prompt must not be empty")
+        limits.check_prompt_chars(len(text))
+    model, _, params = _choices(content)
+    _check_choices(params, num_choices)
+    with transaction.atomic():
+        limits.check_api_backlog(owner, len(prompts) * num_choices, max_concurrent)
+        return [
+            [
+                _queue_completion(owner, model, choice_params(params, i), text, token_ids, is_chat=False)
+                for i in range(num_choices)
+            ]
+            for text, token_ids in prompts
+        ]
+
+
+def _check_choices(params: SamplingParams, num_choices: int) -> None:
+    if num_choices > 1 and params.is_beam_search:
+        raise CommandError(
+            "invalid_params", f"n={num_choices} needs sampling; this preset runs beam search, which gives one answer"
+        )
 
 
 def cancel_generation(generation_id: int) -> None:

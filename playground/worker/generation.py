@@ -53,7 +53,7 @@ def run_generation(
             "generation %s was claimed by %s; skipped", generation_id, worker_routing.claimed_by(r, generation_id)
         )
         return
-    _count_active(r, worker, +1)
+    count_active(r, worker, +1)
     try:
         with liveness.generation_heartbeat(generation_id):  # beats before the row says "running"
             generation = start_queued(generation_id, worker)
@@ -64,7 +64,7 @@ def run_generation(
         if generation.conversation_id is not None and generation.params.get("use_prefix_cache", True):
             worker_routing.record_owner(r, generation.conversation_id, worker)  # its KV is here now
     finally:
-        _count_active(r, worker, -1)
+        count_active(r, worker, -1)
     cancel.clear(generation_id)
 
 
@@ -72,7 +72,7 @@ _active_lock = threading.Lock()
 _num_active = 0
 
 
-def _count_active(r: Any, worker: str, delta: int) -> None:
+def count_active(r: Any, worker: str, delta: int) -> None:
     """Cache-aware routing sends a conversation's next turn here only while this worker has a
     free place in its batch: it counts as busy when all its places are taken."""
     global _num_active
@@ -112,11 +112,25 @@ class GenerationRun:
         self.steps: list[dict[str, Any]] = []
         self.coalescer = StepCoalescer(self._send_steps)
         self.saved_at = time.monotonic()
+        self.prompt_record: dict[str, Any] | None = None  # as `generation.started` sent it
+        # When this stream got its first and latest token, on this worker's clock: the decode
+        # rate the stream got (batched or not), which the engine's compute time alone is not.
+        self.first_token_at: float | None = None
+        self.last_token_at = 0.0
+        self.num_timed_tokens = 0
 
     def execute(self, load_engine: Callable[[LanguageModel], Engine]) -> None:
+        self.run_to_end(lambda: self._generate(load_engine))
+
+    def stream_to_end(self, events: Iterator[Event | Waiting]) -> None:
+        """Streams a started generation's events (`start_like`) and ends it with their outcome."""
+        self.run_to_end(lambda: self._stream(events))
+
+    def run_to_end(self, produce: Callable[[], Finished]) -> None:
+        """Runs `produce` and ends the generation with its outcome, whatever it raised."""
         outcome: Finished | CommandError = CommandError("internal_error", "the worker was interrupted")
         try:
-            outcome = self._generate(load_engine)
+            outcome = produce()
         except CommandError as exc:
             outcome = exc
         except Exception as exc:
@@ -150,28 +164,40 @@ class GenerationRun:
 
     def _start(self, load_engine: Callable[[LanguageModel], Engine]) -> tuple[Engine, SamplingParams, list[int]]:
         """Loads the model, builds and saves the prompt, announces `generation.started`."""
-        generation = self.generation
-        self.answer_id = generation.answer_message_id()
+        params = self._read_params()
+        engine = self._load(load_engine)
+        prompt_ids, prompt = self._prompt(engine, engine.info.max_context)
+        self.announce(prompt, len(prompt_ids))
+        return engine, params, prompt_ids
+
+    def _read_params(self) -> SamplingParams:
+        self.answer_id = self.generation.answer_message_id()
         try:
-            params = SamplingParams.from_dict(generation.params)
+            params = SamplingParams.from_dict(self.generation.params)
         except (TypeError, ValueError) as exc:  # stored by an older version with other settings
             raise CommandError("invalid_params", str(exc)) from exc
         self.is_beam_search, self.params = params.is_beam_search, params
-        engine = self._load(load_engine)
-        info = engine.model_info()
-        prompt_ids, prompt = self._prompt(engine, engine.info.max_context)
+        return params
+
+    def start_like(self, leader: GenerationRun, prompt: dict[str, Any], num_prompt_tokens: int) -> None:
+        """Starts this generation on `leader`'s engine with `leader`'s prompt (another choice of
+        the same request: the prompt is built once)."""
+        self._read_params()
+        self.engine, self.loop = leader.engine, leader.loop
+        self.announce(prompt, num_prompt_tokens)
+
+    def announce(self, prompt: dict[str, Any], num_prompt_tokens: int) -> None:
+        """Saves the prompt as the model sees it and sends `generation.started`."""
+        generation = self.generation
+        self.prompt_record = prompt
         self.starts_in_reasoning = prompt_opens_reasoning(prompt["text"])
         self._save(
             prompt_text=prompt["text"],
             prompt={key: prompt[key] for key in ("spans", "tokens", "images", "dropped_reasoning")},
-            num_prompt_tokens=len(prompt_ids),
+            num_prompt_tokens=num_prompt_tokens,
         )
-        self.send(
-            protocol.generation_started(
-                generation.pk, generation.worker, protocol.json_safe(info), params.to_dict(), prompt
-            )
-        )
-        return engine, params, prompt_ids
+        info = protocol.json_safe(self.engine.model_info())
+        self.send(protocol.generation_started(generation.pk, generation.worker, info, self.params.to_dict(), prompt))
 
     def _load(self, load_engine: Callable[[LanguageModel], Engine]) -> Engine:
         model = self.generation.model
@@ -263,6 +289,10 @@ class GenerationRun:
         return messages, images
 
     def _on_step(self, event: Step | BeamStep) -> None:
+        self.last_token_at = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = self.last_token_at
+        self.num_timed_tokens += 1
         step = protocol.json_safe(event.to_dict())
         self.steps.append(step)
         if isinstance(event, Step):
@@ -319,9 +349,19 @@ class GenerationRun:
 
     def _stats(self, finished: Finished) -> dict[str, Any]:
         stats = protocol.stats_record(protocol.json_safe(finished.to_dict()), self.generation.worker)
+        stats.update(self._stream_rate())
         if self.engine is not None:  # this worker's prefix cache after the request: hit rate, bytes, ...
             stats["prefix_cache"] = protocol.json_safe(self.engine.prefix_cache_stats())
         return stats
+
+    def _stream_rate(self) -> dict[str, Any]:
+        """`stream_decode_ms` (first token to last, wall clock) and `stream_decode_tok_s` (tokens
+        after the first over that time; None with fewer than two): what the client got."""
+        if self.first_token_at is None:
+            return {"stream_decode_ms": 0.0, "stream_decode_tok_s": None}
+        seconds = self.last_token_at - self.first_token_at
+        rate = (self.num_timed_tokens - 1) / seconds if self.num_timed_tokens > 1 and seconds > 0 else None
+        return {"stream_decode_ms": seconds * 1000, "stream_decode_tok_s": rate}
 
     def _finished_fields(self, finished: Finished, stats: dict[str, Any]) -> dict[str, Any]:
         is_cancelled = finished.finish_reason == "cancelled"

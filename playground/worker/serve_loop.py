@@ -106,16 +106,19 @@ class ServeLoop:
 
         return self._follow(add, [generation_id])[0]
 
-    def submit_choices(
+    def submit_parallel(
         self,
         prompt_ids: list[int],
         params: SamplingParams,
-        generation_ids: list[int],
+        generation_ids: Sequence[int],
         images: Sequence[PromptImage] = (),
         client: str = "",
     ) -> list[Iterator[Event | Waiting]]:
-        """`len(generation_ids)` choices of one prompt, prefilled once and forked (the engine's
-        parallel sampling): one event iterator per choice, in order."""
+        """The n choices of one prompt (`n` of the OpenAI API, n = len(generation_ids)): the
+        prompt is prefilled once and forked into n sequences sharing its KV blocks (the engine's
+        parallel sampling); choice i samples with `choices.choice_params(params, i)` (the seed
+        + i). One event iterator per choice, in order. A `ValueError` for bad input is raised
+        here, and then none of them runs."""
 
         def add() -> list[int]:
             return self.engine.add_choices(prompt_ids, params, len(generation_ids), images=images, client=client)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,9 @@ def test_gguf_source_is_converted_once_into_the_data_dir(
     assert first.source_path.parent == tmp_path / "data" / "models"
     assert first.source_path.name.startswith("My-Model.Q8_0-")
     assert first.name == "My-Model.Q8_0"
+    # A name given (the playground's record name) is the model's name; the file stem never shows.
+    named = load_model(replace(config, name="Mistral small (q8)"))
+    assert named.name == "Mistral small (q8)" and conversions == [gguf]
 
 
 # --- errors: one readable line naming the model, the original chained ---------------------

@@ -102,3 +102,9 @@ def test_auto_device_and_dtype_defer_to_the_worker_settings(settings) -> None:
     assert (config.device, config.dtype, config.data_dir) == ("cpu", "bfloat16", str(settings.PLAYGROUND_DATA_DIR))
     config = LanguageModel(name="m", source="bundled", device="cuda:1", dtype="float16").to_engine_config()
     assert (config.device, config.dtype) == ("cuda:1", "float16")
+
+
+def test_the_engine_is_named_after_the_record() -> None:
+    """The record's name is what generation.started, metrics labels and errors show, never a file stem."""
+    config = LanguageModel(name="Qwen small (q4)", source="/models/q.gguf").to_engine_config()
+    assert config.name == "Qwen small (q4)"

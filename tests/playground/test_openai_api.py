@@ -6,20 +6,23 @@ client went away."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
 from django.test import AsyncClient
 from django.utils import timezone
 
 from playground import protocol
-from playground.coord import cancel, liveness, store
+from playground.coord import cancel, keys, liveness, store
 from playground.models import ApiKey, Conversation, Generation
-from playground.web.openai_api import follow
-from playground.worker import generation
+from playground.web.openai_api import follow, turns
+from playground.worker import choices, generation
 from playground.worker.publisher import send_to_group
 from tests.playground.sent_tasks import on_task
 
@@ -39,7 +42,24 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
         "run_generation",
         apply_async=lambda args, **options: generation.run_generation(args[0], "eager", load_engine=lambda model: fake),
     )
+
+    def run_choices(args: tuple[list[int]], **options: Any) -> None:
+        # The choices' threads publish from threads of their own: into the test's event loop, safely.
+        loop = async_to_sync(_running_loop)()
+        layer = get_channel_layer()
+
+        def send(event: dict[str, Any]) -> None:
+            group = protocol.group_name(event["generation_id"])
+            asyncio.run_coroutine_threadsafe(layer.group_send(group, event), loop).result()
+
+        choices.run_choices(args[0], "eager", load_engine=lambda model: fake, send=send)
+
+    on_task(monkeypatch, "run_choices", apply_async=run_choices)
     return fake
+
+
+async def _running_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
 
 
 async def post(path: str, body: dict[str, Any], **headers: str) -> Any:
@@ -193,7 +213,8 @@ async def test_legacy_completion_with_echo_and_logprobs(engine: FakeEngine) -> N
             "max_tokens",
             None,
         ),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", None),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n", None),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 17}, 400, "n", None),
         (
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 3},
             400,
@@ -283,10 +304,12 @@ async def test_keys_authenticate_and_limit_concurrency(settings: Any, engine: Fa
     response = await post("/v1/chat/completions", body, Authorization=f"Bearer {secret}")
     assert response.status_code == 200
     assert (await sync_to_async(Generation.objects.get)()).session_key == key.client_name
-    # One generation already active for this key: the next one is refused with 429.
+    # One generation already running for this key and no place to wait: 429, with when to retry.
+    settings.PLAYGROUND_API_MAX_WAITING = 0
     await sync_to_async(Generation.objects.update)(status="running", started_at=timezone.now())
     response = await post("/v1/chat/completions", body, Authorization=f"Bearer {secret}")
     assert (response.status_code, response.json()["error"]["code"]) == (429, "too_many_generations")
+    assert response["Retry-After"] == "1"
     key.is_active = False  # revoked
     await sync_to_async(key.save)()
     response = await post("/v1/chat/completions", body, Authorization=f"Bearer {secret}")
@@ -345,3 +368,188 @@ async def test_a_dead_worker_ends_the_stream_with_an_error(monkeypatch: pytest.M
     assert events[-1] == "[DONE]"
     assert events[-2]["error"]["code"] == "worker_lost"
     assert await sync_to_async(Conversation.objects.count)() == 1
+
+
+# ---- issue 27: the API as people's tools call it ------------------------------------------
+
+
+async def test_an_empty_bearer_is_no_key(settings: Any, engine: FakeEngine) -> None:
+    """Tools send `Authorization: Bearer ` when no key is configured: on keyless localhost that
+    is no key; where keys are required it is a missing key."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    assert (await post("/v1/chat/completions", body, Authorization="Bearer ")).status_code == 200
+    settings.PLAYGROUND_API_KEYLESS_LOCALHOST = False
+    response = await post("/v1/chat/completions", body, Authorization="Bearer ")
+    assert response.status_code == 401 and "no API key" in response.json()["error"]["message"]
+
+
+async def test_n_choices_are_sequences_of_one_prompt_whose_tokens_count_once(engine: FakeEngine) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "n": 3, "seed": 7, "temperature": 0.5}
+    response = await post("/v1/chat/completions", body)
+    assert response.status_code == 200, response.content
+    answer = response.json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in answer["choices"]] == ["Hi you"] * 3
+    rows = await sync_to_async(list)(Generation.objects.order_by("pk"))
+    assert [row.params["seed"] for row in rows] == [7, 8, 9]  # each choice its own sequence
+    assert len(engine.rendered) == 1  # the prompt was built once, for the three
+    assert answer["usage"]["prompt_tokens"] == rows[0].num_prompt_tokens  # counted once, as OpenAI does
+    assert answer["usage"]["completion_tokens"] == 18 and answer["id"] == f"chatcmpl-{rows[0].pk}"
+    conversation = await sync_to_async(Conversation.objects.get)()
+    answers = await sync_to_async(list)(conversation.messages.filter(role="assistant").order_by("pk"))
+    assert [m.is_active for m in answers] == [True, False, False] and {m.content for m in answers} == {"Hi you"}
+
+    stream = await post("/v1/chat/completions", {**body, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = events_of(await stream_body(stream))[:-1]
+    assert [c["choices"][0]["delta"] for c in chunks[:3]] == [{"role": "assistant", "content": ""}] * 3
+    by_index: dict[int, str] = {0: "", 1: "", 2: ""}
+    for chunk in chunks[3:-1]:
+        choice = chunk["choices"][0]
+        by_index[choice["index"]] += choice["delta"].get("content", "")
+    assert by_index == {0: "Hi you", 1: "Hi you", 2: "Hi you"}
+    finishes = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert sorted(finishes) == [0, 1, 2]
+    assert chunks[-1]["usage"] == answer["usage"]
+
+
+async def test_a_list_of_prompts_answers_each_in_order_with_usage_summed(engine: FakeEngine) -> None:
+    body = {"model": MODEL, "prompt": ["A:", "Be:"], "n": 2, "echo": True, "max_tokens": 2}
+    response = await post("/v1/completions", body)
+    assert response.status_code == 200, response.content
+    answer = response.json()
+    assert [(c["index"], c["text"]) for c in answer["choices"]] == [
+        (0, "A:Hi"),
+        (1, "A:Hi"),
+        (2, "Be:Hi"),
+        (3, "Be:Hi"),
+    ]
+    assert answer["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 8,
+        "total_tokens": 13,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+    response = await post("/v1/completions", {"model": MODEL, "prompt": [[83, 97], "x"], "max_tokens": 1})
+    assert [c["text"] for c in response.json()["choices"]] == ["H", "H"]
+    stream = await post("/v1/completions", {**body, "stream": True})
+    chunks = events_of(await stream_body(stream))[:-1]
+    texts = {i: "" for i in range(4)}
+    for chunk in chunks:
+        texts[chunk["choices"][0]["index"]] += chunk["choices"][0]["text"]
+    assert texts == {i: c["text"] for i, c in enumerate(answer["choices"])}
+
+
+@pytest.mark.parametrize(
+    "prompt, param",
+    [([], "prompt"), (["ok", ""], "prompt[1]"), (["ok", [1, -2]], "prompt[1]"), ([["x"]], "prompt[0]")],
+)
+async def test_a_bad_prompt_in_a_list_is_named(engine: FakeEngine, prompt: Any, param: str) -> None:
+    response = await post("/v1/completions", {"model": MODEL, "prompt": prompt})
+    assert (response.status_code, response.json()["error"]["param"]) == (400, param)
+
+
+async def test_limits_of_one_request_are_400_naming_the_field(settings: Any, engine: FakeEngine) -> None:
+    settings.PLAYGROUND_API_MAX_CONCURRENT, settings.PLAYGROUND_API_MAX_WAITING = 2, 3
+    response = await post(
+        "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 3}
+    )
+    assert (response.status_code, response.json()["error"]["param"]) == (400, "n")
+    response = await post("/v1/completions", {"model": MODEL, "prompt": ["a", "b", "c"], "n": 2})
+    assert (response.status_code, response.json()["error"]["param"]) == (400, "prompt")
+    assert not await sync_to_async(Generation.objects.exists)()
+
+
+async def test_streamed_and_non_streamed_text_are_identical(engine: FakeEngine) -> None:
+    engine.answer = " 1, 2, "
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count"}], "max_tokens": 10}
+    whole = (await post("/v1/chat/completions", body)).json()["choices"][0]["message"]["content"]
+    chunks = events_of(await stream_body(await post("/v1/chat/completions", {**body, "stream": True})))[:-1]
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert whole == streamed == "1, 2, "
+
+
+async def test_timings_are_the_rate_the_stream_got(engine: FakeEngine) -> None:
+    """The fake engine says 1000 tok/s (its compute time); the stream got a token every 50 ms."""
+    engine.on_step = lambda index: time.sleep(0.05)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "timings": True}
+    timings = (await post("/v1/chat/completions", body)).json()["timings"]
+    assert 10 < timings["predicted_per_second"] <= 20 and timings["predicted_ms"] >= 5 * 50
+    assert timings["queue_ms"] >= 0
+    chunks = events_of(await stream_body(await post("/v1/chat/completions", {**body, "stream": True})))
+    streamed = chunks[-2]["timings"]
+    assert 10 < streamed["predicted_per_second"] <= 20 and streamed["queue_ms"] >= 0
+
+
+async def test_requests_beyond_the_client_concurrency_wait_for_their_turn(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    settings.PLAYGROUND_API_MAX_CONCURRENT = 1
+    queued = await _started_elsewhere(monkeypatch, started_at=timezone.now())
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    first = await post("/v1/chat/completions", body)
+    store.client().set(liveness.generation_key(queued[0]), 1, px=60_000)  # its worker is alive
+    second = asyncio.create_task(post("/v1/chat/completions", body))
+    await asyncio.sleep(0.5)
+    # (Not thread-sensitive: the test client runs the waiting request's sync middleware in that thread.)
+    rows = Generation.objects.order_by("pk").values_list("status", flat=True)
+    statuses = await sync_to_async(list, thread_sensitive=False)(rows)
+    assert not second.done() and len(queued) == 1 and statuses == ["running", "queued"]
+    # The first one ends (its worker saves the row, then sends the terminal event): the second goes.
+    finish = Generation.objects.filter(pk=queued[0]).update
+    await sync_to_async(finish, thread_sensitive=False)(status="finished", finished_at=timezone.now())
+    await get_channel_layer().group_send(
+        protocol.group_name(queued[0]), protocol.generation_finished(queued[0], None, "eos", "", {})
+    )
+    response = await asyncio.wait_for(second, 5)
+    assert response.status_code == 200 and len(queued) == 2
+    assert events_of(await stream_body(first))[-1] == "[DONE]"
+    task = asyncio.create_task(stream_body(response))  # the client leaves: its generation is cancelled
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def test_a_queued_row_no_web_process_holds_is_cancelled_at_the_next_turn(settings: Any) -> None:
+    """A web process that died left its waiting rows queued: the client's next turn cancels them
+    (a held one, marked waiting, is kept and keeps its place)."""
+    orphan = Generation.objects.create(session_key="api-local", params={})
+    held = Generation.objects.create(session_key="api-local", params={})
+    Generation.objects.filter(pk__in=[orphan.pk, held.pk]).update(created_at=timezone.now() - timedelta(minutes=5))
+    store.client().set(keys.api_turn(held.pk), "waiting")
+    newest = Generation.objects.create(session_key="api-local", params={})
+    assert not turns.check_turn("api-local", [newest.pk], max_concurrent=1)
+    orphan.refresh_from_db()
+    assert orphan.status == "cancelled" and store.client().get(keys.api_turn(newest.pk)) == b"waiting"
+    assert turns.check_turn("api-local", [newest.pk], max_concurrent=2)
+    assert store.client().get(keys.api_turn(newest.pk)) == b"sent"
+    assert Generation.objects.get(pk=held.pk).status == "queued"
+
+
+async def test_a_backlog_full_of_a_dead_processes_rows_is_cleared(settings: Any, engine: FakeEngine) -> None:
+    settings.PLAYGROUND_API_MAX_CONCURRENT, settings.PLAYGROUND_API_MAX_WAITING = 1, 1
+    for _ in range(2):  # left queued, unmarked, by a web process that died
+        await sync_to_async(Generation.objects.create)(session_key="api-local", params={})
+    await sync_to_async(Generation.objects.update)(created_at=timezone.now() - timedelta(minutes=5))
+    store.client().set(keys.worker_alive("w"), 1)  # a worker lives: they are not "lost", only orphaned
+    response = await post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert response.status_code == 200, response.content
+    statuses = await sync_to_async(list)(Generation.objects.order_by("pk").values_list("status", flat=True))
+    assert statuses == ["cancelled", "cancelled", "finished"]
+
+
+async def test_a_full_server_queue_is_503_with_retry_after(settings: Any, engine: FakeEngine) -> None:
+    settings.PLAYGROUND_MAX_QUEUED = 1
+    await sync_to_async(Generation.objects.create)(session_key="someone-else", params={})
+    response = await post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "server_busy")
+    assert response["Retry-After"] == "2"
+
+
+def test_daphne_writes_a_reason_phrase_for_every_status() -> None:
+    from twisted.web import http
+
+    import playground.asgi  # noqa: F401  (completes the table when the application is built)
+
+    assert http.RESPONSES[429] == b"Too Many Requests" and http.RESPONSES[451] == b"Unavailable For Legal Reasons"

@@ -4,6 +4,7 @@ cancel check, the waiting position and a failing step, on a real tiny batching e
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -103,3 +104,35 @@ def test_bad_input_is_refused_at_submit() -> None:
     with pytest.raises(ValueError, match="outside the vocabulary"):
         loop.submit([10**9], PARAMS, generation_id=1)
     assert loop.num_requests == 0
+
+
+def test_parallel_choices_are_one_unit_each_with_its_own_seed() -> None:
+    """`n` choices of one prompt: added together, each sampled with the seed + its index, each
+    equal to that seed's request alone; a bad prompt adds none of them."""
+    engine = engine_for("llama")
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=6, ignore_eos=True, seed=41, use_prefix_cache=False)
+    alone = [tokens(engine.generate(prompt(2), replace(sampled, seed=41 + i))) for i in range(3)]
+    loop = ServeLoop(engine, never_cancelled)
+    streams = loop.submit_parallel(prompt(2), sampled, [7, 8, 9])
+    assert loop.num_requests == 3
+    results = [list(events) for events in streams]
+    assert [tokens(r) for r in results] == alone and len({tuple(a) for a in alone}) > 1
+    assert all(isinstance(r[-1], Finished) and r[-1].seed == 41 + i for i, r in enumerate(results))
+    assert loop.num_requests == 0
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        loop.submit_parallel([10**9], sampled, [10, 11])
+    assert loop.num_requests == 0
+
+
+def test_a_parallel_choice_that_is_stopped_ends_alone() -> None:
+    flagged: set[int] = set()
+    loop = ServeLoop(engine_for("llama"), lambda ids: flagged & set(ids))
+    long = SamplingParams(greedy=True, max_new_tokens=200, ignore_eos=True, use_prefix_cache=False)
+    doomed, other = loop.submit_parallel(prompt(1), long, [5, 6])
+    seen = []
+    for event in doomed:
+        seen.append(event)
+        if len(tokens(seen)) == 2:
+            flagged.add(5)
+    assert seen[-1].finish_reason == "cancelled" and len(tokens(seen)) < 200
+    assert list(other)[-1].finish_reason == "length"

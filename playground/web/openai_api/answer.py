@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.text.reasoning import THINK_CLOSE, THINK_OPEN, split_reasoning, split_segments
+from inference.text.reasoning import THINK_CLOSE, THINK_OPEN, split_segments
 
 
 @dataclass
@@ -57,10 +57,9 @@ class Answer:
         return self._delta(self._parts(self.text, final=True))
 
     def final_parts(self) -> tuple[str, str]:
-        """(reasoning, content) of the whole answer, as a non-streaming response carries them."""
-        if not self.split:
-            return "", self.text
-        return split_reasoning(self.text, starts_in_reasoning=self.starts_in_reasoning)
+        """(reasoning, content) of the whole answer (after `finish`): exactly what its deltas
+        handed out, so a non-streamed answer's text is its stream's, byte for byte."""
+        return self._sent
 
     def is_reasoning_at(self, offset: int) -> bool:
         """Whether the text at `offset` (tags included) lies in a `<think>` block."""

@@ -2,10 +2,13 @@
 (setting `PLAYGROUND_API_KEYLESS_LOCALHOST`, on by default for `make run`) a local client
 without one.
 
-Owns: the key check (hashed lookup, revoked keys refused), the client name a generation is
-filed under (its "session key"), and the per-key concurrency limit. On localhost without a
-key requirement, a bearer token that is not one of ours (no `pg-` prefix, e.g. the "none"
-that clients insist on sending) is ignored; a `pg-` token that does not match is refused.
+Owns: the key check (hashed lookup, revoked keys refused), the owner a generation is filed
+under (`Client.owner`, the one place every other module reads it from), and the client's
+concurrency (the key's own, else `PLAYGROUND_API_MAX_CONCURRENT`). On localhost without a key
+requirement, a bearer token that is not one of ours (no `pg-` prefix, e.g. the "none" that
+clients insist on sending) is ignored, and so is an empty one (`Bearer ` with nothing after
+it, what several tools send when no key is configured); a `pg-` token that does not match is
+refused.
 """
 
 from __future__ import annotations
@@ -25,22 +28,24 @@ _LOCAL_ADDRESSES = ("127.0.0.1", "::1", "localhost")
 
 @dataclass(frozen=True)
 class Client:
-    name: str  # the generations' session key
-    max_concurrent: int | None  # None: PLAYGROUND_MAX_CONCURRENT_PER_CLIENT
+    # Who owns its generations (their session key): produced here only, read from here only,
+    # so a change of what an owner is (e.g. the key's record) lands in this module.
+    owner: str
+    max_concurrent: int  # generations running at once; more wait for their turn (`turns`)
 
 
 def authenticate(request: HttpRequest) -> Client:
     token = _bearer_token(request)
     keyless = settings.PLAYGROUND_API_KEYLESS_LOCALHOST and request.META.get("REMOTE_ADDR") in _LOCAL_ADDRESSES
     if keyless and (token is None or not token.startswith(ApiKey.PREFIX)):
-        return Client(LOCAL_CLIENT, None)
+        return Client(LOCAL_CLIENT, settings.PLAYGROUND_API_MAX_CONCURRENT)
     if token is None:
         raise _unauthorized("no API key: send the header 'Authorization: Bearer <key>' (keys are made in the admin)")
     key = ApiKey.objects.filter(key_hash=ApiKey.hash(token), is_active=True).first()
     if key is None:
         raise _unauthorized(f"incorrect or revoked API key {token[:10]}...")
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
-    return Client(key.client_name, key.max_concurrent)
+    return Client(key.client_name, key.max_concurrent or settings.PLAYGROUND_API_MAX_CONCURRENT)
 
 
 def _bearer_token(request: HttpRequest) -> str | None:
@@ -48,9 +53,9 @@ def _bearer_token(request: HttpRequest) -> str | None:
     if not header:
         return None
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    if scheme.lower() != "bearer":
         raise _unauthorized("the Authorization header must be 'Bearer <key>'")
-    return token.strip()
+    return token.strip() or None  # "Bearer " with an empty key: no key
 
 
 def _unauthorized(message: str) -> ApiError:

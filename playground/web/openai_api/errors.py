@@ -1,8 +1,10 @@
 """OpenAI's error shape and HTTP statuses for everything the API refuses or that fails.
 
-Owns: `ApiError` (message, type, param, code, status), the mapping from the protocol's stable
-codes (`playground.protocol.ERROR_CODES`) and from `SamplingParams`' ValueErrors (which name
-their field) to it. Must not know: the channel layer, the ORM.
+Owns: `ApiError` (message, type, param, code, status, and `Retry-After` for the refusals
+that pass: a client's own backlog is full (429), the server's queue is full or no worker is
+alive (503)), the mapping from the protocol's stable codes (`playground.protocol.ERROR_CODES`)
+and from `SamplingParams`' ValueErrors (which name their field) to it. Must not know: the
+channel layer, the ORM.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ _BY_CODE = {
     "kv_handoff_failed": (500, "server_error"),
     "internal_error": (500, "server_error"),
 }
+# Seconds a client should wait before it tries again (`Retry-After`; OpenAI's clients honour it
+# up to 60 s), by code: a client's own generations end within seconds; a full server queue or a
+# missing worker takes longer.
+RETRY_AFTER_S = {"too_many_generations": 1, "server_busy": 2, "worker_lost": 5, "queue_unreachable": 5}
 # Our sampling settings' names -> the request field a client sent.
 _FIELD_NAMES = {"max_new_tokens": "max_tokens", "num_alternatives": "top_logprobs"}
 
@@ -42,12 +48,16 @@ class ApiError(Exception):
         super().__init__(message)
         self.message, self.param, self.code, self.status = message, param, code, status
         self.type = kind or ("invalid_request_error" if status < 500 else "server_error")
+        self.retry_after_s = RETRY_AFTER_S.get(code or "") if status in (429, 503) else None
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JsonResponse:
-        return JsonResponse(self.body(), status=self.status)
+        response = JsonResponse(self.body(), status=self.status)
+        if self.retry_after_s is not None:
+            response["Retry-After"] = str(self.retry_after_s)
+        return response
 
     def sse(self) -> bytes:
         """The error as one server-sent event (after the stream's headers went out)."""

@@ -87,9 +87,11 @@ class Follower:
                 await self.layer.group_discard(self.group, self.channel)
 
     async def _check(self) -> dict[str, Any] | None:
+        # Not thread-sensitive: the events are read by a task that outlives the view which
+        # started it (and with it the view's sync thread), and no transaction spans these calls.
         try:
-            await database_sync_to_async(dispatch.reroute_if_stranded)(self.generation_id)
-            return await database_sync_to_async(liveness.ended_event)(self.generation_id)
+            await database_sync_to_async(dispatch.reroute_if_stranded, thread_sensitive=False)(self.generation_id)
+            return await database_sync_to_async(liveness.ended_event, thread_sensitive=False)(self.generation_id)
         except Exception:
             logger.exception("watchdog of generation %s failed; retrying", self.generation_id)
             return None

@@ -16,6 +16,7 @@ from typing import Any
 from playground.web.openai_api.errors import ApiError, invalid
 
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 128  # `n`, as OpenAI caps it; a client's concurrency caps it further (`run`)
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Accepted and ignored: they change nothing an answer of this server could show.
 _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "tool_choice", "logit_bias"}
@@ -58,9 +59,9 @@ class ApiRequest:
     num_logprobs: int | None = None  # None: no logprobs; else the top alternatives per token
     timings: bool = False
     raw_logprobs: bool = False
+    num_choices: int = 1  # `n`: choices per prompt
     messages: list[dict[str, str]] = field(default_factory=list)  # chat
-    prompt_text: str = ""  # completions
-    prompt_token_ids: list[int] = field(default_factory=list)
+    prompts: list[tuple[str, list[int]]] = field(default_factory=list)  # completions: (text, token ids) each
     echo: bool = False
     is_score_only: bool = False  # completions with echo and max_tokens=0: the prompt's logprobs only
 
@@ -101,7 +102,7 @@ def completion_request(data: dict[str, Any]) -> ApiRequest:
     if fields.get("suffix", str):
         raise invalid("suffix", "suffix (insertion) is not supported by this server", "unsupported_parameter")
     if fields.integer("best_of", 1) not in (None, 1):
-        raise invalid("best_of", "only best_of=1 is supported", "unsupported_parameter")
+        raise invalid("best_of", "only best_of=1 is supported (n gives several choices)", "unsupported_parameter")
     request.num_logprobs = fields.integer("logprobs", 0, MAX_TOP_LOGPROBS)
     request.echo = bool(fields.get("echo", bool))
     if request.echo and request.num_logprobs is not None and request.stream:
@@ -115,7 +116,7 @@ def completion_request(data: dict[str, Any]) -> ApiRequest:
             raise invalid("max_tokens", "max_tokens=0 needs echo=true and logprobs (scoring the prompt)")
         request.is_score_only = True
         request.overrides["max_new_tokens"] = 1  # the engine generates at least one token; it is not returned
-    request.prompt_text, request.prompt_token_ids = _prompt(data.get("prompt"))
+    request.prompts = _prompts(data.get("prompt"))
     request.overrides["num_alternatives"] = request.num_logprobs or 0
     return request
 
@@ -132,8 +133,7 @@ def _common(fields: _Fields) -> ApiRequest:
         if not isinstance(include_usage, bool):
             raise invalid("stream_options.include_usage", "stream_options.include_usage must be true or false")
         request.include_usage = include_usage
-    if fields.integer("n", 1) not in (None, 1):
-        raise invalid("n", "only n=1 is supported: send one request per choice", "unsupported_parameter")
+    request.num_choices = fields.integer("n", 1, MAX_CHOICES) or 1
     for name in ("presence_penalty", "frequency_penalty"):
         if fields.number(name, -2.0, 2.0):
             raise invalid(
@@ -210,19 +210,25 @@ def _content(content: Any, i: int, role: str) -> str:
     return "".join(texts)
 
 
-def _prompt(prompt: Any) -> tuple[str, list[int]]:
-    """(text, token ids): a string, a list of token ids, or a list of one of either."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+def _prompts(prompt: Any) -> list[tuple[str, list[int]]]:
+    """[(text, token ids)] of a string, a list of token ids, or a list of either (several prompts)."""
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt)):
+        return [_prompt(prompt, "prompt")]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return [_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    raise invalid(
+        "prompt", "prompt must be a non-empty string, a list of token ids, or a list of prompts (strings or token ids)"
+    )
+
+
+def _prompt(prompt: str | list[Any], param: str) -> tuple[str, list[int]]:
     if isinstance(prompt, str):
         if not prompt:
-            raise invalid("prompt", "prompt must not be empty")
+            raise invalid(param, f"{param} must not be empty")
         return prompt, []
-    if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
+    if prompt and all(_is_token_id(t) for t in prompt):
         return "", prompt
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise invalid("prompt", "only one prompt per request is supported", "unsupported_parameter")
-    raise invalid("prompt", "prompt must be a non-empty string or a list of token ids")
+    raise invalid(param, f"{param} must be a non-empty string or a non-empty list of token ids (integers >= 0)")
 
 
 def _is_token_id(value: Any) -> bool:

@@ -1,14 +1,21 @@
-"""One API request from the queued row to its answer: submit, enqueue, follow, and the
-answer as a whole (non-streaming) or as server-sent events.
+"""One API request from its queued rows to its answer: submit, wait for the client's turn,
+enqueue, follow, and the answer as a whole (non-streaming) or as server-sent events.
 
-Owns: the order (join the group, then queue; wait for `generation.started` before answering,
-so a prompt the worker refuses is still an HTTP error), the chunk sequence of a stream, and
-the cancel of a generation whose client went away. Must not know: request parsing (`request`),
-the shapes' details (`shapes`).
+A request holds one or more choices (`choice.Choice`, each its own generation): `n` choices
+of each prompt (a unit: they run together on one worker), and in `/v1/completions` one unit
+per prompt of a list. Choice `i * n + j` is prompt i's choice j, as in OpenAI's API.
+
+Owns: the order (join every group, then queue each unit when its turn comes; wait for every
+`generation.started` before answering, so a prompt the worker refuses is still an HTTP error),
+the chunk sequence of a stream, usage summed over the choices (each prompt counted once, as
+OpenAI does), and the cancel of the generations whose client went away. Must not know: request
+parsing (`request`), the shapes' details (`shapes`), the turn rule (`turns`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import time
@@ -17,22 +24,22 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from inference.text.reasoning import prompt_opens_reasoning
-from playground import dispatch
+from playground import dispatch, limits
 from playground.models import LanguageModel, SamplingPreset
 from playground.protocol import CommandError
 from playground.web import submit
 from playground.web.inspect_api import ask_worker
-from playground.web.openai_api import shapes
-from playground.web.openai_api.answer import Answer, Delta
-from playground.web.openai_api.errors import ApiError, from_command_error, from_event
-from playground.web.openai_api.follow import Follower
+from playground.web.openai_api import shapes, turns
+from playground.web.openai_api.answer import Delta
+from playground.web.openai_api.auth import Client
+from playground.web.openai_api.choice import Choice, Item
+from playground.web.openai_api.errors import ApiError, from_command_error, invalid
 from playground.web.openai_api.request import ApiRequest
 
 logger = logging.getLogger(__name__)
 
-# A stream holds its latest content chunk back this long, so that the finish reason can ride
-# on the last content chunk when the generation ends meanwhile.
+# A stream holds each choice's latest content chunk back this long, so that the finish reason
+# can ride on the last content chunk when the generation ends meanwhile.
 HOLD_CHUNK_S = 0.1
 DONE = b"data: [DONE]\n\n"
 
@@ -42,42 +49,68 @@ def sse(data: dict[str, Any]) -> bytes:
 
 
 class ApiRun:
-    def __init__(self, request: ApiRequest, client: str, max_concurrent: int | None, is_chat: bool) -> None:
-        self.request, self.client, self.max_concurrent, self.is_chat = request, client, max_concurrent, is_chat
+    def __init__(self, request: ApiRequest, client: Client, is_chat: bool) -> None:
+        self.request, self.client, self.is_chat = request, client, is_chat
         self.created = int(time.time())
-        self.submitted_at = time.monotonic()
-        self.queue_ms: float | None = None
-        self.follower: Follower | None = None
-        self.prompt_text = ""
-        self.answer = Answer(split_reasoning=is_chat)
-        self.finished: dict[str, Any] | None = None
-        self.prompt_tokens: list[dict[str, Any]] | None = None  # echo + logprobs: the prompt's own
+        self.arrived_at = time.monotonic()
+        self.units: list[list[Choice]] = []  # per prompt, its choices in order
+        self.inbox: asyncio.Queue[Item] = asyncio.Queue()
+        self._early: list[Item] = []  # what came while other choices were still starting
+
+    @property
+    def choices(self) -> list[Choice]:
+        return [choice for unit in self.units for choice in unit]
 
     @property
     def id(self) -> str:
         prefix = "chatcmpl" if self.is_chat else "cmpl"
-        return f"{prefix}-{self.follower.generation_id if self.follower else 0}"
+        return f"{prefix}-{self.units[0][0].generation_id if self.units else 0}"
 
     # ---- start ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Creates the row, joins its group, queues it, and waits until a worker started it."""
-        queued = await database_sync_to_async(self._submit)()
-        self.follower = Follower(queued.generation_id)
-        await self.follower.join()
-        try:
-            await database_sync_to_async(dispatch.enqueue)(queued.generation_id, None, queued.conversation_id)
-        except Exception as exc:
-            logger.exception("generation %s could not be queued", queued.generation_id)
-            await database_sync_to_async(submit.fail)(
-                queued.generation_id, "internal_error", f"the task queue is unreachable: {exc}"
-            )
-            raise ApiError(f"the task queue is unreachable: {exc}", code="internal_error", status=503) from exc
-        async for event in self.follower.events():
-            if self._on_event(event) == "started":
-                return
+        """Creates the rows, joins their groups, queues each unit in its turn, and waits until
+        every choice's worker started it."""
+        self._check_size()
+        units = await database_sync_to_async(self._submit)()
+        n = self.request.num_choices
+        on_end = functools.partial(turns.notify, self.client.owner)  # a place is free: waiting units check
+        self.units = [
+            [
+                Choice(i * n + j, queued.generation_id, is_chat=self.is_chat, arrived_at=self.arrived_at, on_end=on_end)
+                for j, queued in enumerate(unit)
+            ]
+            for i, unit in enumerate(units)
+        ]
+        for choice in self.choices:
+            await choice.join(self.inbox)
+        for unit in self.units:
+            generation_ids = [choice.generation_id for choice in unit]
+            await turns.wait_for_turn(self.client.owner, generation_ids, self.client.max_concurrent)
+            self._take_early()  # an earlier unit may have failed meanwhile
+            await self._enqueue(generation_ids)
+        while not all(choice.is_started or choice.has_ended for choice in self.choices):
+            self._early.append(await self.inbox.get())
+            self._take_early()
 
-    def _submit(self) -> submit.Queued:
+    def _check_size(self) -> None:
+        """A unit must fit the client's concurrency, and a request its backlog (400: no retry helps)."""
+        n, num_prompts = self.request.num_choices, max(len(self.request.prompts), 1)
+        if n > self.client.max_concurrent:
+            raise invalid(
+                "n",
+                f"n={n} exceeds this client's concurrency of {self.client.max_concurrent}: "
+                "the choices of one prompt run together",
+            )
+        backlog = limits.max_api_backlog(self.client.max_concurrent)
+        if n * num_prompts > backlog:
+            raise invalid(
+                "prompt" if num_prompts > 1 else "n",
+                f"this request asks for {n * num_prompts} generations ({num_prompts} prompts, n={n}); this client may "
+                f"have {backlog} queued or running ({self.client.max_concurrent} at once): send fewer per request",
+            )
+
+    def _submit(self) -> list[list[submit.Queued]]:
         request = self.request
         model = LanguageModel.objects.filter(name=request.model).first()
         if model is None:
@@ -97,48 +130,70 @@ class ApiRun:
                 )
             content["preset_id"] = preset.pk
         try:
-            if self.is_chat:
-                return submit.api_chat(self.client, content, request.messages, self.max_concurrent)
-            content.update(text=request.prompt_text, token_ids=request.prompt_token_ids)
-            return submit.api_complete(self.client, content, self.max_concurrent)
+            try:
+                return self._make_rows(content)
+            except CommandError as exc:
+                # A full backlog may hold the rows of a web process that died: drop them, try again.
+                if exc.code != "too_many_generations" or not turns.cancel_orphans(self.client.owner):
+                    raise
+                return self._make_rows(content)
         except CommandError as exc:
             raise from_command_error(exc) from exc
 
-    def _on_event(self, event: dict[str, Any] | None) -> str | None:
-        """Keeps what the answer needs; returns "started", "tokens", "end" or None."""
-        kind = event and event.get("type")
-        if kind == "generation.started":
-            self.queue_ms = (time.monotonic() - self.submitted_at) * 1000
-            self.prompt_text = event["prompt"]["text"]
-            self.answer.starts_in_reasoning = self.is_chat and prompt_opens_reasoning(self.prompt_text)
-            return "started"
-        if kind == "generation.finished":
-            self.finished = event
-            return "end"
-        if kind == "generation.error":
-            raise from_event(event)
-        return "tokens" if kind == "generation.tokens" else None
+    def _make_rows(self, content: dict[str, Any]) -> list[list[submit.Queued]]:
+        client, request = self.client, self.request
+        if self.is_chat:
+            return [
+                submit.api_chat(client.owner, content, request.messages, request.num_choices, client.max_concurrent)
+            ]
+        return submit.api_complete(client.owner, content, request.prompts, request.num_choices, client.max_concurrent)
+
+    async def _enqueue(self, generation_ids: list[int]) -> None:
+        try:
+            await database_sync_to_async(dispatch.enqueue_choices)(generation_ids)
+        except Exception as exc:
+            logger.exception("generations %s could not be queued", generation_ids)
+            for generation_id in generation_ids:
+                await database_sync_to_async(submit.fail)(
+                    generation_id, "internal_error", f"the task queue is unreachable: {exc}"
+                )
+            raise ApiError(f"the task queue is unreachable: {exc}", code="queue_unreachable", status=503) from exc
+
+    def _take_early(self) -> None:
+        """Moves what has arrived into `_early`; a choice that failed fails the request."""
+        while not self.inbox.empty():
+            self._early.append(self.inbox.get_nowait())
+        for item in self._early:
+            if item.kind == "error":
+                raise item.choice.error
 
     async def close(self) -> None:
-        if self.follower is not None:
-            await self.follower.close()
+        for choice in self.choices:
+            await choice.close()
+        if self.units:
+            await database_sync_to_async(turns.forget)([choice.generation_id for choice in self.choices])
+        turns.notify(self.client.owner)
 
     # ---- non-streaming --------------------------------------------------------------------
 
     async def collect(self) -> dict[str, Any]:
-        steps: list[dict[str, Any]] = []
-        async for event in self.follower.events():
-            if self._on_event(event) == "tokens":
-                steps.extend(event["steps"])
-        self.answer.add(steps)
-        self.answer.finish(self.finished["text"])
+        remaining = {choice.index for choice in self.choices}
+        while remaining:  # every choice ends with one "end" or "error" item
+            item = self._early.pop(0) if self._early else await self.inbox.get()
+            if item.kind == "error":
+                raise item.choice.error
+            if item.kind == "end":
+                remaining.discard(item.choice.index)
         if self.is_chat:
             return self._chat_completion()
         if self.request.echo and self.request.num_logprobs is not None:
-            self.prompt_tokens = await self._prompt_logprobs()
+            scored = await asyncio.gather(*(self._prompt_logprobs(unit[0]) for unit in self.units))
+            for unit, tokens in zip(self.units, scored, strict=True):
+                for choice in unit:  # the choices of one prompt share its logprobs
+                    choice.prompt_tokens = tokens
         return self._text_completion()
 
-    async def _prompt_logprobs(self) -> list[dict[str, Any]]:
+    async def _prompt_logprobs(self, choice: Choice) -> list[dict[str, Any]]:
         """The prompt's own logprobs, recomputed by a worker (`inspection` view "prompt_logprobs")."""
         checked = {
             "view": "prompt_logprobs",
@@ -148,62 +203,84 @@ class ApiRun:
             "params": {},
         }
         try:
-            return (await ask_worker(self.follower.generation_id, checked))["tokens"]
+            return (await ask_worker(choice.generation_id, checked))["tokens"]
         except CommandError as exc:
             raise from_command_error(exc) from exc
 
-    def _stats(self) -> dict[str, Any]:
-        return self.finished.get("stats") or {}
+    def _usage(self) -> dict[str, Any]:
+        """Summed over the choices; each prompt's tokens once (its unit's first choice's)."""
+        first_stats = [unit[0].stats for unit in self.units]
+        completion = (
+            0 if self.request.is_score_only else sum(c.stats.get("num_generated_tokens") or 0 for c in self.choices)
+        )
+        return shapes.usage(
+            num_prompt_tokens=sum(s.get("num_prompt_tokens") or 0 for s in first_stats),
+            num_completion_tokens=completion,
+            num_cached_tokens=sum(s.get("num_cached_tokens") or 0 for s in first_stats),
+            num_reasoning_tokens=sum(len(c.answer.reasoning_steps()) for c in self.choices),
+        )
 
-    def _extras(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _timings(self, choice: Choice) -> dict[str, Any]:
+        return shapes.timings(choice.stats, choice.queue_ms)
+
+    def _with_extras(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The `timings` extra: the first choice's at the top (one choice: the request's)."""
         if self.request.timings:
-            body["timings"] = shapes.timings(self._stats(), self.queue_ms)
+            body["timings"] = self._timings(self.choices[0])
         return body
 
-    def _usage(self) -> dict[str, Any]:
-        return shapes.usage(self._stats(), len(self.answer.reasoning_steps()))
+    def _choice_timings(self, choice: Choice, body: dict[str, Any]) -> dict[str, Any]:
+        """With several choices, each carries its own `timings` too."""
+        if self.request.timings and len(self.choices) > 1:
+            body["timings"] = self._timings(choice)
+        return body
 
     def _chat_completion(self) -> dict[str, Any]:
-        reasoning, content = self.answer.final_parts()
         k = self.request.num_logprobs
-        choice = {
-            "index": 0,
-            "message": shapes.chat_message(content, reasoning),
-            "logprobs": None
-            if k is None
-            else shapes.chat_logprobs(
-                self.answer.content_steps(), self.answer.reasoning_steps(), k, self.request.raw_logprobs
-            ),
-            "finish_reason": shapes.finish_reason(self.finished["finish_reason"]),
-        }
+        choices = []
+        for choice in self.choices:
+            reasoning, content = choice.answer.final_parts()
+            logprobs = None
+            if k is not None:
+                answer = choice.answer
+                logprobs = shapes.chat_logprobs(
+                    answer.content_steps(), answer.reasoning_steps(), k, self.request.raw_logprobs
+                )
+            body = {
+                "index": choice.index,
+                "message": shapes.chat_message(content, reasoning),
+                "logprobs": logprobs,
+                "finish_reason": shapes.finish_reason(choice.finished["finish_reason"]),
+            }
+            choices.append(self._choice_timings(choice, body))
         body = shapes.envelope("chat.completion", self.id, self.created, self.request.model)
-        return self._extras({**body, "choices": [choice], "usage": self._usage()})
+        return self._with_extras({**body, "choices": choices, "usage": self._usage()})
 
     def _text_completion(self) -> dict[str, Any]:
-        prefix = self.prompt_text if self.request.echo else ""
         k, is_score_only = self.request.num_logprobs, self.request.is_score_only
-        steps = [] if is_score_only else self.answer.steps
-        logprobs = None
-        if k is not None:
-            logprobs = shapes.completion_logprobs(steps, k, len(prefix), self.request.raw_logprobs)
-            if self.prompt_tokens is not None:
-                logprobs = shapes.join_logprobs(shapes.prompt_completion_logprobs(self.prompt_tokens), logprobs)
-        choice = {
-            "index": 0,
-            "text": prefix + ("" if is_score_only else self.answer.text),
-            "logprobs": logprobs,
-            "finish_reason": "length" if is_score_only else shapes.finish_reason(self.finished["finish_reason"]),
-        }
+        choices = []
+        for choice in self.choices:
+            prefix = choice.prompt_text if self.request.echo else ""
+            steps = [] if is_score_only else choice.answer.steps
+            logprobs = None
+            if k is not None:
+                logprobs = shapes.completion_logprobs(steps, k, len(prefix), self.request.raw_logprobs)
+                if choice.prompt_tokens is not None:
+                    logprobs = shapes.join_logprobs(shapes.prompt_completion_logprobs(choice.prompt_tokens), logprobs)
+            body = {
+                "index": choice.index,
+                "text": prefix + ("" if is_score_only else choice.answer.final_parts()[1]),
+                "logprobs": logprobs,
+                "finish_reason": "length" if is_score_only else shapes.finish_reason(choice.finished["finish_reason"]),
+            }
+            choices.append(self._choice_timings(choice, body))
         body = shapes.envelope("text_completion", self.id, self.created, self.request.model)
-        usage = self._usage()
-        if is_score_only:
-            usage = {**usage, "completion_tokens": 0, "total_tokens": usage["prompt_tokens"]}
-        return self._extras({**body, "choices": [choice], "usage": usage})
+        return self._with_extras({**body, "choices": choices, "usage": self._usage()})
 
     # ---- streaming ------------------------------------------------------------------------
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """The server-sent events; the generation is cancelled if the client leaves before its end."""
+        """The server-sent events; the generations are cancelled if the client leaves before their end."""
         try:
             async for data in self._stream():
                 yield data
@@ -211,39 +288,60 @@ class ApiRun:
             await self.close()
 
     async def _stream(self) -> AsyncIterator[bytes]:
-        if self.is_chat:
-            yield sse(self._chunk(shapes.chunk_delta("", None, role=True), None))
-        elif self.request.echo:
-            yield sse(self._chunk(self.prompt_text, None))
-        held: tuple[Delta, float] | None = None  # the latest content chunk and when it was made
+        for choice in self.choices:
+            if self.is_chat:
+                yield sse(self._chunk(choice, shapes.chunk_delta("", None, role=True), None))
+            elif self.request.echo:
+                yield sse(self._chunk(choice, choice.prompt_text, None))
+        held: dict[int, tuple[Delta, float]] = {}  # per choice: its latest content chunk and when it was made
+        remaining = {choice.index for choice in self.choices}  # those whose last chunk has not gone out
+        getting: asyncio.Future[Item] | None = None
         try:
-            async for event in self.follower.events(tick_s=HOLD_CHUNK_S / 2):
-                kind = self._on_event(event)
-                if kind == "tokens":
-                    delta = self.answer.add(event["steps"])
-                    if held is not None:
-                        yield sse(self._delta_chunk(held[0], None))
-                    held = (delta, time.monotonic()) if not delta.is_empty() else None
-                elif held is not None and time.monotonic() - held[1] >= HOLD_CHUNK_S:
-                    yield sse(self._delta_chunk(held[0], None))
-                    held = None
-        except ApiError as exc:  # the generation failed: after the headers, an error event ends it
-            yield exc.sse()
-            yield DONE
-            return
-        last = self.answer.finish(self.finished["text"])
-        if held is not None:  # the rest of the text joins the held chunk, which carries the reason
+            while remaining:
+                if self._early:
+                    item = self._early.pop(0)
+                else:
+                    getting = getting or asyncio.ensure_future(self.inbox.get())
+                    done, _ = await asyncio.wait({getting}, timeout=HOLD_CHUNK_S / 2)
+                    item, getting = (getting.result(), None) if done else (None, getting)
+                for index, (delta, made_at) in list(held.items()):  # chunks held long enough go out
+                    if time.monotonic() - made_at >= HOLD_CHUNK_S and (item is None or item.choice.index != index):
+                        yield sse(self._delta_chunk(self.choices[index], delta, None))
+                        del held[index]
+                if item is None:
+                    continue
+                if item.kind == "error":  # after the headers, an error event ends the stream
+                    yield item.choice.error.sse()
+                    yield DONE
+                    return
+                if item.kind == "tokens":
+                    if item.choice.index in held:
+                        yield sse(self._delta_chunk(item.choice, held.pop(item.choice.index)[0], None))
+                    if not item.delta.is_empty():
+                        held[item.choice.index] = (item.delta, time.monotonic())
+                elif item.kind == "end":
+                    yield sse(self._last_chunk(item.choice, item.delta, held.pop(item.choice.index, None)))
+                    remaining.discard(item.choice.index)
+        finally:
+            if getting is not None:
+                getting.cancel()
+        if self.request.include_usage or self.request.timings:
+            body = {**self._envelope(), "choices": []}
+            body["usage"] = self._usage() if self.request.include_usage else None
+            yield sse(self._with_extras(body))
+        yield DONE
+
+    def _last_chunk(self, choice: Choice, last: Delta, held: tuple[Delta, float] | None) -> dict[str, Any]:
+        """The rest of the text joins the held chunk, which carries the finish reason."""
+        if held is not None:
             held[0].reasoning += last.reasoning
             held[0].content += last.content
             last = held[0]
-        yield sse(self._delta_chunk(last, shapes.finish_reason(self.finished["finish_reason"])))
-        if self.request.include_usage or self.request.timings:
-            body = {**self._chunk(None, None), "choices": []}
-            body["usage"] = self._usage() if self.request.include_usage else None
-            yield sse(self._extras(body))
-        yield DONE
+        chunk = self._delta_chunk(choice, last, shapes.finish_reason(choice.finished["finish_reason"]))
+        self._choice_timings(choice, chunk["choices"][0])
+        return chunk
 
-    def _delta_chunk(self, delta: Delta, finish_reason: str | None) -> dict[str, Any]:
+    def _delta_chunk(self, choice: Choice, delta: Delta, finish_reason: str | None) -> dict[str, Any]:
         k = self.request.num_logprobs
         if self.is_chat:
             logprobs = (
@@ -251,19 +349,22 @@ class ApiRun:
                 if k is None
                 else shapes.chat_logprobs(delta.content_steps, delta.reasoning_steps, k, self.request.raw_logprobs)
             )
-            return self._chunk(shapes.chunk_delta(delta.content, delta.reasoning), finish_reason, logprobs)
-        offset = (len(self.prompt_text) if self.request.echo else 0) + delta.text_offset
+            return self._chunk(choice, shapes.chunk_delta(delta.content, delta.reasoning), finish_reason, logprobs)
+        offset = (len(choice.prompt_text) if self.request.echo else 0) + delta.text_offset
         logprobs = None
         if k is not None:
             logprobs = shapes.completion_logprobs(delta.content_steps, k, offset, self.request.raw_logprobs)
-        return self._chunk(delta.content, finish_reason, logprobs)
+        return self._chunk(choice, delta.content, finish_reason, logprobs)
 
-    def _chunk(self, delta: Any, finish_reason: str | None, logprobs: Any = None) -> dict[str, Any]:
+    def _envelope(self) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.is_chat else "text_completion"
+        return shapes.envelope(kind, self.id, self.created, self.request.model)
+
+    def _chunk(self, choice: Choice, delta: Any, finish_reason: str | None, logprobs: Any = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"index": choice.index}
         if self.is_chat:
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-            return {
-                **shapes.envelope("chat.completion.chunk", self.id, self.created, self.request.model),
-                "choices": [choice],
-            }
-        choice = {"index": 0, "text": delta or "", "logprobs": logprobs, "finish_reason": finish_reason}
-        return {**shapes.envelope("text_completion", self.id, self.created, self.request.model), "choices": [choice]}
+            body["delta"] = delta
+        else:
+            body["text"] = delta or ""
+        body.update(logprobs=logprobs, finish_reason=finish_reason)
+        return {**self._envelope(), "choices": [body]}

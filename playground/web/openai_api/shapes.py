@@ -102,20 +102,22 @@ def join_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, An
     return {key: first.get(key, pad) + value for key, value in second.items()}
 
 
-def usage(stats: dict[str, Any], num_reasoning_tokens: int = 0) -> dict[str, Any]:
-    prompt = stats.get("num_prompt_tokens") or 0
-    completion = stats.get("num_generated_tokens") or 0
+def usage(
+    *, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int, num_reasoning_tokens: int
+) -> dict[str, Any]:
     return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": stats.get("num_cached_tokens") or 0},
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_completion_tokens,
+        "total_tokens": num_prompt_tokens + num_completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": num_cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": num_reasoning_tokens},
     }
 
 
-def timings(stats: dict[str, Any], queue_ms: float | None) -> dict[str, Any]:
-    """In the spirit of llama.cpp's `timings`: prompt = prefill, predicted = decode."""
+def timings(stats: dict[str, Any], queue_ms: float) -> dict[str, Any]:
+    """In the spirit of llama.cpp's `timings`: prompt = prefill, predicted = decode, as this
+    stream got it (the worker's clock from its first token to its last, whoever shared the
+    steps; `stream_decode_*` of the stats), not the engine's compute time."""
     prompt_n = (stats.get("num_prompt_tokens") or 0) - (stats.get("num_cached_tokens") or 0)
     prompt_ms = stats.get("prefill_ms") or 0.0
     return {
@@ -125,8 +127,8 @@ def timings(stats: dict[str, Any], queue_ms: float | None) -> dict[str, Any]:
         "prompt_ms": prompt_ms,
         "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms else None,
         "predicted_n": stats.get("num_generated_tokens") or 0,
-        "predicted_ms": stats.get("decode_ms"),
-        "predicted_per_second": stats.get("decode_tok_s"),
+        "predicted_ms": stats.get("stream_decode_ms", stats.get("decode_ms")),
+        "predicted_per_second": stats.get("stream_decode_tok_s", stats.get("decode_tok_s")),
         "ttft_ms": stats.get("ttft_ms"),
         "worker": stats.get("worker"),
     }
