@@ -8,6 +8,7 @@ One token per character (id = code point); a chat is rendered with a real ChatML
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from inference.events import Alternative, Beam, BeamStep, Event, Finished, Prefilled, Step
@@ -156,6 +157,13 @@ class FakeEngine:
         request_id = self.num_requests = getattr(self, "num_requests", 0) + 1
         self._events[request_id] = self.generate(prompt_ids, params, lambda: request_id in self._cancelled)
         return request_id
+
+    def add_choices(
+        self, prompt_ids: Sequence[int], params: SamplingParams, num_choices: int, images=(), client: str = ""
+    ) -> list[int]:
+        """Each choice alone (the fake has no KV cache to share), seeded seed, seed + 1, ..."""
+        seeds = [None if params.seed is None else params.seed + i for i in range(num_choices)]
+        return [self.add_request(prompt_ids, replace(params, seed=seed), client=client) for seed in seeds]
 
     def cancel(self, request_id: int) -> None:
         self._cancelled.add(request_id)
