@@ -11,6 +11,7 @@ urlpatterns = [
     path("explorer/ab/", pages.explorer_ab, name="explorer-ab"),
     path("serving/", pages.serving, name="serving"),
     path("architecture/", pages.architecture, name="architecture"),
+    path("learn/", pages.learn, name="learn"),
     path("i18n/setlang/", language.set_language, name="set-language"),
     # The JavaScript catalog (locale/*/LC_MESSAGES/djangojs.po) as a script file: the pages load
     # it with <script src>, so the strict CSP (no inline script) holds.

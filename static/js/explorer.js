@@ -10,6 +10,7 @@ import { flatNote } from "./flat_note.js";
 import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, phaseLabel, tokenLabel, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
+import { readExplorerUrl } from "./explorer_url.js";
 import { renderMoeLive } from "./moe_live.js";
 import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
@@ -407,7 +408,28 @@ function hideError() {
 
 // ---------- wiring ----------
 
+/** Settings from the URL (a link from the lesson page): the controls start from them. */
+function applyUrlSettings(settings) {
+  const set = (selector, value) => { if (value !== undefined) $(selector).value = String(value); };
+  const tick = (selector, value) => { if (value !== undefined) $(selector).checked = value; };
+  set("#ex-text", settings.text);
+  tick("#ex-chat", settings.chat);
+  set("#ex-temperature", settings.temperature);
+  set("#ex-top-k", settings.top_k);
+  set("#ex-top-p", settings.top_p);
+  set("#ex-min-p", settings.min_p);
+  set("#ex-seed", settings.seed);
+  set("#ex-beams", settings.beams);
+  set("#ex-run-length", settings.run);
+  tick("#ex-kv-cache", settings.kv_cache);
+  tick("#ex-prefix-cache", settings.prefix_cache);
+  tick("#ex-pd", settings.pd);
+  for (const show of sliderOutputs) show();
+}
+
 async function init() {
+  const urlSettings = readExplorerUrl(location.search);
+  applyUrlSettings(urlSettings);
   $("#ex-step").addEventListener("click", () => request(1));
   $("#ex-run").addEventListener("click", () => request(Number(sliders.run_length.value)));
   $("#ex-stop").addEventListener("click", () => state.handle?.stop());
@@ -420,11 +442,12 @@ async function init() {
   renderAll();
   renderControls();
   renderServing();
+  renderBeams();
   try {
     const models = await getJson("/api/models/");
     const select = $("#ex-model");
     select.replaceChildren(...models.map((m) => h("option", { value: m.id }, m.name)));
-    select.value = (models.find((m) => m.is_default) ?? models[0])?.id ?? "";
+    select.value = (models.find((m) => m.id === urlSettings.model) ?? models.find((m) => m.is_default) ?? models[0])?.id ?? "";
   } catch (err) {
     showError(err);
   }

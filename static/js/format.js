@@ -25,6 +25,14 @@ export function fmtNum(value, digits = 2) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 }
 
+/** A count of parameters as papers write them: 134515008 -> "135M", 671026419712 -> "671.0B". */
+export function fmtCount(n) {
+  if (n == null) return "?";
+  if (n >= 1e9) return `${(n / 1e9).toFixed(1)}B`;
+  if (n >= 1e6) return `${Math.round(n / 1e6)}M`;
+  return n.toLocaleString();
+}
+
 /** "2054686520" -> "20 54 68 65" */
 /** How a sampling slider shows its value ("off" where the setting does nothing). */
 export const SETTING_FORMATS = {

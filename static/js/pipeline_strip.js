@@ -3,7 +3,7 @@
 // with the current phase (prefill or decode) highlighted. Pure DOM builder: the page passes
 // everything in; must not know sockets or charts.
 import { h } from "./dom.js";
-import { fmtBytes, phaseLabel, precisionLabel } from "./format.js";
+import { fmtBytes, fmtCount, phaseLabel, precisionLabel } from "./format.js";
 import { gettext, interpolate, ngettext } from "./i18n.js";
 
 const PHASE_WHY = {
@@ -12,13 +12,6 @@ const PHASE_WHY = {
   decode: gettext("Decode is memory-bound: each pass makes one token but reads all the weights and the "
     + "whole KV cache, so its speed is set by memory bandwidth, not arithmetic."),
 };
-
-function fmtCount(n) {
-  if (n == null) return "?";
-  if (n >= 1e9) return `${(n / 1e9).toFixed(1)}B`;
-  if (n >= 1e6) return `${Math.round(n / 1e6)}M`;
-  return n.toLocaleString();
-}
 
 /** "temp 0.7 · top-k 40" from the request's sampling params (only what is switched on). */
 function samplingSummary(params) {
