@@ -142,3 +142,14 @@ async def test_the_socket_refuses_in_the_language_of_its_page(settings) -> None:
     assert (await ws.receive_json_from(timeout=10))["message"] == "text must not be empty"
     await ws.disconnect()
     assert await sync_to_async(UserLanguage.objects.count)() == 0
+
+
+def test_the_admin_has_the_switch_too(client: Client) -> None:
+    """On the login page and, signed in, on every admin page (Django's header, our base_site.html)."""
+    login = client.get("/admin/login/", HTTP_ACCEPT_LANGUAGE=CHINESE).content.decode()
+    assert 'class="lang-switch"' in login and 'value="en"' in login and "English" in login
+    assert "登录" in login  # Django's own admin texts, from Django's catalog
+    client.force_login(User.objects.create_superuser("staff", "staff@example.com", "pw"))
+    page = client.get("/admin/playground/generation/", HTTP_ACCEPT_LANGUAGE=ENGLISH).content.decode()
+    assert 'class="lang-switch"' in page and 'value="zh-hans"' in page
+    assert 'name="next" value="/admin/playground/generation/"' in page
