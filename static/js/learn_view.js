@@ -45,6 +45,7 @@ export async function runSection(section, resultEl, work) {
     setState(section, "done");
   } catch (err) {
     console.warn(err);
+    for (const line of resultEl.querySelectorAll(".learn-progress")) line.remove();
     resultEl.append(failure(err));
     setState(section, "error");
   }
