@@ -20,7 +20,7 @@ MANAGE := $(PY) -m django
 comma := ,
 export DJANGO_SETTINGS_MODULE ?= playground.settings
 
-.PHONY: help run test lint format bench worker prepare venv deps dev-deps clean-venv
+.PHONY: help run test lint format bench worker messages prepare venv deps dev-deps clean-venv
 
 help:
 	@echo "make run     set up, then start Redis + Celery worker + web server (Ctrl-C stops all)"
@@ -28,6 +28,7 @@ help:
 	@echo "make lint    ruff lint + format check (CI fails on a violation); make format fixes"
 	@echo "make bench   quick engine benchmark (python -m inference.bench --quick)"
 	@echo "make worker  only a Celery worker (QUEUES=gpu,celery by default), e.g. on another machine"
+	@echo "make messages  refresh and compile the translation catalogs (needs GNU gettext)"
 	@echo "see docs/running.md"
 
 $(PY):
@@ -81,6 +82,11 @@ format: $(DEV_STAMP)
 
 bench: $(RUN_STAMP)
 	$(PY) -m inference.bench --quick
+
+# The translation catalogs (locale/): extract the strings the sources mark, then compile the
+# .mo files, which are committed (so run, test and CI need no gettext). Needs GNU gettext.
+messages: $(RUN_STAMP)
+	$(PY) scripts/messages.py
 
 QUEUES ?= gpu,celery
 worker: $(RUN_STAMP)

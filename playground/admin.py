@@ -14,6 +14,8 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
 from django.utils.html import format_html
+from django.utils.translation import gettext, gettext_noop
+from django.utils.translation import gettext_lazy as _
 
 from inference.text.chat_template import ChatTemplateError, validate_template
 from playground.images import without_data
@@ -28,6 +30,11 @@ from playground.models import (
     SamplingPreset,
     resolve_source,
 )
+
+# Texts of Django's own admin templates (app_list.html's headers for screen readers) that
+# Django's zh_Hans catalog leaves untranslated: marked here so our catalog (LOCALE_PATHS, read
+# before Django's) carries them.
+DJANGO_ADMIN_TEXTS = (gettext_noop("Model name"), gettext_noop("Add link"), gettext_noop("Change or view list link"))
 
 
 def _pre(value: Any) -> str:
@@ -63,12 +70,12 @@ class LanguageModelAdmin(_PlaygroundAdmin):
     readonly_fields = ("resolved_source", "stop_ids", "test_load_status", "test_load_at", "test_load_report")
     fieldsets = (
         (None, {"fields": ("name", "source", "resolved_source", "is_enabled", "is_default")}),
-        ("Engine", {"fields": ("dtype", "device", "max_context", "trust_remote_code", "default_chat_template")}),
-        ("Stopping", {"fields": ("stop_ids", "eos_token_ids")}),
-        ("Test load", {"fields": ("test_load_status", "test_load_at", "test_load_report")}),
+        (_("Engine"), {"fields": ("dtype", "device", "max_context", "trust_remote_code", "default_chat_template")}),
+        (_("Stopping"), {"fields": ("stop_ids", "eos_token_ids")}),
+        (_("Test load"), {"fields": ("test_load_status", "test_load_at", "test_load_report")}),
     )
 
-    @admin.action(description="Test load on a worker (load time, memory, a one-line answer)")
+    @admin.action(description=_("Test load on a worker (load time, memory, a one-line answer)"))
     def test_load(self, request: HttpRequest, queryset: Any) -> None:
         from playground import dispatch, task_names
         from playground.coord.worker_routing import SHARED_QUEUE
@@ -80,32 +87,39 @@ class LanguageModelAdmin(_PlaygroundAdmin):
             transaction.on_commit(lambda pk=model_id: dispatch.send(task_names.RUN_TEST_LOAD, pk, queue=SHARED_QUEUE))
         self.message_user(
             request,
-            f"Test load queued for {len(ids)} model(s) on queue {SHARED_QUEUE!r}; reload the model's page "
-            "to follow it (a busy worker takes it after its current generation).",
+            gettext(
+                "Test load queued for %(count)s model(s) on queue %(queue)r; reload the model's page "
+                "to follow it (a busy worker takes it after its current generation)."
+            )
+            % {"count": len(ids), "queue": SHARED_QUEUE},
             messages.INFO,
         )
 
-    @admin.display(description="resolved source (what the workers load)")
+    @admin.display(description=_("resolved source (what the workers load)"))
     def resolved_source(self, model: LanguageModel) -> str:
         return resolve_source(model.source) if model.source else "-"
 
-    @admin.display(description="stop ids (from the last test load)")
+    @admin.display(description=_("stop ids (from the last test load)"))
     def stop_ids(self, model: LanguageModel) -> str:
         result = model.test_load_result or {}
         ids, pieces = result.get("eos_token_ids"), result.get("eos_tokens") or []
         if not ids:
-            return "Unknown until a test load succeeds."
+            return gettext("Unknown until a test load succeeds.")
         listed = ", ".join(f"{i} {piece!r}" for i, piece in zip(ids, pieces, strict=False))
         where = (
-            "the override below" if model.eos_token_ids else "generation config, tokenizer EOS, template end of turn"
+            gettext("the override below")
+            if model.eos_token_ids
+            else gettext("generation config, tokenizer EOS, template end of turn")
         )
         return f"{listed} ({where})"
 
-    @admin.display(description="report")
+    @admin.display(description=_("report"))
     def test_load_report(self, model: LanguageModel) -> str:
         if model.test_load_status == LoadReportStatus.ERROR:
-            return format_html("<strong>Failed:</strong> {}{}", model.test_load_error, _pre(model.test_load_result))
-        return _pre(model.test_load_result) if model.test_load_result else "No test load yet: use the action."
+            return format_html(
+                "<strong>{}</strong> {}{}", gettext("Failed:"), model.test_load_error, _pre(model.test_load_result)
+            )
+        return _pre(model.test_load_result) if model.test_load_result else gettext("No test load yet: use the action.")
 
 
 @admin.register(SamplingPreset)
@@ -127,10 +141,10 @@ class SamplingPresetAdmin(admin.ModelAdmin):
     search_fields = ("name", "description")
     fieldsets = (
         (None, {"fields": ("name", "description", "is_default")}),
-        ("Sampling", {"fields": ("greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")}),
-        ("Length and stopping", {"fields": ("max_new_tokens", "stop", "ignore_eos", "max_thinking_tokens")}),
-        ("Beam search", {"fields": ("num_beams", "length_penalty", "early_stopping", "num_return_sequences")}),
-        ("Reporting and caching", {"fields": ("num_alternatives", "use_kv_cache", "use_prefix_cache")}),
+        (_("Sampling"), {"fields": ("greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")}),
+        (_("Length and stopping"), {"fields": ("max_new_tokens", "stop", "ignore_eos", "max_thinking_tokens")}),
+        (_("Beam search"), {"fields": ("num_beams", "length_penalty", "early_stopping", "num_return_sequences")}),
+        (_("Reporting and caching"), {"fields": ("num_alternatives", "use_kv_cache", "use_prefix_cache")}),
     )
 
 
@@ -141,20 +155,24 @@ class ChatTemplateAdmin(_PlaygroundAdmin):
     readonly_fields = ("preview",)
     fields = ("name", "description", "source", "preview")
 
-    @admin.display(description="Preview (a sample conversation, as the model will see it)")
+    @admin.display(description=_("Preview (a sample conversation, as the model will see it)"))
     def preview(self, template: ChatTemplate) -> str:
         if not template.source:
-            return "Save the template to see it rendered."
+            return gettext("Save the template to see it rendered.")
         try:
             return _pre(validate_template(template.source))
         except ChatTemplateError as exc:
-            return format_html("<strong>This template fails:</strong> {}", str(exc))
+            return format_html("<strong>{}</strong> {}", gettext("This template fails:"), str(exc))
 
 
 def session_ref(session_key: str) -> str:
     """What staff see instead of a session key (the cookie value, which would let them act as
     that browser): a short hash, equal for all records of one session."""
-    return "session " + hashlib.sha256(session_key.encode()).hexdigest()[:12] if session_key else "-"
+    return (
+        gettext("session %(hash)s") % {"hash": hashlib.sha256(session_key.encode()).hexdigest()[:12]}
+        if session_key
+        else "-"
+    )
 
 
 class MessageInline(admin.TabularInline):
@@ -174,7 +192,7 @@ class ConversationAdmin(admin.ModelAdmin):
     exclude = ("session_key",)
     readonly_fields = ("session",)
 
-    @admin.display(description="session (hashed)")
+    @admin.display(description=_("session (hashed)"))
     def session(self, conversation: Conversation) -> str:
         return session_ref(conversation.session_key)
 
@@ -211,9 +229,9 @@ class GenerationAdmin(_PlaygroundAdmin):
     date_hierarchy = "created_at"
     fieldsets = (
         (None, {"fields": ("status", "kind", "model", "chat_template", "conversation", "session")}),
-        ("Outcome", {"fields": ("finish_reason", "error_code", "error_message", "text")}),
+        (_("Outcome"), {"fields": ("finish_reason", "error_code", "error_message", "text")}),
         (
-            "Timings",
+            _("Timings"),
             {
                 "fields": (
                     "num_prompt_tokens",
@@ -228,8 +246,8 @@ class GenerationAdmin(_PlaygroundAdmin):
                 )
             },
         ),
-        ("Workers", {"fields": ("worker", "prefill_worker", "decode_worker")}),
-        ("Details", {"fields": ("params_display", "inputs_display", "prompt_text", "stats_display", "num_steps")}),
+        (_("Workers"), {"fields": ("worker", "prefill_worker", "decode_worker")}),
+        (_("Details"), {"fields": ("params_display", "inputs_display", "prompt_text", "stats_display", "num_steps")}),
     )
 
     def get_readonly_fields(self, request: Any, obj: Generation | None = None) -> list[str]:
@@ -238,26 +256,26 @@ class GenerationAdmin(_PlaygroundAdmin):
     def has_add_permission(self, request: Any) -> bool:
         return False
 
-    @admin.display(description="session (hashed)")
+    @admin.display(description=_("session (hashed)"))
     def session(self, generation: Generation) -> str:
         return session_ref(generation.session_key)
 
-    @admin.display(description="params")
+    @admin.display(description=_("params"))
     def params_display(self, generation: Generation) -> str:
         return _pre(generation.params)
 
-    @admin.display(description="inputs")
+    @admin.display(description=_("inputs"))
     def inputs_display(self, generation: Generation) -> str:
         inputs = generation.inputs or {}
         if inputs.get("images"):  # their hashes and sizes, not megabytes of base64
             inputs = {**inputs, "images": without_data(inputs["images"])}
         return _pre(inputs)
 
-    @admin.display(description="stats")
+    @admin.display(description=_("stats"))
     def stats_display(self, generation: Generation) -> str:
         return _pre(generation.stats)
 
-    @admin.display(description="steps")
+    @admin.display(description=_("steps"))
     def num_steps(self, generation: Generation) -> int:
         return len(generation.steps)  # the records themselves are too long for a page
 
@@ -276,5 +294,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if key is not None:
             messages.warning(
-                request, f"The new API key is {key} - copy it now: it is stored hashed and not shown again."
+                request,
+                gettext("The new API key is %(key)s - copy it now: it is stored hashed and not shown again.")
+                % {"key": key},
             )

@@ -15,6 +15,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import transaction
+from django.utils.translation import gettext
 
 from playground import task_names
 from playground.celery import app
@@ -44,12 +45,15 @@ def check_servable(pd_requested: bool | None) -> None:
     except redis.RedisError:
         return
     if missing:
-        roles = " and ".join(f"a {queue} worker" for queue in missing)
+        roles = gettext(" and ").join(gettext("a %(queue)s worker") % {"queue": queue} for queue in missing)
         raise CommandError(
             "no_worker_for_mode",
-            f"prefill/decode disaggregation needs {roles}, and none has been running in the last "
-            f'{liveness.QUEUE_SEEN_TTL_S} s: run it colocated (untick PD, or send "pd": false) or start '
-            f"the missing worker (celery -A playground worker -Q {missing[0]}; see docs/running.md)",
+            gettext(
+                "prefill/decode disaggregation needs %(roles)s, and none has been running in the last %(seconds)s s: "
+                'run it colocated (untick PD, or send "pd": false) or start the missing worker '
+                "(celery -A playground worker -Q %(queue)s; see docs/running.md)"
+            )
+            % {"roles": roles, "seconds": liveness.QUEUE_SEEN_TTL_S, "queue": missing[0]},
         )
 
 

@@ -15,6 +15,7 @@ import binascii
 from typing import Any
 
 from django.conf import settings
+from django.utils.translation import gettext
 
 from inference.vision.images import ImageError, PromptImage, decode_image
 from playground.protocol import CommandError, get_field
@@ -25,25 +26,39 @@ def parse_images(content: dict[str, Any], name: str = "images") -> list[dict[str
     items = get_field(content, name, list, default=[])
     limit = settings.PLAYGROUND_MAX_IMAGES
     if len(items) > limit:
-        raise CommandError("too_many_images", f"{len(items)} images were attached; the limit is {limit}")
+        raise CommandError(
+            "too_many_images",
+            gettext("%(count)s images were attached; the limit is %(limit)s") % {"count": len(items), "limit": limit},
+        )
     return [_record(item, number) for number, item in enumerate(items, start=1)]
 
 
 def _record(item: Any, number: int) -> dict[str, Any]:
     if not isinstance(item, dict) or not isinstance(item.get("data"), str):
-        raise CommandError("invalid_image", f"image {number} must be an object with its base64 data")
+        raise CommandError(
+            "invalid_image", gettext("image %(number)s must be an object with its base64 data") % {"number": number}
+        )
     data = item["data"].partition("base64,")[2] if item["data"].startswith("data:") else item["data"]
     max_bytes = settings.PLAYGROUND_MAX_IMAGE_BYTES
     if len(data) > (max_bytes + 2) // 3 * 4 + 4:  # refuse before decoding megabytes of base64
-        raise CommandError("image_too_large", f"image {number} is larger than the limit of {max_bytes:,} bytes")
+        raise CommandError(
+            "image_too_large",
+            gettext("image %(number)s is larger than the limit of %(limit)s bytes")
+            % {"number": number, "limit": f"{max_bytes:,}"},
+        )
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise CommandError("invalid_image", f"image {number} is not valid base64 ({exc})") from exc
+        raise CommandError(
+            "invalid_image",
+            gettext("image %(number)s is not valid base64 (%(reason)s)") % {"number": number, "reason": exc},
+        ) from exc
     try:
         image = decode_image(raw, max_bytes=max_bytes, max_pixels=settings.PLAYGROUND_MAX_IMAGE_PIXELS)
     except ImageError as exc:
-        raise CommandError(exc.code, f"image {number}: {exc}") from exc
+        raise CommandError(
+            exc.code, gettext("image %(number)s: %(reason)s") % {"number": number, "reason": exc}
+        ) from exc
     return {
         "media_type": image.media_type,
         "data": base64.b64encode(raw).decode("ascii"),

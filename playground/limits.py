@@ -1,11 +1,13 @@
 """Server-side limits on what one client may ask for (settings `PLAYGROUND_MAX_*`).
 
-Each check raises `CommandError` with the stable code the protocol names.
+Each check raises `CommandError` with the stable code the protocol names, and a message in the
+language of the request being served (English in a worker, which serves no page).
 """
 
 from __future__ import annotations
 
 from django.conf import settings
+from django.utils.translation import gettext
 
 from inference.sampling_params import SamplingParams
 from playground.coord import liveness
@@ -17,17 +19,26 @@ def check_prompt_chars(num_chars: int) -> None:
     """The cheap check in the web process; the worker checks tokens exactly."""
     limit = settings.PLAYGROUND_MAX_PROMPT_CHARS
     if num_chars > limit:
-        raise CommandError("prompt_too_long", f"the prompt has {num_chars} characters; the limit is {limit}")
+        raise CommandError(
+            "prompt_too_long",
+            gettext("the prompt has %(num_chars)s characters; the limit is %(limit)s")
+            % {"num_chars": num_chars, "limit": limit},
+        )
 
 
 def check_prompt_tokens(num_tokens: int, max_context: int) -> None:
     limit = settings.PLAYGROUND_MAX_PROMPT_TOKENS
     if num_tokens > limit:
-        raise CommandError("prompt_too_long", f"the prompt has {num_tokens} tokens; the limit is {limit}")
+        raise CommandError(
+            "prompt_too_long",
+            gettext("the prompt has %(num_tokens)s tokens; the limit is %(limit)s")
+            % {"num_tokens": num_tokens, "limit": limit},
+        )
     if num_tokens >= max_context:
         raise CommandError(
             "prompt_too_long",
-            f"the prompt has {num_tokens} tokens and leaves no room in the model's context of {max_context}",
+            gettext("the prompt has %(num_tokens)s tokens and leaves no room in the model's context of %(max_context)s")
+            % {"num_tokens": num_tokens, "max_context": max_context},
         )
 
 
@@ -35,7 +46,9 @@ def check_params(params: SamplingParams) -> None:
     limit = settings.PLAYGROUND_MAX_NEW_TOKENS
     if params.max_new_tokens > limit:
         raise CommandError(
-            "invalid_params", f"max_new_tokens={params.max_new_tokens} exceeds this server's limit of {limit}"
+            "invalid_params",
+            gettext("max_new_tokens=%(value)s exceeds this server's limit of %(limit)s")
+            % {"value": params.max_new_tokens, "limit": limit},
         )
 
 
@@ -49,7 +62,8 @@ def check_concurrency(session_key: str, limit: int | None = None) -> None:
     if num_active >= limit:
         raise CommandError(
             "too_many_generations",
-            f"{num_active} generations are already running for this client; the limit is {limit}",
+            gettext("%(num_active)s generations are already running for this client; the limit is %(limit)s")
+            % {"num_active": num_active, "limit": limit},
         )
     check_server_queue()
 
@@ -69,8 +83,11 @@ def check_server_queue(num_new: int = 1) -> None:
     if num_queued + num_new > limit:
         raise CommandError(
             "server_busy",
-            f"the server is busy: {num_queued} requests are waiting for a worker (the limit is {limit}); "
-            "try again in a moment",
+            gettext(
+                "the server is busy: %(num_queued)s requests are waiting for a worker (the limit is %(limit)s); "
+                "try again in a moment"
+            )
+            % {"num_queued": num_queued, "limit": limit},
         )
 
 

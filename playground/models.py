@@ -18,6 +18,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models, transaction
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from inference.config import BUNDLED_MODEL, VALID_DTYPES, EngineConfig
 from inference.sampling_params import SamplingParams
@@ -44,7 +46,7 @@ def validation_error(exc: ValueError, field_names: tuple[str, ...]) -> Validatio
 class DefaultFlagModel(models.Model):
     """A row type with at most one `is_default` row; saving a new default unsets the old one."""
 
-    is_default = models.BooleanField(default=False)
+    is_default = models.BooleanField(_("is default"), default=False)
 
     class Meta:
         abstract = True
@@ -65,13 +67,15 @@ class DefaultFlagModel(models.Model):
 
 
 class ChatTemplate(models.Model):
-    name = models.CharField(max_length=100, unique=True)
-    source = models.TextField(help_text="Jinja2 chat template (Hugging Face format).")
-    description = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    name = models.CharField(_("name"), max_length=100, unique=True)
+    source = models.TextField(_("source"), help_text=_("Jinja2 chat template (Hugging Face format)."))
+    description = models.TextField(_("description"), blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
+        verbose_name = _("chat template")
+        verbose_name_plural = _("chat templates")
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -87,10 +91,10 @@ class ChatTemplate(models.Model):
 
 
 class LoadReportStatus(models.TextChoices):
-    QUEUED = "queued"
-    RUNNING = "running"
-    OK = "ok"
-    ERROR = "error"
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    OK = "ok", _("Ok")
+    ERROR = "error", _("Error")
 
 
 def resolve_source(source: str) -> str:
@@ -109,51 +113,72 @@ def resolve_source(source: str) -> str:
 
 
 class LanguageModel(DefaultFlagModel):
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(_("name"), max_length=100, unique=True)
     source = models.CharField(
+        _("source"),
         max_length=500,
-        help_text="A Hugging Face model folder, a hub id already in the local cache, a .gguf file, "
-        'or "bundled" (SmolLM2-135M-Instruct). Relative paths are resolved against PLAYGROUND_DATA_DIR.',
+        help_text=_(
+            "A Hugging Face model folder, a hub id already in the local cache, a .gguf file, "
+            'or "bundled" (SmolLM2-135M-Instruct). Relative paths are resolved against PLAYGROUND_DATA_DIR.'
+        ),
     )
     dtype = models.CharField(
+        _("weight precision"),
         max_length=16,
         default="auto",
         choices=[(d, d) for d in VALID_DTYPES],
-        verbose_name="weight precision",
-        help_text="float32/bfloat16/float16, or weight-only int8 (per channel) / int4 (groups of 32; a GGUF's own "
-        "Q4_0/Q4_1/Q4_K blocks when the source has them) with bfloat16 activations. Fewer bytes per weight: faster "
-        "decode (it is memory-bound), at a small cost in accuracy (the benchmark reports the KL divergence). "
-        "auto: the worker's PLAYGROUND_DTYPE, which by default is bfloat16 on GPUs and on CPUs with bfloat16 "
-        "units, float32 on other CPUs.",
+        help_text=_(
+            "float32/bfloat16/float16, or weight-only int8 (per channel) / int4 (groups of 32; a GGUF's own "
+            "Q4_0/Q4_1/Q4_K blocks when the source has them) with bfloat16 activations. Fewer bytes per weight: faster "
+            "decode (it is memory-bound), at a small cost in accuracy (the benchmark reports the KL divergence). "
+            "auto: the worker's PLAYGROUND_DTYPE, which by default is bfloat16 on GPUs and on CPUs with bfloat16 "
+            "units, float32 on other CPUs."
+        ),
     )
     device = models.CharField(
-        max_length=16, default="auto", help_text="auto, cpu, cuda or cuda:N; auto: the worker's PLAYGROUND_DEVICE."
+        _("device"),
+        max_length=16,
+        default="auto",
+        help_text=_("auto, cpu, cuda or cuda:N; auto: the worker's PLAYGROUND_DEVICE."),
     )
     max_context = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Caps the context length; empty: the model's own."
+        _("max context"), null=True, blank=True, help_text=_("Caps the context length; empty: the model's own.")
     )
     default_chat_template = models.ForeignKey(
-        ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL, help_text="Empty: the model's own template."
-    )
-    is_enabled = models.BooleanField(default=True)
-    trust_remote_code = models.BooleanField(
-        default=False, help_text="Runs Python code shipped with the model. Only for sources you trust."
-    )
-    eos_token_ids = models.JSONField(
+        ChatTemplate,
+        verbose_name=_("default chat template"),
         null=True,
         blank=True,
-        help_text="Stop token ids, e.g. [2, 7], replacing the model's own (its generation config, tokenizer EOS "
-        "and the chat template's end-of-turn token; a test load shows them). Empty: the model's own.",
+        on_delete=models.SET_NULL,
+        help_text=_("Empty: the model's own template."),
     )
-    test_load_status = models.CharField(max_length=16, blank=True, choices=LoadReportStatus.choices)
-    test_load_result = models.JSONField(default=dict, blank=True)
-    test_load_error = models.TextField(blank=True)
-    test_load_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    is_enabled = models.BooleanField(_("is enabled"), default=True)
+    trust_remote_code = models.BooleanField(
+        _("trust remote code"),
+        default=False,
+        help_text=_("Runs Python code shipped with the model. Only for sources you trust."),
+    )
+    eos_token_ids = models.JSONField(
+        _("eos token ids"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "Stop token ids, e.g. [2, 7], replacing the model's own (its generation config, tokenizer EOS "
+            "and the chat template's end-of-turn token; a test load shows them). Empty: the model's own."
+        ),
+    )
+    test_load_status = models.CharField(
+        _("test load status"), max_length=16, blank=True, choices=LoadReportStatus.choices
+    )
+    test_load_result = models.JSONField(_("test load result"), default=dict, blank=True)
+    test_load_error = models.TextField(_("test load error"), blank=True)
+    test_load_at = models.DateTimeField(_("test load at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
-        verbose_name = "model"
+        verbose_name = _("model")
+        verbose_name_plural = _("models")
         ordering = ["name"]
         constraints = [
             models.UniqueConstraint(
@@ -180,7 +205,12 @@ class LanguageModel(DefaultFlagModel):
         if self.eos_token_ids == []:
             self.eos_token_ids = None
         if self.eos_token_ids is not None and not isinstance(self.eos_token_ids, list):
-            raise ValidationError({"eos_token_ids": f"{self.eos_token_ids!r} must be a list of token ids, e.g. [2]"})
+            raise ValidationError(
+                {
+                    "eos_token_ids": gettext("%(value)r must be a list of token ids, e.g. [2]")
+                    % {"value": self.eos_token_ids}
+                }
+            )
         try:
             config = self.to_engine_config()
         except ValueError as exc:
@@ -197,42 +227,63 @@ class LanguageModel(DefaultFlagModel):
         try:
             check_local_source(Path(source), trust_remote_code=self.trust_remote_code)
         except SourceError as exc:
-            raise ValidationError({"source": f"{exc} (checked on the web host)"}) from exc
+            raise ValidationError(
+                {"source": gettext("%(reason)s (checked on the web host)") % {"reason": exc}}
+            ) from exc
 
 
 class SamplingPreset(DefaultFlagModel):
     """Named sampling settings: one field per `inference.SamplingParams` field."""
 
-    name = models.CharField(max_length=100, unique=True)
-    description = models.TextField(blank=True)
-    max_new_tokens = models.PositiveIntegerField(default=_SAMPLING_DEFAULTS.max_new_tokens)
-    greedy = models.BooleanField(default=_SAMPLING_DEFAULTS.greedy, help_text="Always pick the most likely token.")
-    temperature = models.FloatField(default=_SAMPLING_DEFAULTS.temperature, help_text="0 = greedy.")
-    top_k = models.PositiveIntegerField(default=_SAMPLING_DEFAULTS.top_k, help_text="0 = off.")
-    top_p = models.FloatField(default=_SAMPLING_DEFAULTS.top_p, help_text="1.0 = off.")
-    min_p = models.FloatField(default=_SAMPLING_DEFAULTS.min_p, help_text="0.0 = off.")
-    repetition_penalty = models.FloatField(default=_SAMPLING_DEFAULTS.repetition_penalty, help_text="1.0 = off.")
-    seed = models.BigIntegerField(null=True, blank=True, help_text="Empty: a fresh random seed per request.")
+    name = models.CharField(_("name"), max_length=100, unique=True)
+    description = models.TextField(_("description"), blank=True)
+    max_new_tokens = models.PositiveIntegerField(_("max new tokens"), default=_SAMPLING_DEFAULTS.max_new_tokens)
+    greedy = models.BooleanField(
+        _("greedy"), default=_SAMPLING_DEFAULTS.greedy, help_text=_("Always pick the most likely token.")
+    )
+    temperature = models.FloatField(
+        _("temperature"), default=_SAMPLING_DEFAULTS.temperature, help_text=_("0 = greedy.")
+    )
+    top_k = models.PositiveIntegerField(_("top k"), default=_SAMPLING_DEFAULTS.top_k, help_text=_("0 = off."))
+    top_p = models.FloatField(_("top p"), default=_SAMPLING_DEFAULTS.top_p, help_text=_("1.0 = off."))
+    min_p = models.FloatField(_("min p"), default=_SAMPLING_DEFAULTS.min_p, help_text=_("0.0 = off."))
+    repetition_penalty = models.FloatField(
+        _("repetition penalty"), default=_SAMPLING_DEFAULTS.repetition_penalty, help_text=_("1.0 = off.")
+    )
+    seed = models.BigIntegerField(
+        _("seed"), null=True, blank=True, help_text=_("Empty: a fresh random seed per request.")
+    )
     num_alternatives = models.PositiveIntegerField(
-        default=_SAMPLING_DEFAULTS.num_alternatives, help_text="Top tokens reported per step."
+        _("num alternatives"), default=_SAMPLING_DEFAULTS.num_alternatives, help_text=_("Top tokens reported per step.")
     )
-    stop = models.JSONField(default=list, blank=True, help_text='Stop strings, e.g. ["\\n\\n"].')
-    ignore_eos = models.BooleanField(default=_SAMPLING_DEFAULTS.ignore_eos)
-    use_kv_cache = models.BooleanField(default=_SAMPLING_DEFAULTS.use_kv_cache)
+    stop = models.JSONField(_("stop"), default=list, blank=True, help_text=_('Stop strings, e.g. ["\\n\\n"].'))
+    ignore_eos = models.BooleanField(_("ignore eos"), default=_SAMPLING_DEFAULTS.ignore_eos)
+    use_kv_cache = models.BooleanField(_("use kv cache"), default=_SAMPLING_DEFAULTS.use_kv_cache)
     use_prefix_cache = models.BooleanField(
-        default=_SAMPLING_DEFAULTS.use_prefix_cache, help_text="Reuse the KV cache of earlier requests' common prefix."
+        _("use prefix cache"),
+        default=_SAMPLING_DEFAULTS.use_prefix_cache,
+        help_text=_("Reuse the KV cache of earlier requests' common prefix."),
     )
-    num_beams = models.PositiveIntegerField(default=_SAMPLING_DEFAULTS.num_beams, help_text="> 1: beam search.")
-    length_penalty = models.FloatField(default=_SAMPLING_DEFAULTS.length_penalty)
-    early_stopping = models.BooleanField(default=_SAMPLING_DEFAULTS.early_stopping)
-    num_return_sequences = models.PositiveIntegerField(default=_SAMPLING_DEFAULTS.num_return_sequences)
+    num_beams = models.PositiveIntegerField(
+        _("num beams"), default=_SAMPLING_DEFAULTS.num_beams, help_text=_("> 1: beam search.")
+    )
+    length_penalty = models.FloatField(_("length penalty"), default=_SAMPLING_DEFAULTS.length_penalty)
+    early_stopping = models.BooleanField(_("early stopping"), default=_SAMPLING_DEFAULTS.early_stopping)
+    num_return_sequences = models.PositiveIntegerField(
+        _("num return sequences"), default=_SAMPLING_DEFAULTS.num_return_sequences
+    )
     max_thinking_tokens = models.PositiveIntegerField(
-        null=True, blank=True, help_text="After this many reasoning tokens `</think>` is forced. Empty: unlimited."
+        _("max thinking tokens"),
+        null=True,
+        blank=True,
+        help_text=_("After this many reasoning tokens `</think>` is forced. Empty: unlimited."),
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
+        verbose_name = _("sampling preset")
+        verbose_name_plural = _("sampling presets")
         ordering = ["name"]
         constraints = [
             models.UniqueConstraint(
@@ -255,14 +306,17 @@ class SamplingPreset(DefaultFlagModel):
         errors: dict[str, list[str]] = {}
         data = {name: getattr(self, name) for name in SAMPLING_FIELDS}
         if not isinstance(self.stop, list):
-            errors["stop"] = [f"stop={self.stop!r} must be a list of strings"]
+            errors["stop"] = [gettext("stop=%(value)r must be a list of strings") % {"value": self.stop}]
             data["stop"] = []
         limit = settings.PLAYGROUND_MAX_NEW_TOKENS
         if isinstance(self.max_new_tokens, int) and self.max_new_tokens > limit:
-            errors["max_new_tokens"] = [f"max_new_tokens={self.max_new_tokens} exceeds this server's limit of {limit}"]
+            errors["max_new_tokens"] = [
+                gettext("max_new_tokens=%(value)s exceeds this server's limit of %(limit)s")
+                % {"value": self.max_new_tokens, "limit": limit}
+            ]
             data["max_new_tokens"] = limit
         # SamplingParams stops at its first bad value: note it, put the default there, go on.
-        for _ in SAMPLING_FIELDS:
+        for _field in SAMPLING_FIELDS:
             try:
                 SamplingParams.from_dict(data)
                 break
@@ -278,18 +332,27 @@ class SamplingPreset(DefaultFlagModel):
 
 
 class Conversation(models.Model):
-    session_key = models.CharField(max_length=40, db_index=True)
-    title = models.CharField(max_length=200, blank=True)
-    system_prompt = models.TextField(blank=True)
-    model = models.ForeignKey(LanguageModel, null=True, blank=True, on_delete=models.SET_NULL)
-    preset = models.ForeignKey(SamplingPreset, null=True, blank=True, on_delete=models.SET_NULL)
-    chat_template = models.ForeignKey(
-        ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL, help_text="Empty: the model's default template."
+    session_key = models.CharField(_("session key"), max_length=40, db_index=True)
+    title = models.CharField(_("title"), max_length=200, blank=True)
+    system_prompt = models.TextField(_("system prompt"), blank=True)
+    model = models.ForeignKey(LanguageModel, verbose_name=_("model"), null=True, blank=True, on_delete=models.SET_NULL)
+    preset = models.ForeignKey(
+        SamplingPreset, verbose_name=_("preset"), null=True, blank=True, on_delete=models.SET_NULL
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    chat_template = models.ForeignKey(
+        ChatTemplate,
+        verbose_name=_("chat template"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        help_text=_("Empty: the model's default template."),
+    )
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
+        verbose_name = _("conversation")
+        verbose_name_plural = _("conversations")
         ordering = ["-updated_at"]
 
     def __str__(self) -> str:
@@ -301,52 +364,64 @@ class Conversation(models.Model):
 
 class Generation(models.Model):
     class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        FINISHED = "finished"
-        ERROR = "error"
-        CANCELLED = "cancelled"
+        QUEUED = "queued", _("Queued")
+        RUNNING = "running", _("Running")
+        FINISHED = "finished", _("Finished")
+        ERROR = "error", _("Error")
+        CANCELLED = "cancelled", _("Cancelled")
 
     class Kind(models.TextChoices):
-        CHAT = "chat"
-        COMPLETE = "complete"
+        CHAT = "chat", _("Chat")
+        COMPLETE = "complete", _("Complete")
 
     ACTIVE_STATUSES = (Status.QUEUED, Status.RUNNING)
 
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
-    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
-    session_key = models.CharField(max_length=40, db_index=True)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    kind = models.CharField(_("kind"), max_length=16, choices=Kind.choices, default=Kind.CHAT)
+    session_key = models.CharField(_("session key"), max_length=40, db_index=True)
     conversation = models.ForeignKey(
-        Conversation, null=True, blank=True, on_delete=models.CASCADE, related_name="generations"
+        Conversation,
+        verbose_name=_("conversation"),
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="generations",
     )
-    model = models.ForeignKey(LanguageModel, null=True, on_delete=models.SET_NULL)
-    chat_template = models.ForeignKey(ChatTemplate, null=True, blank=True, on_delete=models.SET_NULL)
-    params = models.JSONField(default=dict, help_text="The resolved SamplingParams.")
+    model = models.ForeignKey(LanguageModel, verbose_name=_("model"), null=True, on_delete=models.SET_NULL)
+    chat_template = models.ForeignKey(
+        ChatTemplate, verbose_name=_("chat template"), null=True, blank=True, on_delete=models.SET_NULL
+    )
+    params = models.JSONField(_("params"), default=dict, help_text=_("The resolved SamplingParams."))
     inputs = models.JSONField(
-        default=dict, blank=True, help_text="complete only: {text, chat, token_ids} as the client sent them."
+        _("inputs"),
+        default=dict,
+        blank=True,
+        help_text=_("complete only: {text, chat, token_ids} as the client sent them."),
     )
-    prompt_text = models.TextField(blank=True, help_text="The prompt as the model saw it.")
-    prompt = models.JSONField(default=dict, blank=True, help_text="{spans, tokens}")
-    text = models.TextField(blank=True, help_text="The answer (partial until finished).")
-    steps = models.JSONField(default=list, blank=True)
-    stats = models.JSONField(default=dict, blank=True)
-    finish_reason = models.CharField(max_length=16, blank=True)
-    error_code = models.CharField(max_length=32, blank=True)
-    error_message = models.TextField(blank=True)
-    worker = models.CharField(max_length=200, blank=True)
-    prefill_worker = models.CharField(max_length=200, blank=True)
-    decode_worker = models.CharField(max_length=200, blank=True)
-    num_prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
-    num_cached_tokens = models.PositiveIntegerField(null=True, blank=True)
-    num_generated_tokens = models.PositiveIntegerField(null=True, blank=True)
-    prefill_ms = models.FloatField(null=True, blank=True)
-    ttft_ms = models.FloatField(null=True, blank=True)
-    decode_tok_s = models.FloatField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    prompt_text = models.TextField(_("prompt text"), blank=True, help_text=_("The prompt as the model saw it."))
+    prompt = models.JSONField(_("prompt"), default=dict, blank=True, help_text=_("{spans, tokens}"))
+    text = models.TextField(_("text"), blank=True, help_text=_("The answer (partial until finished)."))
+    steps = models.JSONField(_("steps"), default=list, blank=True)
+    stats = models.JSONField(_("stats"), default=dict, blank=True)
+    finish_reason = models.CharField(_("finish reason"), max_length=16, blank=True)
+    error_code = models.CharField(_("error code"), max_length=32, blank=True)
+    error_message = models.TextField(_("error message"), blank=True)
+    worker = models.CharField(_("worker"), max_length=200, blank=True)
+    prefill_worker = models.CharField(_("prefill worker"), max_length=200, blank=True)
+    decode_worker = models.CharField(_("decode worker"), max_length=200, blank=True)
+    num_prompt_tokens = models.PositiveIntegerField(_("num prompt tokens"), null=True, blank=True)
+    num_cached_tokens = models.PositiveIntegerField(_("num cached tokens"), null=True, blank=True)
+    num_generated_tokens = models.PositiveIntegerField(_("num generated tokens"), null=True, blank=True)
+    prefill_ms = models.FloatField(_("prefill ms"), null=True, blank=True)
+    ttft_ms = models.FloatField(_("ttft ms"), null=True, blank=True)
+    decode_tok_s = models.FloatField(_("decode tok s"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 
     class Meta:
+        verbose_name = _("generation")
+        verbose_name_plural = _("generations")
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
@@ -371,24 +446,37 @@ class Generation(models.Model):
 
 class Message(models.Model):
     class Role(models.TextChoices):
-        SYSTEM = "system"
-        USER = "user"
-        ASSISTANT = "assistant"
+        SYSTEM = "system", _("System")
+        USER = "user", _("User")
+        ASSISTANT = "assistant", _("Assistant")
 
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
-    role = models.CharField(max_length=16, choices=Role.choices)
-    content = models.TextField(blank=True)
+    conversation = models.ForeignKey(
+        Conversation, verbose_name=_("conversation"), on_delete=models.CASCADE, related_name="messages"
+    )
+    role = models.CharField(_("role"), max_length=16, choices=Role.choices)
+    content = models.TextField(_("content"), blank=True)
     # Attached images (user messages, vision-language models): playground/images.py's records,
     # {media_type, data (base64), content_hash, width, height}, in the order they go in the prompt.
-    images = models.JSONField(default=list, blank=True)
-    position = models.PositiveIntegerField(help_text="Place in the conversation; superseded messages keep theirs.")
-    is_active = models.BooleanField(default=True, help_text="False once an edit or regenerate replaced it.")
-    generation = models.ForeignKey(
-        Generation, null=True, blank=True, on_delete=models.SET_NULL, related_name="messages"
+    images = models.JSONField(_("images"), default=list, blank=True)
+    position = models.PositiveIntegerField(
+        _("position"), help_text=_("Place in the conversation; superseded messages keep theirs.")
     )
-    created_at = models.DateTimeField(auto_now_add=True)
+    is_active = models.BooleanField(
+        _("is active"), default=True, help_text=_("False once an edit or regenerate replaced it.")
+    )
+    generation = models.ForeignKey(
+        Generation,
+        verbose_name=_("generation"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="messages",
+    )
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
+        verbose_name = _("message")
+        verbose_name_plural = _("messages")
         ordering = ["position", "created_at"]
         indexes = [models.Index(fields=["conversation", "is_active", "position"])]
 
@@ -402,22 +490,28 @@ class ApiKey(models.Model):
 
     PREFIX = "pg-"
 
-    name = models.CharField(max_length=100, help_text="Who or what uses this key.")
-    key_hash = models.CharField(max_length=64, unique=True, editable=False)
-    key_prefix = models.CharField(max_length=12, editable=False, help_text="The key's first characters.")
+    name = models.CharField(_("name"), max_length=100, help_text=_("Who or what uses this key."))
+    key_hash = models.CharField(_("key hash"), max_length=64, unique=True, editable=False)
+    key_prefix = models.CharField(
+        _("key prefix"), max_length=12, editable=False, help_text=_("The key's first characters.")
+    )
     max_concurrent = models.PositiveIntegerField(
+        _("max concurrent"),
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
-        help_text="Generations running at once; more wait for their turn. Empty: PLAYGROUND_API_MAX_CONCURRENT "
-        "(by default the worker slots, one worker's batch).",
+        help_text=_(
+            "Generations running at once; more wait for their turn. Empty: PLAYGROUND_API_MAX_CONCURRENT "
+            "(by default the worker slots, one worker's batch)."
+        ),
     )
-    is_active = models.BooleanField(default=True, help_text="Untick to revoke the key.")
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
+    is_active = models.BooleanField(_("is active"), default=True, help_text=_("Untick to revoke the key."))
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    last_used_at = models.DateTimeField(_("last used at"), null=True, blank=True)
 
     class Meta:
-        verbose_name = "API key"
+        verbose_name = _("API key")
+        verbose_name_plural = _("API keys")
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -437,3 +531,21 @@ class ApiKey(models.Model):
     def client_name(self) -> str:
         """What the key's generations carry as their session key."""
         return f"api-key-{self.pk}"
+
+
+class UserLanguage(models.Model):
+    """The language a signed-in person picked with the language switch (playground/web/language.py):
+    it follows them to every browser. People without an account keep theirs in the session."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, verbose_name=_("user"), on_delete=models.CASCADE, related_name="language_choice"
+    )
+    language = models.CharField(_("language"), max_length=16, choices=settings.LANGUAGES)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("language choice")
+        verbose_name_plural = _("language choices")
+
+    def __str__(self) -> str:
+        return f"{self.user}: {self.language}"

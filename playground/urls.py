@@ -1,7 +1,8 @@
 from django.contrib import admin
 from django.urls import path
+from django.views.i18n import JavaScriptCatalog
 
-from playground.web import api, architecture, export, inspect_api, metrics, pages
+from playground.web import api, architecture, export, inspect_api, language, metrics, pages
 from playground.web.openai_api import views as openai_api
 
 urlpatterns = [
@@ -10,6 +11,11 @@ urlpatterns = [
     path("explorer/ab/", pages.explorer_ab, name="explorer-ab"),
     path("serving/", pages.serving, name="serving"),
     path("architecture/", pages.architecture, name="architecture"),
+    path("learn/", pages.learn, name="learn"),
+    path("i18n/setlang/", language.set_language, name="set-language"),
+    # The JavaScript catalog (locale/*/LC_MESSAGES/djangojs.po) as a script file: the pages load
+    # it with <script src>, so the strict CSP (no inline script) holds.
+    path("jsi18n/", JavaScriptCatalog.as_view(packages=["playground"]), name="javascript-catalog"),
     path("metrics", metrics.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/models/", api.model_list, name="api-models"),

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.translation import gettext
 from django.views.csrf import csrf_failure as html_csrf_failure
 
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
@@ -186,7 +187,11 @@ def _apply_fields(conversation: Conversation, body: dict[str, Any]) -> None:
             setattr(conversation, name, get_field(body, name, str, default=""))
     max_title = Conversation._meta.get_field("title").max_length
     if len(conversation.title) > max_title:
-        raise CommandError("invalid_field", f"title has {len(conversation.title)} characters; at most {max_title}")
+        raise CommandError(
+            "invalid_field",
+            gettext("title has %(count)s characters; at most %(limit)s")
+            % {"count": len(conversation.title), "limit": max_title},
+        )
     limits.check_prompt_chars(len(conversation.system_prompt))
     if "model_id" in body:
         model_id = get_field(body, "model_id", int)

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.translation import gettext
 
 import inference.introspect.architecture as arch
 from inference.config import BUNDLED_MODEL
@@ -33,9 +34,14 @@ def _query(request: HttpRequest) -> dict[str, Any]:
     try:
         context = int(raw_context)
     except ValueError:
-        raise CommandError("invalid_field", f"context={raw_context!r} must be an integer") from None
+        raise CommandError(
+            "invalid_field", gettext("context=%(value)r must be an integer") % {"value": raw_context}
+        ) from None
     if not 1 <= context <= arch.MAX_CONTEXT:
-        raise CommandError("invalid_field", f"context must be from 1 to {arch.MAX_CONTEXT}, not {context}")
+        raise CommandError(
+            "invalid_field",
+            gettext("context must be from 1 to %(max)s, not %(value)s") % {"max": arch.MAX_CONTEXT, "value": context},
+        )
     dtype = request.GET.get("dtype") or None
     if dtype is not None and dtype not in arch.DTYPE_BYTES:
         raise CommandError("invalid_field", f"dtype must be one of {', '.join(arch.DTYPE_BYTES)}, not {dtype!r}")

@@ -15,13 +15,15 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils import translation
+from django.utils.translation import gettext
 
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
 from playground import dispatch, protocol
 from playground.coord import liveness
 from playground.models import Generation
 from playground.protocol import CommandError, get_field
-from playground.web import frames, submit
+from playground.web import frames, language, submit
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,8 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
         # generating command, not here (a socket that does nothing creates no row).
         self.session_key: str | None = self.scope["session"].session_key
         self.watchdogs: dict[int, asyncio.Task[None]] = {}  # the generations this socket follows
+        # Refusals are worded in the page's language (the session's choice, else the browser's).
+        self.language = await database_sync_to_async(language.scope_language)(self.scope)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
@@ -47,6 +51,10 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
     # ---- commands ------------------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        with translation.override(self.language):
+            await self._receive(text_data, bytes_data)
+
+    async def _receive(self, text_data: str | None, bytes_data: bytes | None) -> None:
         try:
             content = frames.parse(text_data, bytes_data)
         except frames.FrameError as exc:
@@ -74,7 +82,9 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(protocol.error(exc.code, exc.message, request_id))
         except Exception:
             logger.exception("command %r failed", content.get("command"))
-            await self.send_json(protocol.error("internal_error", "the server failed to run this command", request_id))
+            await self.send_json(
+                protocol.error("internal_error", gettext("the server failed to run this command"), request_id)
+            )
 
     async def _start(self, command: str, content: dict[str, Any], request_id: str | None) -> None:
         pd_requested = dispatch.pd_requested(content)  # checked before anything is written

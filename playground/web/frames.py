@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from django.conf import settings
+from django.utils.translation import gettext
 
 from playground.protocol import CommandError
 
@@ -32,7 +33,10 @@ def parse(text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
     size = len(raw.encode("utf-8", "surrogatepass")) if isinstance(raw, str) else len(raw)
     limit = settings.PLAYGROUND_MAX_MESSAGE_BYTES
     if size > limit:
-        raise FrameError("message_too_large", f"the message has {size} bytes; the limit is {limit}")
+        raise FrameError(
+            "message_too_large",
+            gettext("the message has %(size)s bytes; the limit is %(limit)s") % {"size": size, "limit": limit},
+        )
     try:
         content = json.loads(raw)
     except RecursionError:

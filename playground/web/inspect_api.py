@@ -17,6 +17,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.translation import gettext
 
 from playground import dispatch, inspection, task_names
 from playground.coord import worker_routing
@@ -59,7 +60,9 @@ def _finished(session_key: str, generation_id: int) -> Generation:
     row = owned_generation(session_key, generation_id)
     if row.is_active:
         raise CommandError(
-            "invalid_params", f"generation {generation_id} is still {row.status}: inspect it once it ends"
+            "invalid_params",
+            gettext("generation %(id)s is still %(status)s: inspect it once it ends")
+            % {"id": generation_id, "status": row.status},
         )
     return row
 
@@ -75,8 +78,8 @@ async def ask_worker(generation_id: int, checked: dict[str, Any]) -> dict[str, A
     except TimeoutError:
         raise CommandError(
             "inspection_timeout",
-            f"no worker answered within {inspection.WAIT_S:.0f} s: is a generation worker running (queue "
-            f"{worker_routing.SHARED_QUEUE!r})?",
+            gettext("no worker answered within %(seconds)s s: is a generation worker running (queue %(queue)r)?")
+            % {"seconds": f"{inspection.WAIT_S:.0f}", "queue": worker_routing.SHARED_QUEUE},
         ) from None
     if not answer.get("ok"):
         raise CommandError(answer.get("code", "internal_error"), answer.get("message", "the inspection failed"))

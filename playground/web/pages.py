@@ -1,6 +1,7 @@
 """The HTML pages: the chat UI at `/`, the token-probability explorer at `/explorer/` (and its
 side-by-side A/B of two sampling settings at `/explorer/ab/`), the
-live view of continuous batching at `/serving/`, the architecture card at `/architecture/`.
+live view of continuous batching at `/serving/`, the architecture card at `/architecture/`, the
+lesson's path through all of them at `/learn/`.
 
 Owns: which template each page renders. The pages are static shells; everything they show
 comes from the JSON API and the `/ws/generate/` socket (docs/protocol.md), so these views
@@ -38,3 +39,9 @@ def serving(request: HttpRequest) -> HttpResponse:
 def architecture(request: HttpRequest) -> HttpResponse:
     """What a model costs, from its config: parameters, KV cache, FLOPs (from `/api/architectures/`)."""
     return render(request, "architecture.html", {"page": "architecture"})
+
+
+@ensure_csrf_cookie
+def learn(request: HttpRequest) -> HttpResponse:
+    """The lesson, live: one section per chapter, each an experiment on the running model."""
+    return render(request, "learn.html", {"page": "learn"})

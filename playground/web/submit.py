@@ -14,6 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from inference.sampling_params import SamplingParams
 from playground import limits
@@ -50,14 +51,14 @@ def submit(command: str, session_key: str, content: dict[str, Any]) -> Queued:
 def owned_conversation(session_key: str, conversation_id: int) -> Conversation:
     conversation = Conversation.objects.filter(pk=conversation_id, session_key=session_key).first()
     if conversation is None:
-        raise CommandError("not_found", f"conversation {conversation_id} does not exist")
+        raise CommandError("not_found", gettext("conversation %(id)s does not exist") % {"id": conversation_id})
     return conversation
 
 
 def owned_generation(session_key: str, generation_id: int) -> Generation:
     generation = Generation.objects.filter(pk=generation_id, session_key=session_key).first()
     if generation is None:
-        raise CommandError("not_found", f"generation {generation_id} does not exist")
+        raise CommandError("not_found", gettext("generation %(id)s does not exist") % {"id": generation_id})
     return generation
 
 
@@ -69,7 +70,7 @@ def _active_message(session_key: str, content: dict[str, Any], role: str) -> Mes
         .first()
     )
     if message is None:
-        raise CommandError("not_found", f"message {message_id} does not exist (or was replaced)")
+        raise CommandError("not_found", gettext("message %(id)s does not exist (or was replaced)") % {"id": message_id})
     if message.role != role:
         raise CommandError("invalid_field", f"message {message_id} is a {message.role} message, not a {role} message")
     return message
@@ -80,13 +81,13 @@ def resolve_model(model_id: int | None, fallback: LanguageModel | None = None) -
     if model_id is not None:
         model = LanguageModel.objects.filter(pk=model_id).first()
         if model is None:
-            raise CommandError("not_found", f"model {model_id} does not exist")
+            raise CommandError("not_found", gettext("model %(id)s does not exist") % {"id": model_id})
     else:
         model = fallback or LanguageModel.default()
     if model is None:
-        raise CommandError("model_unavailable", "no model is configured: add one in the admin")
+        raise CommandError("model_unavailable", gettext("no model is configured: add one in the admin"))
     if not model.is_enabled:
-        raise CommandError("model_unavailable", f"model {model.name!r} is disabled")
+        raise CommandError("model_unavailable", gettext("model %(name)r is disabled") % {"name": model.name})
     return model
 
 
@@ -95,7 +96,7 @@ def resolve_preset(preset_id: int | None, fallback: SamplingPreset | None = None
         return fallback or SamplingPreset.default()
     preset = SamplingPreset.objects.filter(pk=preset_id).first()
     if preset is None:
-        raise CommandError("not_found", f"preset {preset_id} does not exist")
+        raise CommandError("not_found", gettext("preset %(id)s does not exist") % {"id": preset_id})
     return preset
 
 
@@ -129,7 +130,7 @@ def _choices(
 def _text(content: dict[str, Any], name: str) -> str:
     text = get_field(content, name, str, required=True)
     if not text.strip():
-        raise CommandError("invalid_field", f"{name} must not be empty")
+        raise CommandError("invalid_field", gettext("%(name)s must not be empty") % {"name": name})
     return text
 
 
@@ -258,7 +259,7 @@ def complete(session_key: str, content: dict[str, Any]) -> Queued:
     is_chat = get_field(content, "chat", bool, default=False)
     token_ids = get_id_list(content, "token_ids")
     if not text and not token_ids:
-        raise CommandError("invalid_field", "text must not be empty")
+        raise CommandError("invalid_field", gettext("%(name)s must not be empty") % {"name": "text"})
     images = parse_images(content)
     limits.check_prompt_chars(len(text))
     model, _, params = _choices(content)

@@ -7,8 +7,9 @@ import { api, getJson } from "./api.js";
 import { createSide } from "./ab_side.js";
 import { createAlignment } from "./ab_view.js";
 import { $, bindSlider, h } from "./dom.js";
-import { errorText, fmtMs, fmtNum, fmtProb } from "./format.js";
+import { errorText, finishReasonLabel, fmtMs, fmtNum, fmtProb } from "./format.js";
 import { GenerationSocket, showConnection } from "./socket.js";
+import { gettext, interpolate } from "./i18n.js";
 
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
 const length = bindSlider("#ab-tokens", String, () => {});
@@ -21,15 +22,15 @@ let ticket = 0;  // the current pair of requests: answers to an older pair are d
 function run() {
   if (isBusy() || !sides) return;
   const text = $("#ab-text").value;
-  if (!text.trim()) { showError({ message: "Enter some text first." }); return; }
+  if (!text.trim()) { showError({ message: gettext("Enter some text first.") }); return; }
   const seed = $("#ab-seed").value.trim();
-  if (seed !== "" && !/^\d+$/.test(seed)) { showError({ message: `Seed "${seed}" must be a whole number.` }); return; }
+  if (seed !== "" && !/^\d+$/.test(seed)) { showError({ message: interpolate(gettext("Seed “%(seed)s” must be a whole number."), { seed }) }); return; }
   $("#ab-error").hidden = true;
   // The same length and seed on both sides: only the sampling settings differ.
   const common = { max_new_tokens: Number(length.value), ...(seed === "" ? {} : { seed: Number(seed) }) };
   const current = ++ticket;
   flips = new Map();
-  alignment.clear("Both runs are generating…");
+  alignment.clear(gettext("Both runs are generating…"));
   for (const side of sides) start(side, text, common, current);
   renderControls();
 }
@@ -55,15 +56,16 @@ async function ended(current) {
   renderRun("b");
   if (isBusy()) return;
   const [a, b] = [runs.a, runs.b];
-  if (a.error || b.error) { alignment.clear("A run failed: there is nothing to align.", true); return; }
-  alignment.clear("Asking a worker to recompute both runs…");
+  if (a.error || b.error) { alignment.clear(gettext("A run failed: there is nothing to align."), true); return; }
+  alignment.clear(gettext("Asking a worker to recompute both runs…"));
   try {
     const result = await api("POST", `/api/generations/${a.handle.generationId}/inspect/`,
       { view: "ab", other_generation_id: b.handle.generationId });
     if (current !== ticket) return;
     flips = new Map(result.steps.map((s) => [s.index, s.flipped]));
     alignment.show(result);
-    $("#ab-align-label").textContent = `${result.num_steps} steps · ${[...flips.values()].filter(Boolean).length} flips`;
+    $("#ab-align-label").textContent = interpolate(gettext("%(steps)s steps · %(flips)s flips"),
+      { steps: result.num_steps, flips: [...flips.values()].filter(Boolean).length });
     renderRun("a");
     renderRun("b");
   } catch (err) {
@@ -83,11 +85,11 @@ function renderRun(name) {
   const box = $(`#ab-${name}-run`);
   const head = h("div", { class: "ab-run-head" }, h("span", { class: "ab-side-tag" }, name.toUpperCase()),
     h("b", {}, r ? r.label : sides?.find((s) => s.name === name).label ?? ""),
-    r && !r.handle.isDone ? h("span", { class: "badge" }, "generating…") : null);
-  if (!r) { box.replaceChildren(head, h("p", { class: "empty" }, "Not run yet.")); return; }
+    r && !r.handle.isDone ? h("span", { class: "badge" }, gettext("generating…")) : null);
+  if (!r) { box.replaceChildren(head, h("p", { class: "empty" }, gettext("Not run yet."))); return; }
   const tokens = r.steps.map((step) => h("span", {
     class: `step-tok${flips.get(step.index) ? " flip" : ""}`, dataset: { step: step.index, tokenId: step.token_id },
-    title: `step ${step.index} · id ${step.token_id} · sampled p ${fmtProb(Math.exp(step.logprob))}`,
+    title: interpolate(gettext("step %(step)s · id %(id)s · sampled p %(p)s"), { step: step.index, id: step.token_id, p: fmtProb(Math.exp(step.logprob)) }),
   }, step.piece));
   const error = r.error ? [h("p", { class: "alert" }, errorText(r.error))] : [];
   box.replaceChildren(head, stats(r), ...error,
@@ -96,13 +98,13 @@ function renderRun(name) {
 
 function stats(r) {
   const s = r.stats;
-  if (!s) return h("div", { class: "step-info" }, h("span", { class: "badge" }, `${r.steps.length} tokens`));
+  if (!s) return h("div", { class: "step-info" }, h("span", { class: "badge" }, interpolate(gettext("%(n)s tokens"), { n: r.steps.length })));
   const badge = (text, title) => h("span", { class: "badge", title }, text);
   return h("div", { class: "step-info ab-stats" },
-    badge(`${s.num_generated_tokens} tokens · ${s.finish_reason}`, "tokens generated and why the run stopped"),
-    badge(`TTFT ${fmtMs(s.ttft_ms)}`, "time to the first token, queue included"),
-    badge(`decode ${fmtNum(s.decode_tok_s, 1)} tok/s`, "decode speed"),
-    s.seed === null || s.seed === undefined ? null : badge(`seed ${s.seed}`, "the sampler's seed (greedy never draws)"));
+    badge(`${interpolate(gettext("%(n)s tokens"), { n: s.num_generated_tokens })} · ${finishReasonLabel(s.finish_reason)}`, gettext("tokens generated and why the run stopped")),
+    badge(interpolate(gettext("TTFT %(time)s"), { time: fmtMs(s.ttft_ms) }), gettext("time to the first token, queue included")),
+    badge(interpolate(gettext("decode %(speed)s tok/s"), { speed: fmtNum(s.decode_tok_s, 1) }), gettext("decode speed")),
+    s.seed === null || s.seed === undefined ? null : badge(interpolate(gettext("seed %(seed)s"), { seed: s.seed }), gettext("the sampler's seed (greedy never draws)")));
 }
 
 function showError(error) {

@@ -2,7 +2,8 @@
 // controls (#ab-<side>-preset and the sliders), what its `complete` command carries
 // (`preset_id` and `overrides`) and its label. Must not know: the socket, the other side.
 import { $, bindSlider, h } from "./dom.js";
-import { SETTING_FORMATS } from "./format.js";
+import { SETTING_FORMATS, presetName } from "./format.js";
+import { gettext } from "./i18n.js";
 
 const SLIDER_IDS = { temperature: "temperature", top_k: "top-k", top_p: "top-p", min_p: "min-p" };
 
@@ -12,8 +13,8 @@ export function createSide(name, presets, preset) {
   let isApplying = false;  // a preset moving the sliders is not the user choosing custom settings
   const sliders = Object.fromEntries(Object.entries(SLIDER_IDS).map(([key, id]) => [key,
     bindSlider(`#ab-${name}-${id}`, SETTING_FORMATS[key], () => { if (!isApplying) select.value = ""; })]));
-  select.replaceChildren(h("option", { value: "" }, "Custom (the sliders)"),
-    ...presets.map((p) => h("option", { value: p.id }, p.name)));
+  select.replaceChildren(h("option", { value: "" }, gettext("Custom (the sliders)")),
+    ...presets.map((p) => h("option", { value: p.id }, presetName(p.name))));
   const chosen = () => presets.find((p) => String(p.id) === select.value) ?? null;
 
   /** Shows the chosen preset's values on the sliders (greedy as temperature 0). */
@@ -34,7 +35,7 @@ export function createSide(name, presets, preset) {
   showPreset();
   return {
     name,
-    get label() { return chosen()?.name ?? "custom"; },
+    get label() { return chosen() ? presetName(chosen().name) : gettext("custom"); },
     /** The side's fields of a `complete` command; `common` (length, seed) applies to both sides. */
     command(common) {
       const p = chosen();

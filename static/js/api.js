@@ -1,5 +1,6 @@
 // JSON over HTTP for the conversation records (docs/protocol.md, "HTTP JSON endpoints").
 // Owns: CSRF header, JSON encoding, turning `{"error": {...}}` answers into ApiError.
+import { gettext, interpolate } from "./i18n.js";
 
 export class ApiError extends Error {
   constructor(status, code, message) {
@@ -25,14 +26,14 @@ export async function api(method, path, body) {
       body: body === undefined ? undefined : JSON.stringify(body),
     });
   } catch (err) {
-    throw new ApiError(0, "network", `Cannot reach the server (${err.message}).`);
+    throw new ApiError(0, "network", interpolate(gettext("Cannot reach the server (%(reason)s)."), { reason: err.message }));
   }
   if (response.status === 204) return null;
   const data = await response.json().catch(() => null);
   if (!response.ok) {
     const error = data?.error ?? {};
     throw new ApiError(response.status, error.code ?? "http_error",
-      error.message ?? `${method} ${path} failed with HTTP ${response.status}.`);
+      error.message ?? interpolate(gettext("%(method)s %(path)s failed with HTTP %(status)s."), { method, path, status: response.status }));
   }
   return data;
 }

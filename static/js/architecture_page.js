@@ -3,6 +3,7 @@
 // from the config. Owns: the controls, the card's tables and the KV comparison bars. No socket.
 import { getJson } from "./api.js";
 import { h, $ } from "./dom.js";
+import { gettext, interpolate } from "./i18n.js";
 
 const units = ["", "K", "M", "B", "T", "P"];
 function big(n, suffix = "") {
@@ -30,10 +31,11 @@ function kvBars(kv) {
     h("span", { class: "arch-bar-label" }, label),
     h("span", { class: `arch-bar ${cls}`, style: `width:${Math.max(0.5, (100 * value) / max)}%` }),
     h("span", { class: "arch-bar-value" }, `${exact(value)} B/token`));
-  const cached = kv.form === "mla_latent" ? "MLA latent + rope key (cached)" : `${kv.form.toUpperCase()} K/V (cached)`;
-  const expanded = kv.form === "mla_latent" ? "same model, K/V expanded per head" : "as MHA (a K/V per query head)";
+  const cached = kv.form === "mla_latent" ? gettext("MLA latent + rope key (cached)") : interpolate(gettext("%(form)s K/V (cached)"), { form: kv.form.toUpperCase() });
+  const expanded = kv.form === "mla_latent" ? gettext("same model, K/V expanded per head") : gettext("as MHA (a K/V per query head)");
   return h("div", { class: "arch-bars", role: "img",
-    "aria-label": `${cached}: ${kv.bytes_per_token} bytes per token; ${expanded}: ${kv.expanded_bytes_per_token}` },
+    "aria-label": interpolate(gettext("%(cached)s: %(bytes)s bytes per token; %(expanded)s: %(expanded_bytes)s"),
+      { cached, bytes: kv.bytes_per_token, expanded, expanded_bytes: kv.expanded_bytes_per_token }) },
   bar(cached, kv.bytes_per_token, "cached"), bar(expanded, kv.expanded_bytes_per_token, "expanded"));
 }
 
@@ -41,12 +43,14 @@ function kvBars(kv) {
 function visionTable(vision) {
   const own = vision.model;
   const p = vision.vl2_processor;
-  return table("Images (tokens and KV cache per image)", [
-    own ? ["this model", `${exact(own.tokens_per_image)} tokens`,
-      `${own.image_size} px in ${own.patch_size} px patches: ${own.grid[0]}×${own.grid[1]}, one token each · ${bytes(own.kv_bytes_per_image)} of KV`] : null,
-    ...vision.vl2_tilings.map((t) => [`VL2, ${t.tiles[0]}×${t.tiles[1]} tiles`, `${exact(t.total)} tokens`,
-      `global ${t.global} + separator ${t.separator} + local ${exact(t.local)} (${p.image_size} px, patch ${p.patch_size}, ` +
-      `downsample ${p.downsample}) · ${bytes(t.kv_bytes)} of KV at this model's bytes per token`]),
+  return table(gettext("Images (tokens and KV cache per image)"), [
+    own ? [gettext("this model"), interpolate(gettext("%(n)s tokens"), { n: exact(own.tokens_per_image) }),
+      interpolate(gettext("%(size)s px in %(patch)s px patches: %(rows)s×%(cols)s, one token each · %(bytes)s of KV"),
+        { size: own.image_size, patch: own.patch_size, rows: own.grid[0], cols: own.grid[1], bytes: bytes(own.kv_bytes_per_image) })] : null,
+    ...vision.vl2_tilings.map((t) => [interpolate(gettext("VL2, %(a)s×%(b)s tiles"), { a: t.tiles[0], b: t.tiles[1] }),
+      interpolate(gettext("%(n)s tokens"), { n: exact(t.total) }),
+      interpolate(gettext("global %(global)s + separator %(separator)s + local %(local)s (%(size)s px, patch %(patch)s, downsample %(downsample)s) · %(bytes)s of KV at this model's bytes per token"),
+        { global: t.global, separator: t.separator, local: exact(t.local), size: p.image_size, patch: p.patch_size, downsample: p.downsample, bytes: bytes(t.kv_bytes) })]),
   ]);
 }
 
@@ -57,33 +61,38 @@ function render(card) {
   root.replaceChildren(
     h("h2", { class: "arch-name" }, card.name, h("span", { class: "muted small" }, `  ${s.model_type}`)),
     /random weights/i.test(card.name) ? h("p", { class: "random-weights-notice" },
-      "Random weights: this model has the real architecture but untrained, random parameters; its text is noise.") : null,
-    table("Parameters", [
-      ["total", big(p.total), exact(p.total)],
-      ["active per token", big(p.active), moe ? `${s.experts_per_token} of ${s.experts} routed experts + ${s.shared_experts} shared, in ${s.moe_layers} of ${s.layers} layers` : "dense: every parameter, every token"],
-      ["attention", big(p.attention), s.is_mla ? `MLA: q rank ${s.q_lora_rank || "full"}, kv latent ${s.kv_lora_rank}, rope ${s.qk_rope_dim}` : `${s.heads} query heads, ${s.kv_heads} KV heads of ${s.head_dim}`],
-      moe ? ["routed experts", big(p.routed_experts), `${big(p.active_routed_experts)} of them active per token`] : null,
-      moe ? ["router", big(p.router), `groups: ${s.expert_groups}, kept per token: ${s.groups_per_token}; scale ${s.routed_scale}`] : null,
-      ["embedding / lm head", `${big(p.embedding)} / ${big(p.lm_head)}`, s.tied_embeddings ? "tied: one matrix" : ""],
-      ["weights", bytes(card.weights.bytes), `${card.weights.dtype}; active ${bytes(card.weights.active_bytes)}`],
+      gettext("Random weights: this model has the real architecture but untrained, random parameters; its text is noise.")) : null,
+    table(gettext("Parameters"), [
+      [gettext("total"), big(p.total), exact(p.total)],
+      [gettext("active per token"), big(p.active), moe ? interpolate(gettext("%(k)s of %(n)s routed experts + %(shared)s shared, in %(moe_layers)s of %(layers)s layers"),
+        { k: s.experts_per_token, n: s.experts, shared: s.shared_experts, moe_layers: s.moe_layers, layers: s.layers }) : gettext("dense: every parameter, every token")],
+      [gettext("attention"), big(p.attention), s.is_mla ? interpolate(gettext("MLA: q rank %(q)s, kv latent %(kv)s, rope %(rope)s"),
+        { q: s.q_lora_rank || gettext("full"), kv: s.kv_lora_rank, rope: s.qk_rope_dim })
+        : interpolate(gettext("%(heads)s query heads, %(kv_heads)s KV heads of %(dim)s"), { heads: s.heads, kv_heads: s.kv_heads, dim: s.head_dim })],
+      moe ? [gettext("routed experts"), big(p.routed_experts), interpolate(gettext("%(n)s of them active per token"), { n: big(p.active_routed_experts) })] : null,
+      moe ? [gettext("router"), big(p.router), interpolate(gettext("groups: %(groups)s, kept per token: %(kept)s; scale %(scale)s"),
+        { groups: s.expert_groups, kept: s.groups_per_token, scale: s.routed_scale })] : null,
+      [gettext("embedding / lm head"), `${big(p.embedding)} / ${big(p.lm_head)}`, s.tied_embeddings ? gettext("tied: one matrix") : ""],
+      [gettext("weights"), bytes(card.weights.bytes), interpolate(gettext("%(dtype)s; active %(bytes)s"), { dtype: card.weights.dtype, bytes: bytes(card.weights.active_bytes) })],
     ]),
-    h("div", { class: "arch-block" }, h("h2", {}, "KV cache per token"), kvBars(kv)),
-    table(`KV cache at ${exact(kv.context)} tokens`, [
-      ["cached", bytes(kv.bytes_at_context), `${kv.dtype}, ${exact(kv.values_per_token)} values per token`],
-      ["expanded", bytes(kv.expanded_bytes_at_context), `${(kv.expanded_bytes_per_token / kv.bytes_per_token).toFixed(1)}x the cached form`],
-      kv.sliding_window ? ["sliding window", `${exact(kv.sliding_window)} tokens`,
-        "attention sees only the last tokens: the cache keeps at most this many, and a longer conversation cannot be reused from the prefix cache"] : null,
+    h("div", { class: "arch-block" }, h("h2", {}, gettext("KV cache per token")), kvBars(kv)),
+    table(interpolate(gettext("KV cache at %(n)s tokens"), { n: exact(kv.context) }), [
+      [gettext("cached"), bytes(kv.bytes_at_context), interpolate(gettext("%(dtype)s, %(n)s values per token"), { dtype: kv.dtype, n: exact(kv.values_per_token) })],
+      [gettext("expanded"), bytes(kv.expanded_bytes_at_context), interpolate(gettext("%(ratio)sx the cached form"), { ratio: (kv.expanded_bytes_per_token / kv.bytes_per_token).toFixed(1) })],
+      kv.sliding_window ? [gettext("sliding window"), interpolate(gettext("%(n)s tokens"), { n: exact(kv.sliding_window) }),
+        gettext("attention sees only the last tokens: the cache keeps at most this many, and a longer conversation cannot be reused from the prefix cache")] : null,
     ]),
-    table(`FLOPs (context ${exact(f.context)})`, [
-      ["decode, one token", big(f.decode_per_token.as_run, "FLOP"), s.is_mla ? "as transformers runs MLA: every cached latent re-expanded each step" : ""],
-      s.is_mla ? ["decode, absorbed", big(f.decode_per_token.absorbed, "FLOP"), "kv_b folded into query and output, attention over latents (DeepSeek's inference)"] : null,
-      ["prefill, per token", big(f.prefill_per_token, "FLOP"), `prefill of ${exact(f.context)} tokens: ${big(f.prefill_total, "FLOP")} (logits of the last position only, the one sampled from)`],
+    table(interpolate(gettext("FLOPs (context %(n)s)"), { n: exact(f.context) }), [
+      [gettext("decode, one token"), big(f.decode_per_token.as_run, "FLOP"), s.is_mla ? gettext("as transformers runs MLA: every cached latent re-expanded each step") : ""],
+      s.is_mla ? [gettext("decode, absorbed"), big(f.decode_per_token.absorbed, "FLOP"), gettext("kv_b folded into query and output, attention over latents (DeepSeek's inference)")] : null,
+      [gettext("prefill, per token"), big(f.prefill_per_token, "FLOP"), interpolate(gettext("prefill of %(n)s tokens: %(flops)s (logits of the last position only, the one sampled from)"),
+        { n: exact(f.context), flops: big(f.prefill_total, "FLOP") })],
     ]),
     card.vision ? visionTable(card.vision) : null,
-    table("Bytes read per decoded token (batch 1)", [
-      ["weights", bytes(read.weights), "each weight the token touches, once"],
-      ["KV cache", bytes(read.kv_cache), `all ${exact(kv.context)} cached positions`],
-      ["total", bytes(read.total), "at 3 TB/s of memory bandwidth: " + `${(3e12 / read.total).toFixed(1)} tokens/s at most`],
+    table(gettext("Bytes read per decoded token (batch 1)"), [
+      [gettext("weights"), bytes(read.weights), gettext("each weight the token touches, once")],
+      [gettext("KV cache"), bytes(read.kv_cache), interpolate(gettext("all %(n)s cached positions"), { n: exact(kv.context) })],
+      [gettext("total"), bytes(read.total), interpolate(gettext("at 3 TB/s of memory bandwidth: %(n)s tokens/s at most"), { n: (3e12 / read.total).toFixed(1) })],
     ]),
   );
 }
@@ -115,8 +124,8 @@ async function init() {
   const { models, references } = await getJson("/api/architectures/");
   const select = $("#arch-model");
   select.append(
-    h("optgroup", { label: "Registered models" }, models.map((m) => h("option", { value: `model:${m.id}` }, m.name))),
-    h("optgroup", { label: "Real configs (no weights)" }, references.map((r) => h("option", { value: `ref:${r.key}` }, r.name))),
+    h("optgroup", { label: gettext("Registered models") }, models.map((m) => h("option", { value: `model:${m.id}` }, m.name))),
+    h("optgroup", { label: gettext("Real configs (no weights)") }, references.map((r) => h("option", { value: `ref:${r.key}` }, r.name))),
   );
   const wanted = new URLSearchParams(location.search).get("model");
   if (wanted && [...select.options].some((o) => o.value === wanted)) select.value = wanted;

@@ -4,6 +4,7 @@
 // chart data. Chart.js is the global `Chart` (see explorer_charts.js).
 import { applyTheme, baseOptions, css } from "./explorer_charts.js";
 import { fmtMs } from "./format.js";
+import { gettext, interpolate } from "./i18n.js";
 
 const Chart = window.Chart;
 
@@ -20,23 +21,23 @@ export function createBeamCharts(canvases) {
   return {
     score: new Chart(canvases.score, {
       type: "line",
-      data: { labels: [], datasets: [{ label: "best live beam's score", data: [], pointRadius: 2.5, borderWidth: 2,
+      data: { labels: [], datasets: [{ label: gettext("best live beam's score"), data: [], pointRadius: 2.5, borderWidth: 2,
         tension: 0.25, borderColor: css("--accent"), backgroundColor: css("--accent") }] },
       options: baseOptions({ scales: { x: xScale, y: { title: { display: true, text: "score" } } },
-        plugins: { legend: { display: false }, tooltip: { callbacks: { label: (ctx) => `score ${ctx.parsed.y.toFixed(3)}` } } } }),
+        plugins: { legend: { display: false }, tooltip: { callbacks: { label: (ctx) => interpolate(gettext("score %(score)s"), { score: ctx.parsed.y.toFixed(3) }) } } } }),
     }),
     beams: new Chart(canvases.beams, {
       type: "bar",
       data: { labels: [], datasets: [
-        { label: "live beams", data: [], backgroundColor: css("--accent"), borderRadius: 3, stack: "beams" },
-        { label: "finished here", data: [], backgroundColor: css("--border-strong"), borderRadius: 3, stack: "beams" },
+        { label: gettext("live beams"), data: [], backgroundColor: css("--accent"), borderRadius: 3, stack: "beams" },
+        { label: gettext("finished here"), data: [], backgroundColor: css("--border-strong"), borderRadius: 3, stack: "beams" },
       ] },
       options: baseOptions({ scales: { x: { ...xScale, stacked: true }, y: { min: 0, stacked: true, ticks: { precision: 0 } } },
         plugins: { legend: { display: true, position: "top", align: "end", labels: { boxWidth: 10, boxHeight: 10 } } } }),
     }),
     latency: new Chart(canvases.latency, {
       type: "bar",
-      data: { labels: [], datasets: [{ label: "latency", data: [], backgroundColor: [], borderRadius: 3 }] },
+      data: { labels: [], datasets: [{ label: gettext("latency"), data: [], backgroundColor: [], borderRadius: 3 }] },
       options: baseOptions({ scales: { x: xScale, y: { min: 0, title: { display: true, text: "ms" } } },
         plugins: { legend: { display: false }, tooltip: { callbacks: { label: (ctx) => fmtMs(ctx.parsed.y) } } } }),
     }),

@@ -3,6 +3,7 @@
 // (generation.beams `parent`). Nodes on the best returned sequence are highlighted.
 // Owns: the SVG layout only.
 import { visiblePiece } from "./format.js";
+import { gettext, interpolate } from "./i18n.js";
 
 const NS = "http://www.w3.org/2000/svg";
 const COL_W = 118;
@@ -39,11 +40,11 @@ export function beamTree(beamSteps, bestTokenIds = null) {
   const numRows = Math.max(1, ...beamSteps.map((s) => s.beams.length));
   const width = PAD * 2 + COL_W * (beamSteps.length + 1);
   const height = PAD * 2 + ROW_H * numRows;
-  const svg = el("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "Beam search tree" });
+  const svg = el("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": gettext("Beam search tree") });
   const at = (col, row) => ({ x: PAD + col * COL_W, y: PAD + row * ROW_H });
 
   const root = at(0, 0);
-  svg.append(node(root, "prompt", "", "node root"));
+  svg.append(node(root, gettext("prompt"), "", "node root"));
   beamSteps.forEach((step, s) => {
     const previous = s > 0 ? beamSteps[s - 1].beams : null;
     step.beams.forEach((beam, b) => {
@@ -68,6 +69,6 @@ function node(pos, label, score, className, title = "") {
   g.append(el("title", {}, title || label));
   g.append(el("rect", { width: NODE_W, height: NODE_H, rx: 5 }));
   g.append(el("text", { x: 8, y: score ? 14 : 21 }, label));
-  if (score) g.append(el("text", { x: 8, y: 27, class: "score" }, `score ${score}`));
+  if (score) g.append(el("text", { x: 8, y: 27, class: "score" }, interpolate(gettext("score %(score)s"), { score })));
   return g;
 }

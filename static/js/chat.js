@@ -15,12 +15,13 @@ import { ImageAttachments } from "./image_attach.js";
 import { promptPerplexity } from "./surprise.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { TokenPopover, stepDetails } from "./token_popover.js";
+import { gettext } from "./i18n.js";
 
 const SUGGESTIONS = [
-  "Explain what a KV cache is in two sentences.",
-  "Write a haiku about gradient descent.",
-  "List three uses of the Python `itertools` module.",
-  "What is the capital of France, and why is it famous?",
+  gettext("Explain what a KV cache is in two sentences."),
+  gettext("Write a haiku about gradient descent."),
+  gettext("List three uses of the Python `itertools` module."),
+  gettext("What is the capital of France, and why is it famous?"),
 ];
 
 const state = { conversation: null, messages: [], handle: null };
@@ -245,7 +246,7 @@ function newChat() {
   state.conversation = null;
   settings.showConversation(null);
   setMessages([]);
-  setTitle("New chat");
+  setTitle(gettext("New chat"));
   conversations.setActive(null);
   history.replaceState(null, "", location.pathname);
   input.focus();
@@ -294,7 +295,7 @@ async function showPrompt(answer) {
   await ensureSteps(answer);
   const body = $("#prompt-dialog-body");
   if (!answer.prompt) {
-    body.replaceChildren(h("p", { class: "empty" }, "The prompt is not available for this message."));
+    body.replaceChildren(h("p", { class: "empty" }, gettext("The prompt is not available for this message.")));
   } else {
     const numCached = answer.prefilled?.num_cached_tokens ?? answer.stats?.num_cached_tokens ?? 0;
     body.replaceChildren(promptView(answer.prompt, numCached));
@@ -329,14 +330,14 @@ function removeMessages(...messages) {
 function emptyState() {
   return h("div", { class: "empty-state" },
     h("div", { class: "brand-mark" }, "✦"),
-    h("h2", {}, "What would you like to ask?"),
-    h("p", {}, "Answers stream token by token. Hover any token to see the alternatives the model considered."),
+    h("h2", {}, gettext("What would you like to ask?")),
+    h("p", {}, gettext("Answers stream token by token. Hover any token to see the alternatives the model considered.")),
     h("div", { class: "suggestions" }, SUGGESTIONS.map((text) =>
       h("button", { class: "suggestion", type: "button", onclick: () => send(text) }, text))));
 }
 
 function setTitle(title) {
-  $("#chat-title").textContent = title || "New chat";
+  $("#chat-title").textContent = title || gettext("New chat");
 }
 
 function isBusy() {

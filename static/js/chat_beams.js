@@ -5,6 +5,7 @@
 import { beamTree } from "./beam_tree.js";
 import { h } from "./dom.js";
 import { fmtNum, fmtProb, visiblePiece } from "./format.js";
+import { gettext, interpolate } from "./i18n.js";
 
 const MAX_BEAM_TEXT = 48;
 
@@ -44,17 +45,17 @@ export function beamTokenDetails(step) {
   return h("div", { class: "beam-token" },
     h("div", { class: "popover-head" },
       h("span", { class: "piece" }, visiblePiece(step.piece)),
-      h("span", { class: "muted small" }, `id ${step.token_id} · beam step ${step.index}`)),
+      h("span", { class: "muted small" }, `id ${step.token_id} · ${interpolate(gettext("beam step %(step)s"), { step: step.index })}`)),
     h("div", { class: "popover-meta" },
-      h("span", {}, "p ", h("b", { dataset: { field: "prob" } }, fmtProb(Math.exp(step.logprob))), " along the beam"),
+      h("span", {}, "p ", h("b", { dataset: { field: "prob" } }, fmtProb(Math.exp(step.logprob))), " ", gettext("along the beam")),
       h("span", {}, "log p ", h("b", { dataset: { field: "logprob" } }, fmtNum(step.logprob, 3))),
-      h("span", {}, "sum so far ", h("b", { dataset: { field: "logprob-sum" } }, fmtNum(step.logprob_sum, 3)))),
-    h("p", { class: "muted small beam-note" }, "Beam search samples nothing: it keeps the best few paths by their summed "
-      + "log-probability. p is this token's probability under the model after the beam's earlier tokens. The beams after this step:"),
+      h("span", {}, gettext("sum so far"), " ", h("b", { dataset: { field: "logprob-sum" } }, fmtNum(step.logprob_sum, 3)))),
+    h("p", { class: "muted small beam-note" }, gettext("Beam search samples nothing: it keeps the best few paths by their summed "
+      + "log-probability. p is this token's probability under the model after the beam's earlier tokens. The beams after this step:")),
     h("table", { class: "alt-table" },
-      h("thead", {}, h("tr", {}, h("th", {}, "beam"), h("th", { class: "num" }, "score"))),
+      h("thead", {}, h("tr", {}, h("th", {}, gettext("beam")), h("th", { class: "num" }, gettext("score")))),
       h("tbody", {}, step.beams.map((b) => h("tr", { class: b.onPath ? "chosen" : "" },
-        h("td", { class: "mono" }, tail(b.text), b.is_finished ? h("span", { class: "muted" }, " (finished)") : null),
+        h("td", { class: "mono" }, tail(b.text), b.is_finished ? h("span", { class: "muted" }, " ", gettext("(finished)")) : null),
         h("td", { class: "num" }, fmtNum(b.score, 3)))))));
 }
 
@@ -86,17 +87,17 @@ export function beamsPanel(message) {
   const drawTree = () => tree.replaceChildren(...(message.isBeamsOpen ? [beamTree(beamSteps, chosen)] : []));
   const details = h("details", { class: "beam-panel", open: message.isBeamsOpen,
     ontoggle: () => { message.isBeamsOpen = details.open; drawTree(); } },
-    h("summary", {}, `Beam search · ${numBeams} beams · ${beamSteps.length} steps`,
-      message.isStreaming ? " · searching…" : ` · ${hypotheses.length} hypotheses`),
+    h("summary", {}, interpolate(gettext("Beam search · %(beams)s beams · %(steps)s steps"), { beams: numBeams, steps: beamSteps.length }),
+      " · ", message.isStreaming ? gettext("searching…") : interpolate(gettext("%(n)s hypotheses"), { n: hypotheses.length })),
     h("ol", { class: "beam-list" }, hypotheses.map((beam) => {
       const isChosen = chosen !== null && sameIds(beam.token_ids, chosen);
       return h("li", { class: isChosen ? "chosen" : "", dataset: { score: beam.score } },
-        h("span", { class: "badge" }, isChosen ? "answer" : `${beam.token_ids.length} tok`), " ",
+        h("span", { class: "badge" }, isChosen ? gettext("answer") : interpolate(gettext("%(n)s tok"), { n: beam.token_ids.length })), " ",
         h("span", { class: "mono" }, tail(beam.text)),
-        h("span", { class: "muted beam-score" }, ` score ${fmtNum(beam.score, 3)}`));
+        h("span", { class: "muted beam-score" }, " ", interpolate(gettext("score %(score)s"), { score: fmtNum(beam.score, 3) })));
     })),
-    h("p", { class: "muted small" }, "score = the beam's summed log-probability ÷ its length ^ length penalty. "
-      + "The tree: one column per step, one box per beam; the answer's path is highlighted."),
+    h("p", { class: "muted small" }, gettext("score = the beam's summed log-probability ÷ its length ^ length penalty. "
+      + "The tree: one column per step, one box per beam; the answer's path is highlighted.")),
     tree);
   drawTree();
   return details;

@@ -4,13 +4,14 @@
 // callbacks in.
 import { beamsPanel } from "./chat_beams.js";
 import { h } from "./dom.js";
-import { errorText, fmtMs, fmtNum } from "./format.js";
+import { errorText, finishReasonLabel, fmtMs, fmtNum } from "./format.js";
 import { icon } from "./icons.js";
 import { thumbnails } from "./image_attach.js";
 import { charTokensFromSteps, renderAnswer } from "./markdown.js";
 import { reasoningNotes } from "./reasoning_stats.js";
 import { servingView } from "./serving.js";
 import { promptSummary, surpriseStrip } from "./surprise.js";
+import { gettext, interpolate } from "./i18n.js";
 
 /** An assistant message as the page tracks it (server fields plus streaming state). */
 export function newAssistantMessage(fields = {}) {
@@ -44,20 +45,20 @@ function userElement(message, actions) {
     message.images?.length ? thumbnails(message.images) : null,
     h("div", { class: "bubble" }, message.content),
     h("div", { class: "msg-actions" },
-      h("button", { class: "icon-btn edit-btn", type: "button", title: "Edit and resend", "aria-label": "Edit message",
+      h("button", { class: "icon-btn edit-btn", type: "button", title: gettext("Edit and resend"), "aria-label": gettext("Edit message"),
         onclick: () => openEditor(message, actions) }, icon("edit", 15))));
 }
 
 function openEditor(message, actions) {
   const bubble = message.el.querySelector(".bubble");
   if (!bubble || !actions.canEdit(message)) return;  // no bubble: the editor is already open
-  const textarea = h("textarea", { class: "textarea", rows: 3, "aria-label": "Edit message" });
+  const textarea = h("textarea", { class: "textarea", rows: 3, "aria-label": gettext("Edit message") });
   textarea.value = message.content;
   const editor = h("div", { class: "msg-edit" }, textarea,
     h("div", { class: "actions" },
-      h("button", { class: "btn small", type: "button", onclick: () => editor.replaceWith(bubble) }, "Cancel"),
+      h("button", { class: "btn small", type: "button", onclick: () => editor.replaceWith(bubble) }, gettext("Cancel")),
       h("button", { class: "btn primary small", type: "button",
-        onclick: () => { const content = textarea.value.trim(); if (content) actions.edit(message, content); } }, "Save & send")));
+        onclick: () => { const content = textarea.value.trim(); if (content) actions.edit(message, content); } }, gettext("Save & send"))));
   bubble.replaceWith(editor);
   textarea.focus();
 }
@@ -66,7 +67,7 @@ function assistantElement(message, actions) {
   const body = h("div", { class: "msg-body" });
   body.addEventListener("pointerenter", () => actions.ensureSteps(message), { once: true });
   return h("div", { class: "msg msg-assistant", dataset: { role: "assistant" } },
-    h("div", { class: "msg-head" }, h("span", { class: "avatar" }, "AI"), h("span", { class: "model-name" }, message.modelName || "Assistant")),
+    h("div", { class: "msg-head" }, h("span", { class: "avatar" }, "AI"), h("span", { class: "model-name" }, message.modelName || gettext("Assistant"))),
     body,
     h("div", { class: "msg-strip" }),
     h("div", { class: "msg-beams" }),
@@ -74,23 +75,24 @@ function assistantElement(message, actions) {
     h("div", { class: "msg-stats" }),
     h("div", { class: "msg-serving" }),
     h("div", { class: "msg-actions" },
-      h("button", { class: "btn ghost small prompt-btn", type: "button", onclick: () => actions.showPrompt(message) }, icon("code", 14), "Show prompt"),
+      h("button", { class: "btn ghost small prompt-btn", type: "button", onclick: () => actions.showPrompt(message) }, icon("code", 14), gettext("Show prompt")),
       h("button", { class: "btn ghost small regenerate-btn", type: "button", onclick: () => actions.regenerate(message),
-        title: "Answer again. Under a greedy preset this samples (temperature 0.8): greedy would repeat the same answer." },
-      icon("refresh", 14), "Regenerate"),
-      h("button", { class: "btn ghost small copy-btn", type: "button", onclick: (e) => copyText(e.currentTarget, message) }, icon("copy", 14), "Copy"),
+        title: gettext("Answer again. Under a greedy preset this samples (temperature 0.8): greedy would repeat the same answer.") },
+      icon("refresh", 14), gettext("Regenerate")),
+      h("button", { class: "btn ghost small copy-btn", type: "button", onclick: (e) => copyText(e.currentTarget, message) }, icon("copy", 14), gettext("Copy")),
       ...["json", "csv"].map((fmt) => h("a", { class: `btn ghost small export-btn export-${fmt}`, download: "",
-        title: `every step record of this answer as ${fmt.toUpperCase()}` }, icon("download", 14), `Steps ${fmt.toUpperCase()}`))));
+        title: interpolate(gettext("every step record of this answer as %(format)s"), { format: fmt.toUpperCase() }) },
+      icon("download", 14), interpolate(gettext("Steps %(format)s"), { format: fmt.toUpperCase() })))));
 }
 
 async function copyText(button, message) {
   try {
     await navigator.clipboard.writeText(message.content || streamedText(message));
-    button.lastChild.textContent = "Copied";
+    button.lastChild.textContent = gettext("Copied");
   } catch {
-    button.lastChild.textContent = "Copy failed";
+    button.lastChild.textContent = gettext("Copy failed");
   }
-  setTimeout(() => { button.lastChild.textContent = "Copy"; }, 1500);
+  setTimeout(() => { button.lastChild.textContent = gettext("Copy"); }, 1500);
 }
 
 /** Redraw an assistant message's body, error, stats and buttons from its state. */
@@ -111,7 +113,7 @@ export function updateAssistant(message) {
   el.querySelector(".msg-stats").replaceChildren(...statBadges(message));
   el.querySelector(".msg-serving").replaceChildren(...servingView({ stats: message.stats, handoff: message.handoff,
     liveDecodeMs: message.handoff ? Date.now() - message.handoff.receivedAt : 0 }));
-  el.querySelector(".model-name").textContent = message.modelName || "Assistant";
+  el.querySelector(".model-name").textContent = message.modelName || gettext("Assistant");
   for (const btn of el.querySelectorAll(".regenerate-btn, .copy-btn")) btn.hidden = message.isStreaming;
   for (const link of el.querySelectorAll(".export-btn")) {
     link.hidden = message.isStreaming || message.generation_id === null;
@@ -126,7 +128,7 @@ function stripView(message, actions) {
   if (!message.steps.length) {
     const canLoad = !message.isStreaming && message.generation_id !== null;
     return canLoad ? [h("button", { class: "btn ghost small strip-load", type: "button",
-      onclick: () => actions.ensureSteps(message) }, "Show surprise per token")] : [];
+      onclick: () => actions.ensureSteps(message) }, gettext("Show surprise per token"))] : [];
   }
   return [surpriseStrip(message.steps, message.isStreaming ? null : promptPart(message, actions))];
 }
@@ -136,10 +138,10 @@ function promptPart(message, actions) {
   const ppl = message.promptPerplexity;
   if (ppl?.value !== undefined) return promptSummary(ppl);
   if (ppl?.error) return h("span", { class: "strip-error" }, errorText(ppl.error));
-  if (ppl?.isLoading) return h("span", { class: "muted" }, "a worker is computing the prompt's perplexity…");
+  if (ppl?.isLoading) return h("span", { class: "muted" }, gettext("a worker is computing the prompt's perplexity…"));
   if (message.generation_id === null) return null;
-  return h("button", { class: "btn ghost small prompt-ppl-btn", type: "button", title: "a worker scores every prompt token "
-    + "given the ones before it (one forward pass)", onclick: () => actions.promptPerplexity(message) }, "Prompt perplexity");
+  return h("button", { class: "btn ghost small prompt-ppl-btn", type: "button", title: gettext("a worker scores every prompt token given the ones before it (one forward pass)"),
+    onclick: () => actions.promptPerplexity(message) }, gettext("Prompt perplexity"));
 }
 
 const pendingUpdates = new Set();
@@ -169,31 +171,32 @@ function statBadges(message) {
   if (!stats) return [];
   const badges = [];
   const add = (title, text, extraClass = "") => badges.push(h("span", { class: `badge ${extraClass}`, title }, text));
-  if (stats.waiting) add("every place in the worker's batch is taken: this request runs when one frees up", stats.waiting, "waiting");
-  if (stats.queue_ms >= 1) add("time spent waiting for a place in the batch (counted in the TTFT)", `queued ${fmtMs(stats.queue_ms)}`);
-  if (stats.num_prompt_tokens != null) add("tokens in the prompt", `${stats.num_prompt_tokens} prompt tok`);
-  if (stats.num_cached_tokens != null) add("prompt tokens reused from the prefix cache", `${stats.num_cached_tokens} cached`);
+  if (stats.waiting) add(gettext("every place in the worker's batch is taken: this request runs when one frees up"), stats.waiting, "waiting");
+  if (stats.queue_ms >= 1) add(gettext("time spent waiting for a place in the batch (counted in the TTFT)"), interpolate(gettext("queued %(time)s"), { time: fmtMs(stats.queue_ms) }));
+  if (stats.num_prompt_tokens != null) add(gettext("tokens in the prompt"), interpolate(gettext("%(n)s prompt tok"), { n: stats.num_prompt_tokens }));
+  if (stats.num_cached_tokens != null) add(gettext("prompt tokens reused from the prefix cache"), interpolate(gettext("%(n)s cached"), { n: stats.num_cached_tokens }));
   if (stats.num_prompt_tokens != null && stats.num_cached_tokens != null) {
-    add("prompt tokens the prefill computed (the rest came from the prefix cache)",
-      `${stats.num_prompt_tokens - stats.num_cached_tokens} prefilled`);
+    add(gettext("prompt tokens the prefill computed (the rest came from the prefix cache)"),
+      interpolate(gettext("%(n)s prefilled"), { n: stats.num_prompt_tokens - stats.num_cached_tokens }));
   }
-  if (stats.num_generated_tokens != null) add("generated tokens", `${stats.num_generated_tokens} generated`);
-  if (stats.ttft_ms != null) add("time to first token", `TTFT ${fmtMs(stats.ttft_ms)}`);
-  if (stats.prefill_ms != null) add("prefill forward pass", `prefill ${fmtMs(stats.prefill_ms)}`);
-  if (stats.decode_tok_s != null) add("decode speed", `${fmtNum(stats.decode_tok_s, 1)} tok/s`);
-  if (stats.num_reasoning_tokens) add("tokens generated inside <think> blocks", `${stats.num_reasoning_tokens} thinking tok`, "thinking");
+  if (stats.num_generated_tokens != null) add(gettext("generated tokens"), interpolate(gettext("%(n)s generated"), { n: stats.num_generated_tokens }));
+  if (stats.ttft_ms != null) add(gettext("time to first token"), interpolate(gettext("TTFT %(time)s"), { time: fmtMs(stats.ttft_ms) }));
+  if (stats.prefill_ms != null) add(gettext("prefill forward pass"), interpolate(gettext("prefill %(time)s"), { time: fmtMs(stats.prefill_ms) }));
+  if (stats.decode_tok_s != null) add(gettext("decode speed"), `${fmtNum(stats.decode_tok_s, 1)} tok/s`);
+  if (stats.num_reasoning_tokens) add(gettext("tokens generated inside <think> blocks"), interpolate(gettext("%(n)s thinking tok"), { n: stats.num_reasoning_tokens }), "thinking");
   if (stats.thinking_ended_by_budget) {
-    add("after max_thinking_tokens reasoning tokens the engine forced </think>; the answer followed",
-      "thinking budget ended thinking", "thinking-budget");
+    add(gettext("after max_thinking_tokens reasoning tokens the engine forced </think>; the answer followed"),
+      gettext("thinking budget ended thinking"), "thinking-budget");
   }
-  if (stats.finish_reason) add("finish reason", stats.finish_reason, `finish finish-${stats.finish_reason}`);
+  if (stats.finish_reason) add(gettext("finish reason"), finishReasonLabel(stats.finish_reason), `finish finish-${stats.finish_reason}`);
   return badges;
 }
 
 function liveStats(message) {
   if (message.waiting && !message.prefilled) {
     const w = message.waiting;
-    return { waiting: `waiting for a place in the batch: ${w.position} of ${w.num_waiting} (${fmtMs(w.waited_ms)})` };
+    return { waiting: interpolate(gettext("waiting for a place in the batch: %(position)s of %(n)s (%(time)s)"),
+      { position: w.position, n: w.num_waiting, time: fmtMs(w.waited_ms) }) };
   }
   if (!message.prefilled) return null;
   return { num_prompt_tokens: message.prefilled.num_prompt_tokens, num_cached_tokens: message.prefilled.num_cached_tokens,

@@ -4,6 +4,8 @@
 // (empty = preset).
 import { getJson } from "./api.js";
 import { $, h } from "./dom.js";
+import { presetName } from "./format.js";
+import { gettext, interpolate } from "./i18n.js";
 
 // field id -> SamplingParams name, parser and bounds (the server validates again).
 // `isSampling`: only random sampling reads it; greedy and beam search pick tokens without it.
@@ -15,7 +17,7 @@ const OVERRIDE_FIELDS = {
   "ov-seed": { name: "seed", parse: Number, min: 0, integer: true, isSampling: true },
   "ov-max-thinking": { name: "max_thinking_tokens", parse: Number, min: 0, integer: true },
 };
-const GENERIC_SYSTEM_PROMPT = "Optional: instructions sent before the conversation";
+const GENERIC_SYSTEM_PROMPT = gettext("Optional: instructions sent before the conversation");
 
 export class OverrideError extends Error {}
 
@@ -40,7 +42,7 @@ export class ChatSettings {
   async load() {
     [this.models, this.presets] = await Promise.all([getJson("/api/models/"), getJson("/api/presets/")]);
     fillSelect(this.modelSelect, this.models, (m) => `${m.name}${m.max_context ? ` · ${m.max_context.toLocaleString()} ctx` : ""}`);
-    fillSelect(this.presetSelect, this.presets, (p) => p.name);
+    fillSelect(this.presetSelect, this.presets, (p) => presetName(p.name));
     this.showPresetPlaceholders();
     this.showSystemPromptPlaceholder();
   }
@@ -61,20 +63,23 @@ export class ChatSettings {
   /** Each field's placeholder is the preset's value, or why the preset does not use it. */
   showPresetPlaceholders() {
     const params = this.presets.find((p) => p.id === this.presetId)?.params ?? {};
-    const unusedBy = params.num_beams > 1 ? "beam search" : params.greedy || params.temperature === 0 ? "greedy" : null;
+    const unusedBy = params.num_beams > 1 ? gettext("beam search") : params.greedy || params.temperature === 0 ? gettext("greedy") : null;
     for (const [id, spec] of Object.entries(OVERRIDE_FIELDS)) {
       const input = $(`#${id}`);
       const value = params[spec.name];
       const isUnused = spec.isSampling && unusedBy !== null;
-      input.placeholder = isUnused ? `n/a (${unusedBy})` : value === null || value === undefined ? "preset" : String(value);
-      input.title = isUnused ? `${unusedBy} picks each token without ${spec.name}: a value here changes nothing` : "";
+      input.placeholder = isUnused ? interpolate(gettext("n/a (%(method)s)"), { method: unusedBy })
+        : value === null || value === undefined ? gettext("preset") : String(value);
+      input.title = isUnused ? interpolate(gettext("%(method)s picks each token without %(name)s: a value here changes nothing"),
+        { method: unusedBy, name: spec.name }) : "";
     }
   }
 
   /** The system prompt's placeholder: what the model's template sends when this box is empty. */
   showSystemPromptPlaceholder() {
     const injected = this.models.find((m) => m.id === this.modelId)?.default_system_prompt;
-    this.systemPrompt.placeholder = injected ? `Empty: the template sends its own, “${injected}”` : GENERIC_SYSTEM_PROMPT;
+    this.systemPrompt.placeholder = injected ? interpolate(gettext("Empty: the template sends its own, “%(prompt)s”"), { prompt: injected })
+      : GENERIC_SYSTEM_PROMPT;
   }
 
   /** The filled-in fields as SamplingParams overrides; OverrideError names a bad field. */
@@ -90,7 +95,8 @@ export class ChatSettings {
       if (bad) {
         input.setAttribute("aria-invalid", "true");
         input.focus();
-        throw new OverrideError(`${input.labels[0]?.textContent ?? spec.name}: "${raw}" is not a valid value.`);
+        throw new OverrideError(interpolate(gettext("%(field)s: \"%(value)s\" is not a valid value."),
+          { field: input.labels[0]?.textContent ?? spec.name, value: raw }));
       }
       overrides[spec.name] = value;
     }

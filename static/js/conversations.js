@@ -3,6 +3,7 @@
 import { api } from "./api.js";
 import { h } from "./dom.js";
 import { icon } from "./icons.js";
+import { gettext, interpolate } from "./i18n.js";
 
 export class ConversationList {
   constructor(listEl, { onSelect, onRenamed, onDeleted, onError }) {
@@ -32,7 +33,7 @@ export class ConversationList {
 
   render() {
     if (!this.items.length) {
-      this.listEl.replaceChildren(h("li", { class: "conv-empty" }, "No conversations yet."));
+      this.listEl.replaceChildren(h("li", { class: "conv-empty" }, gettext("No conversations yet.")));
       return;
     }
     this.listEl.replaceChildren(...this.items.map((conv) => this.renderItem(conv)));
@@ -40,17 +41,17 @@ export class ConversationList {
 
   renderItem(conv) {
     const item = h("li", { class: "conv-item", "aria-current": String(conv.id === this.activeId), dataset: { id: conv.id } },
-      h("span", { class: "conv-title", title: conv.title }, conv.title || "Untitled"),
-      h("button", { class: "icon-btn", type: "button", title: "Rename", "aria-label": `Rename ${conv.title}`,
+      h("span", { class: "conv-title", title: conv.title }, conv.title || gettext("Untitled")),
+      h("button", { class: "icon-btn", type: "button", title: gettext("Rename"), "aria-label": interpolate(gettext("Rename %(title)s"), { title: conv.title }),
         onclick: (e) => { e.stopPropagation(); this.startRename(item, conv); } }, icon("edit", 15)),
-      h("button", { class: "icon-btn", type: "button", title: "Delete", "aria-label": `Delete ${conv.title}`,
+      h("button", { class: "icon-btn", type: "button", title: gettext("Delete"), "aria-label": interpolate(gettext("Delete %(title)s"), { title: conv.title }),
         onclick: (e) => { e.stopPropagation(); this.remove(conv); } }, icon("trash", 15)));
     item.addEventListener("click", () => this.onSelect(conv.id));
     return item;
   }
 
   startRename(item, conv) {
-    const input = h("input", { class: "input", value: conv.title || "", "aria-label": "Conversation title", maxlength: "200" });
+    const input = h("input", { class: "input", value: conv.title || "", "aria-label": gettext("Conversation title"), maxlength: "200" });
     let isDone = false;
     const finish = async (save) => {
       if (isDone) return;
@@ -77,7 +78,7 @@ export class ConversationList {
   }
 
   async remove(conv) {
-    if (!window.confirm(`Delete "${conv.title || "Untitled"}"? This cannot be undone.`)) return;
+    if (!window.confirm(interpolate(gettext("Delete “%(title)s”? This cannot be undone."), { title: conv.title || gettext("Untitled") }))) return;
     try {
       await api("DELETE", `/api/conversations/${conv.id}/`);
     } catch (err) {

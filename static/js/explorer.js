@@ -7,9 +7,10 @@ import { beamTree } from "./beam_tree.js";
 import { $, bindSlider, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
 import { flatNote } from "./flat_note.js";
-import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, tokenLabel, visiblePiece } from "./format.js";
+import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, phaseLabel, tokenLabel, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
+import { readExplorerUrl } from "./explorer_url.js";
 import { renderMoeLive } from "./moe_live.js";
 import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
@@ -17,6 +18,7 @@ import { processedProbs } from "./sampling.js";
 import { servingView } from "./serving.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { promptPerplexity, promptSummary, surpriseStrip } from "./surprise.js";
+import { gettext, interpolate, ngettext } from "./i18n.js";
 
 const state = {
   steps: [],          // the chosen path; steps[i].index === i
@@ -39,7 +41,7 @@ const state = {
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
 const sliderOutputs = [];  // each slider's "show its value" function: one slider can change another's text
 // Temperature 0 is greedy: the filters after it then choose nothing, and say so.
-const unlessGreedy = (format) => (v) => (Number($("#ex-temperature").value) === 0 ? "n/a (greedy)" : format(v));
+const unlessGreedy = (format) => (v) => (Number($("#ex-temperature").value) === 0 ? interpolate(gettext("n/a (%(method)s)"), { method: gettext("greedy") }) : format(v));
 const sliders = {
   temperature: slider("#ex-temperature", SETTING_FORMATS.temperature),
   top_k: slider("#ex-top-k", unlessGreedy(SETTING_FORMATS.top_k)),
@@ -93,7 +95,7 @@ function inspectParams() {
 function request(maxNewTokens) {
   if (isBusy()) return;
   const text = $("#ex-text").value;
-  if (!text.trim()) { showError({ message: "Enter some text first." }); return; }
+  if (!text.trim()) { showError({ message: gettext("Enter some text first.") }); return; }
   const numBeams = Number($("#ex-beams").value);
   // The sliders are the whole sampling setting (temperature 0 is greedy), whatever the default preset says.
   const overrides = { ...samplingParams(), greedy: false, repetition_penalty: 1.0, max_new_tokens: maxNewTokens,
@@ -101,7 +103,7 @@ function request(maxNewTokens) {
     use_kv_cache: $("#ex-kv-cache").checked, use_prefix_cache: $("#ex-prefix-cache").checked };
   const seed = $("#ex-seed").value.trim();
   if (seed !== "") {
-    if (!/^\d+$/.test(seed)) { showError({ message: `Seed "${seed}" must be a whole number.` }); return; }
+    if (!/^\d+$/.test(seed)) { showError({ message: interpolate(gettext("Seed “%(seed)s” must be a whole number."), { seed }) }); return; }
     overrides.seed = Number(seed);
   }
   if (numBeams > 1) Object.assign(overrides, { num_beams: numBeams, num_return_sequences: numBeams });
@@ -235,7 +237,7 @@ function currentPhase() {
 
 function renderPipeline() {
   const model = state.model;
-  $("#ex-model-label").textContent = model ? model.name ?? model.architecture : "model loads on the first request";
+  $("#ex-model-label").textContent = model ? model.name ?? model.architecture : gettext("model loads on the first request");
   $("#ex-pipeline").replaceChildren(pipelineStrip({
     model, params: state.params, phase: currentPhase(),
     numPromptTokens: state.prefilled?.num_prompt_tokens ?? state.prompt?.tokens?.length ?? null,
@@ -245,11 +247,11 @@ function renderPipeline() {
 
 function renderServing() {
   const p = state.prefilled;
-  $("#ex-cache-label").textContent = p ? `${p.num_prompt_tokens} prompt · ${p.num_cached_tokens} cached · `
-    + `${p.num_prefilled_tokens} prefilled · prefill ${fmtMs(p.prefill_ms)}` : "";
+  $("#ex-cache-label").textContent = p ? interpolate(gettext("%(prompt)s prompt · %(cached)s cached · %(prefilled)s prefilled · prefill %(time)s"),
+    { prompt: p.num_prompt_tokens, cached: p.num_cached_tokens, prefilled: p.num_prefilled_tokens, time: fmtMs(p.prefill_ms) }) : "";
   const views = servingView({ stats: state.stats, handoff: state.handoff,
     liveDecodeMs: state.handoff ? Date.now() - state.handoff.receivedAt : 0 });
-  const empty = isBusy() ? "Running…" : "After a request: which worker ran it (or the prefill → decode handoff) and its prefix cache.";
+  const empty = isBusy() ? gettext("Running…") : gettext("After a request: which worker ran it (or the prefill → decode handoff) and its prefix cache.");
   $("#ex-serving").replaceChildren(...(views.length ? views : [h("p", { class: "empty" }, empty)]));
 }
 
@@ -267,11 +269,12 @@ function renderContinuation() {
     class: `step-tok${step.index === state.selected ? " selected" : ""}${step.isBranched ? " branched" : ""}`,
     dataset: { step: step.index, tokenId: step.token_id },
     style: `--p: ${Math.exp(step.raw_logprob).toFixed(3)}`,
-    title: `step ${step.index} · id ${step.token_id} · p ${fmtProb(Math.exp(step.raw_logprob))} · rank ${step.rank}`,
+    title: interpolate(gettext("step %(step)s · id %(id)s · p %(p)s · rank %(rank)s"),
+      { step: step.index, id: step.token_id, p: fmtProb(Math.exp(step.raw_logprob)), rank: step.rank }),
     onclick: () => selectStep(step.index),
   }, step.piece));
   box.replaceChildren(h("span", { class: "prompt-part" }, $("#ex-text").value), ...tokens);
-  $("#ex-count").textContent = `${state.steps.length} token${state.steps.length === 1 ? "" : "s"}`;
+  $("#ex-count").textContent = interpolate(ngettext("%(n)s token", "%(n)s tokens", state.steps.length), { n: state.steps.length });
   renderStrip();
 }
 
@@ -288,10 +291,11 @@ function promptPart() {
   const ppl = state.promptPerplexity;
   if (ppl?.value !== undefined) return promptSummary(ppl);
   if (ppl?.error) return h("span", { class: "strip-error" }, errorText(ppl.error));
-  if (ppl?.isLoading) return h("span", { class: "muted" }, "a worker is computing the prompt's perplexity…");
+  if (ppl?.isLoading) return h("span", { class: "muted" }, gettext("a worker is computing the prompt's perplexity…"));
   if (state.generationId === null || isBusy() || state.beamSteps.length) return null;
-  return h("button", { class: "btn ghost small prompt-ppl-btn", type: "button", title: "a worker scores every token of "
-    + "the prompt (the text) given the ones before it (one forward pass)", onclick: showPromptPerplexity }, "Prompt perplexity");
+  return h("button", { class: "btn ghost small prompt-ppl-btn", type: "button",
+    title: gettext("a worker scores every token of the prompt (the text) given the ones before it (one forward pass)"),
+    onclick: showPromptPerplexity }, gettext("Prompt perplexity"));
 }
 
 async function showPromptPerplexity() {
@@ -319,7 +323,8 @@ function renderDistribution() {
   processed.isExact = exact !== null;
   if (step && !exact) scheduleExact();
   updateDistributionChart(distChart, step, processed);
-  $("#ex-step-label").textContent = step ? `step ${step.index} · ${step.phase}` : "no step yet";
+  $("#ex-step-label").textContent = step ? interpolate(gettext("step %(step)s · %(phase)s"), { step: step.index, phase: phaseLabel(step.phase) })
+    : gettext("no step yet");
   $("#ex-step-info").replaceChildren(...(step ? stepBadges(step) : []));
   renderAlternatives(step, processed);
   $("#ex-flat").replaceChildren(...[step ? flatNote(step, processed) : null].filter(Boolean));
@@ -334,31 +339,33 @@ function scheduleExact() {
 function stepBadges(step) {
   const badge = (text, title) => h("span", { class: "badge", title }, text);
   return [
-    h("span", { class: "badge" }, "chosen ", h("span", { class: "piece" }, tokenLabel(step.piece, step.token_bytes)), ` id ${step.token_id}`),
-    badge(`raw p ${fmtProb(Math.exp(step.raw_logprob))} · rank ${step.rank}`, "probability and rank under the model's own distribution"),
-    badge(`sampled p ${fmtProb(Math.exp(step.logprob))}`, "probability under the distribution it was sampled from"),
-    badge(`entropy ${fmtNum(step.entropy)} nats`),
-    badge(`${fmtMs(step.latency_ms)} ${step.phase}`, "time for this step"),
-    badge(`KV ${fmtBytes(step.kv_cache_bytes)}`, "KV-cache size after this step"),
-    step.isBranched ? badge("branched here", "you picked this token") : null,
+    h("span", { class: "badge" }, gettext("chosen"), " ", h("span", { class: "piece" }, tokenLabel(step.piece, step.token_bytes)), ` id ${step.token_id}`),
+    badge(interpolate(gettext("raw p %(p)s · rank %(rank)s"), { p: fmtProb(Math.exp(step.raw_logprob)), rank: step.rank }),
+      gettext("probability and rank under the model's own distribution")),
+    badge(interpolate(gettext("sampled p %(p)s"), { p: fmtProb(Math.exp(step.logprob)) }), gettext("probability under the distribution it was sampled from")),
+    badge(interpolate(gettext("entropy %(nats)s nats"), { nats: fmtNum(step.entropy) })),
+    badge(`${fmtMs(step.latency_ms)} ${phaseLabel(step.phase)}`, gettext("time for this step")),
+    badge(`KV ${fmtBytes(step.kv_cache_bytes)}`, gettext("KV-cache size after this step")),
+    step.isBranched ? badge(gettext("branched here"), gettext("you picked this token")) : null,
   ].filter(Boolean);
 }
 
 function renderAlternatives(step, processed) {
   const list = $("#ex-alternatives-list");
-  if (!step) { list.replaceChildren(h("p", { class: "empty" }, "Press “Next token” to see the distribution.")); return; }
+  if (!step) { list.replaceChildren(h("p", { class: "empty" }, gettext("Press “Next token” to see the distribution."))); return; }
   const head = h("div", { class: "alt-row alt-head", role: "presentation" },
-    h("span", {}, "#"), h("span", {}, "token"), h("span", { class: "num" }, "raw"),
+    h("span", {}, "#"), h("span", {}, gettext("token")), h("span", { class: "num" }, gettext("raw")),
     h("span", { class: "num", id: "ex-processed-head", dataset: { exact: processed.isExact },
-      title: processed.isExact ? "exact: computed by the worker from the step's full logits"
-        : "approximate: renormalized over these top tokens only, until the worker's exact answer arrives" },
-    processed.isExact ? "processed" : "processed ≈"));
+      title: processed.isExact ? gettext("exact: computed by the worker from the step's full logits")
+        : gettext("approximate: renormalized over these top tokens only, until the worker's exact answer arrives") },
+    processed.isExact ? gettext("processed") : gettext("processed ≈")));
   const rows = step.top_raw.map((alt, i) => {
     const known = processed.get(alt.token_id);
     const prob = known ?? processed.below ?? 0;
     const classes = [alt.token_id === step.token_id ? "chosen" : "", prob === 0 ? "filtered" : ""].join(" ");
     return h("button", { type: "button", role: "listitem", class: `alt-row ${classes}`, dataset: { tokenId: alt.token_id },
-      title: `take “${alt.piece}” (id ${alt.token_id}) here and continue`, onclick: () => branch(step.index, alt) },
+      title: interpolate(gettext("take “%(piece)s” (id %(id)s) here and continue"), { piece: alt.piece, id: alt.token_id }),
+      onclick: () => branch(step.index, alt) },
       h("span", { class: "muted" }, i + 1), h("span", { class: "piece" }, visiblePiece(alt.piece)),
       h("span", { class: "num" }, fmtProb(alt.prob)),
       h("span", { class: "num processed" }, known === undefined && prob > 0 ? `< ${fmtProb(prob)}` : fmtProb(prob)));
@@ -368,7 +375,7 @@ function renderAlternatives(step, processed) {
 
 function renderTokenization() {
   const box = $("#ex-tokenization");
-  if (!state.prompt) { box.replaceChildren(h("p", { class: "empty" }, "Generate a token to see how the model tokenizes the prompt.")); return; }
+  if (!state.prompt) { box.replaceChildren(h("p", { class: "empty" }, gettext("Generate a token to see how the model tokenizes the prompt."))); return; }
   box.replaceChildren(promptView(state.prompt, state.prefilled?.num_cached_tokens ?? 0));
 }
 
@@ -376,16 +383,17 @@ function renderBeams() {
   const isBeam = Number($("#ex-beams").value) > 1;
   $("#ex-beam-section").hidden = !isBeam && !state.beamSteps.length;
   const best = state.beamSequences[0]?.token_ids ?? null;
-  $("#ex-beam-label").textContent = state.beamSteps.length ? `${state.beamSteps.length} steps` : "press Run";
+  $("#ex-beam-label").textContent = state.beamSteps.length
+    ? interpolate(ngettext("%(n)s step", "%(n)s steps", state.beamSteps.length), { n: state.beamSteps.length }) : gettext("press Run");
   $("#ex-beam-tree").replaceChildren(state.beamSteps.length ? beamTree(state.beamSteps, best)
-    : h("p", { class: "empty" }, "Press “Run” to search; each column is a step, each box a live beam."));
+    : h("p", { class: "empty" }, gettext("Press “Run” to search; each column is a step, each box a live beam.")));
   updateBeamCharts(beamCharts, state.beamSteps);
   const hasBeams = state.beamSteps.length > 0;  // the last request was a beam search
   $("#ex-gen-charts").hidden = hasBeams;
   $("#ex-gen-beam-note").hidden = !hasBeams;
   $("#ex-beam-results").replaceChildren(...state.beamSequences.map((seq, i) => h("p", { class: "small" },
-    h("span", { class: "badge" }, i === 0 ? "best" : `#${i + 1}`), " ", h("span", { class: "mono" }, seq.text),
-    h("span", { class: "muted" }, `  score ${seq.score.toFixed(3)}`))));
+    h("span", { class: "badge" }, i === 0 ? gettext("best") : `#${i + 1}`), " ", h("span", { class: "mono" }, seq.text),
+    h("span", { class: "muted" }, "  ", interpolate(gettext("score %(score)s"), { score: seq.score.toFixed(3) })))));
 }
 
 function showError(error) {
@@ -400,7 +408,28 @@ function hideError() {
 
 // ---------- wiring ----------
 
+/** Settings from the URL (a link from the lesson page): the controls start from them. */
+function applyUrlSettings(settings) {
+  const set = (selector, value) => { if (value !== undefined) $(selector).value = String(value); };
+  const tick = (selector, value) => { if (value !== undefined) $(selector).checked = value; };
+  set("#ex-text", settings.text);
+  tick("#ex-chat", settings.chat);
+  set("#ex-temperature", settings.temperature);
+  set("#ex-top-k", settings.top_k);
+  set("#ex-top-p", settings.top_p);
+  set("#ex-min-p", settings.min_p);
+  set("#ex-seed", settings.seed);
+  set("#ex-beams", settings.beams);
+  set("#ex-run-length", settings.run);
+  tick("#ex-kv-cache", settings.kv_cache);
+  tick("#ex-prefix-cache", settings.prefix_cache);
+  tick("#ex-pd", settings.pd);
+  for (const show of sliderOutputs) show();
+}
+
 async function init() {
+  const urlSettings = readExplorerUrl(location.search);
+  applyUrlSettings(urlSettings);
   $("#ex-step").addEventListener("click", () => request(1));
   $("#ex-run").addEventListener("click", () => request(Number(sliders.run_length.value)));
   $("#ex-stop").addEventListener("click", () => state.handle?.stop());
@@ -413,11 +442,12 @@ async function init() {
   renderAll();
   renderControls();
   renderServing();
+  renderBeams();
   try {
     const models = await getJson("/api/models/");
     const select = $("#ex-model");
     select.replaceChildren(...models.map((m) => h("option", { value: m.id }, m.name)));
-    select.value = (models.find((m) => m.is_default) ?? models[0])?.id ?? "";
+    select.value = (models.find((m) => m.id === urlSettings.model) ?? models.find((m) => m.is_default) ?? models[0])?.id ?? "";
   } catch (err) {
     showError(err);
   }

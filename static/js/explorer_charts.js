@@ -1,6 +1,7 @@
 // The explorer's Chart.js charts. Owns: chart set-up and turning steps into chart data.
 // Chart.js is loaded as a classic script (static/vendor/chart.js, global `Chart`).
-import { fmtBytes, fmtMs, fmtProb, fmtSi, visiblePiece } from "./format.js";
+import { fmtBytes, fmtMs, fmtProb, fmtSi, phaseLabel, visiblePiece } from "./format.js";
+import { gettext, interpolate } from "./i18n.js";
 
 const Chart = window.Chart;
 export const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
@@ -31,8 +32,8 @@ export function createDistributionChart(canvas, onPick) {
   return new Chart(canvas, {
     type: "bar",
     data: { labels: [], datasets: [
-      { label: "raw (model)", data: [], backgroundColor: css("--border-strong"), borderRadius: 3, barPercentage: 0.9, categoryPercentage: 0.8 },
-      { label: "processed (sliders)", data: [], backgroundColor: css("--accent"), borderRadius: 3, barPercentage: 0.9, categoryPercentage: 0.8 },
+      { label: gettext("raw (model)"), data: [], backgroundColor: css("--border-strong"), borderRadius: 3, barPercentage: 0.9, categoryPercentage: 0.8 },
+      { label: gettext("processed (sliders)"), data: [], backgroundColor: css("--accent"), borderRadius: 3, barPercentage: 0.9, categoryPercentage: 0.8 },
     ] },
     options: baseOptions({
       indexAxis: "y",
@@ -81,15 +82,15 @@ export function createStepCharts(canvases, onSelect) {
   });
   return {
     prob: line(canvases.prob, [
-      { label: "raw", borderColor: css("--muted"), backgroundColor: css("--muted") },
-      { label: "sampled", borderColor: css("--accent"), backgroundColor: css("--accent") },
+      { label: gettext("raw"), borderColor: css("--muted"), backgroundColor: css("--muted") },
+      { label: gettext("sampled"), borderColor: css("--accent"), backgroundColor: css("--accent") },
     ], { min: 0, max: 1, ticks: { callback: (v) => `${Math.round(v * 100)}%` } },
     (ctx) => `${ctx.dataset.label}: ${fmtProb(ctx.parsed.y)}`),
-    entropy: line(canvases.entropy, [{ label: "entropy", borderColor: css("--role"), backgroundColor: css("--role") }],
+    entropy: line(canvases.entropy, [{ label: gettext("entropy"), borderColor: css("--role"), backgroundColor: css("--role") }],
       { min: 0, title: { display: true, text: "nats" } }, (ctx) => `${ctx.parsed.y.toFixed(2)} nats`),
     latency: new Chart(canvases.latency, {
       type: "bar",
-      data: { labels: [], datasets: [{ label: "latency", data: [], backgroundColor: [], borderRadius: 3 }] },
+      data: { labels: [], datasets: [{ label: gettext("latency"), data: [], backgroundColor: [], borderRadius: 3 }] },
       options: baseOptions({
         onClick,
         scales: { x: { ticks: { maxRotation: 0, autoSkipPadding: 8 } }, y: { min: 0, title: { display: true, text: "ms" } } },
@@ -114,7 +115,8 @@ export function updateStepCharts(charts, steps) {
   charts.prob.data.datasets[0].data = steps.map((s) => Math.exp(s.raw_logprob));
   charts.prob.data.datasets[1].data = steps.map((s) => Math.exp(s.logprob));
   charts.entropy.data.datasets[0].data = steps.map((s) => s.entropy);
-  charts.latency.$phases = steps.map((s) => (s.isAfterHandoff ? `${s.phase}, first after the PD handoff` : s.phase));
+  charts.latency.$phases = steps.map((s) => (s.isAfterHandoff
+    ? interpolate(gettext("%(phase)s, first after the PD handoff"), { phase: phaseLabel(s.phase) }) : phaseLabel(s.phase)));
   charts.latency.data.datasets[0].data = steps.map((s) => s.latency_ms);
   charts.latency.data.datasets[0].backgroundColor = steps.map((s) => css(latencyColour(s)));
   charts.kv.data.datasets[0].data = steps.map((s) => s.kv_cache_bytes);
@@ -143,10 +145,10 @@ export function createRooflineChart(canvas, { device, prefill, decode }) {
   return new Chart(canvas, {
     type: "scatter",
     data: { datasets: [
-      line("roof", [xMin, device.ridge, xMax].map((x) => ({ x, y: roofAt(x) })), "--text-2"),
-      line("ridge", [{ x: device.ridge, y: yMin }, { x: device.ridge, y: device.matmul_flops_per_s }], "--muted", { borderDash: [4, 4], borderWidth: 1 }),
-      point(prefill, "prefill", "--prefill"),
-      point(decode, "decode", "--decode"),
+      line(gettext("roof"), [xMin, device.ridge, xMax].map((x) => ({ x, y: roofAt(x) })), "--text-2"),
+      line(gettext("ridge"), [{ x: device.ridge, y: yMin }, { x: device.ridge, y: device.matmul_flops_per_s }], "--muted", { borderDash: [4, 4], borderWidth: 1 }),
+      point(prefill, phaseLabel("prefill"), "--prefill"),
+      point(decode, phaseLabel("decode"), "--decode"),
     ] },
     options: baseOptions({
       interaction: { mode: "nearest", intersect: true },
@@ -155,7 +157,7 @@ export function createRooflineChart(canvas, { device, prefill, decode }) {
         tooltip: { callbacks: { label: (ctx) => `${ctx.dataset.label}: ${fmtSi(ctx.parsed.x, "FLOP/B")}, ${fmtSi(ctx.parsed.y, "FLOP/s")}` } },
       },
       scales: {
-        x: { type: "logarithmic", min: xMin, max: xMax, title: { display: true, text: "arithmetic intensity (FLOP per byte moved)" },
+        x: { type: "logarithmic", min: xMin, max: xMax, title: { display: true, text: gettext("arithmetic intensity (FLOP per byte moved)") },
           ticks: { callback: (v) => (isPowerOfTen(v) ? fmtSi(v) : "") } },
         y: { type: "logarithmic", min: yMin, max: yMax, title: { display: true, text: "FLOP/s" },
           ticks: { callback: (v) => (isPowerOfTen(v) ? fmtSi(v, "FLOP/s") : "") } },

@@ -1,4 +1,5 @@
 // Number and token formatting shared by both pages. Pure functions, no DOM.
+import { gettext, interpolate, language, pgettext } from "./i18n.js";
 
 export function fmtProb(prob) {
   if (prob === null || prob === undefined || Number.isNaN(prob)) return "–";
@@ -24,13 +25,21 @@ export function fmtNum(value, digits = 2) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 }
 
+/** A count of parameters as papers write them: 134515008 -> "135M", 671026419712 -> "671.0B". */
+export function fmtCount(n) {
+  if (n == null) return "?";
+  if (n >= 1e9) return `${(n / 1e9).toFixed(1)}B`;
+  if (n >= 1e6) return `${Math.round(n / 1e6)}M`;
+  return n.toLocaleString();
+}
+
 /** "2054686520" -> "20 54 68 65" */
 /** How a sampling slider shows its value ("off" where the setting does nothing). */
 export const SETTING_FORMATS = {
-  temperature: (v) => (v === 0 ? "0 · greedy" : v.toFixed(2)),
-  top_k: (v) => (v === 0 ? "off" : String(v)),
-  top_p: (v) => (v >= 1 ? "off" : v.toFixed(2)),
-  min_p: (v) => (v === 0 ? "off" : v.toFixed(2)),
+  temperature: (v) => (v === 0 ? gettext("0 · greedy") : v.toFixed(2)),
+  top_k: (v) => (v === 0 ? gettext("off") : String(v)),
+  top_p: (v) => (v >= 1 ? gettext("off") : v.toFixed(2)),
+  min_p: (v) => (v === 0 ? gettext("off") : v.toFixed(2)),
 };
 
 /** A KL divergence in nats; null is infinite (JSON has no Infinity). */
@@ -61,10 +70,26 @@ export function probFromLogprob(logprob) {
   return logprob === null || logprob === undefined ? null : Math.exp(logprob);
 }
 
+// What each error a worker writes means, in the page's language. The web process words its own
+// refusals in the page's language; a worker's message (generation.error, an inspection's
+// failure) is written where the page's language is unknown, in English, so the page says what
+// its stable code means instead (the English message stays on the event).
+const WORKER_ERRORS = {
+  worker_lost: () => gettext("The worker running this request stopped. The answer so far is kept; try again."),
+  internal_error: () => gettext("The server failed to finish this request. The answer so far is kept; try again."),
+  model_unavailable: () => gettext("The model could not be loaded or is not available."),
+  kv_handoff_failed: () => gettext("The KV cache could not be handed from the prefill worker to the decode worker."),
+  images_not_supported: () => gettext("This model takes no images: choose a vision-language model."),
+  inspection_timeout: () => gettext("No worker answered in time: is a generation worker running?"),
+  not_moe: () => gettext("This model is dense: it has no experts to show."),
+  not_comparable: () => gettext("These two generations cannot be compared: they ran different models or texts."),
+};
+
 /** A refused command or failed request as one line: "message (code)". */
 export function errorText(error) {
   const hasCode = error.code && error.code !== "http_error";
-  return hasCode ? `${error.message} (${error.code})` : error.message;
+  const message = language !== "en" && WORKER_ERRORS[error.code] ? WORKER_ERRORS[error.code]() : error.message;
+  return hasCode ? `${message} (${error.code})` : message;
 }
 
 /** The weight precision a model is served in, as the engine's model info reports it:
@@ -72,8 +97,9 @@ export function errorText(error) {
 export function precisionLabel(info) {
   const q = info.quantization;
   if (!q) return info.precision || info.dtype;
-  const source = q.num_from_file ? ` (${q.file_types.join(", ")} from the GGUF file)` : "";
-  return `${info.precision} weights${source} · ${info.dtype} activations`;
+  const source = q.num_from_file ? interpolate(gettext("%(types)s from the GGUF file"), { types: q.file_types.join(", ") }) : "";
+  return interpolate(gettext("%(precision)s weights%(source)s · %(dtype)s activations"),
+    { precision: info.precision, source: source ? ` (${source})` : "", dtype: info.dtype });
 }
 
 /** 8.61e9, "FLOP" -> "8.61 GFLOP": three significant digits, decimal (SI) prefixes. */
@@ -85,4 +111,37 @@ export function fmtSi(value, unit = "") {
   while (scaled >= 999.5 && i < prefixes.length - 1) { scaled /= 1000; i += 1; }
   const digits = scaled >= 99.95 ? 0 : scaled >= 9.995 ? 1 : 2;
   return `${(Math.sign(value) * scaled).toFixed(digits)} ${prefixes[i]}${unit}`.trimEnd();
+}
+
+/** Why a generation stopped: the stable `finish_reason` code (docs/protocol.md), in the page's language. */
+export function finishReasonLabel(reason) {
+  const labels = {
+    eos: pgettext("finish reason", "eos"),
+    length: pgettext("finish reason", "length"),
+    stop_string: pgettext("finish reason", "stop_string"),
+    context: pgettext("finish reason", "context"),
+    cancelled: pgettext("finish reason", "cancelled"),
+    error: pgettext("finish reason", "error"),
+  };
+  return labels[reason] ?? reason;
+}
+
+/** A step's `phase` ("prefill" or "decode") as the page shows it (technical terms: they stay as is in Chinese). */
+export function phaseLabel(phase) {
+  const labels = { prefill: pgettext("phase", "prefill"), decode: pgettext("phase", "decode") };
+  return labels[phase] ?? phase;
+}
+
+// The sampling presets the project ships (migration 0002) are records, but their names are the
+// product's own words: shown in the page's language. A preset someone adds keeps its name.
+const SHIPPED_PRESETS = {
+  Greedy: pgettext("preset", "Greedy"),
+  Balanced: pgettext("preset", "Balanced"),
+  Creative: pgettext("preset", "Creative"),
+  Precise: pgettext("preset", "Precise"),
+  "Beam search": pgettext("preset", "Beam search"),
+};
+
+export function presetName(name) {
+  return SHIPPED_PRESETS[name] ?? name;
 }

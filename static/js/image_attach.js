@@ -6,6 +6,7 @@
 import { h } from "./dom.js";
 import { fmtBytes } from "./format.js";
 import { icon } from "./icons.js";
+import { gettext, interpolate } from "./i18n.js";
 
 const TYPES = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 const MAX_BYTES = 1024 * 1024;  // PLAYGROUND_MAX_IMAGE_BYTES' default: refuse early, without a round trip
@@ -15,9 +16,9 @@ const MAX_IMAGES = 4;  // PLAYGROUND_MAX_IMAGES' default
 export function thumbnails(images, onRemove = null) {
   return h("div", { class: "image-thumbs" }, images.map((image, i) =>
     h("figure", { class: "image-thumb" },
-      h("img", { src: `data:${image.media_type};base64,${image.data}`, alt: image.name || `image ${i + 1}` }),
-      onRemove && h("button", { class: "icon-btn image-remove", type: "button", title: "Remove the image",
-        "aria-label": `Remove image ${i + 1}`, onclick: () => onRemove(i) }, icon("x", 12)))));
+      h("img", { src: `data:${image.media_type};base64,${image.data}`, alt: image.name || interpolate(gettext("image %(n)s"), { n: i + 1 }) }),
+      onRemove && h("button", { class: "icon-btn image-remove", type: "button", title: gettext("Remove the image"),
+        "aria-label": interpolate(gettext("Remove image %(n)s"), { n: i + 1 }), onclick: () => onRemove(i) }, icon("x", 12)))));
 }
 
 export class ImageAttachments {
@@ -48,9 +49,10 @@ export class ImageAttachments {
 
   async addFiles(files) {
     for (const file of files) {
-      if (this.images.length >= MAX_IMAGES) { this.onError(`At most ${MAX_IMAGES} images per message.`); break; }
-      if (!TYPES.includes(file.type)) { this.onError(`${file.name}: use a PNG, JPEG, GIF or WebP image.`); continue; }
-      if (file.size > MAX_BYTES) { this.onError(`${file.name} has ${fmtBytes(file.size)}; the limit is ${fmtBytes(MAX_BYTES)}.`); continue; }
+      if (this.images.length >= MAX_IMAGES) { this.onError(interpolate(gettext("At most %(n)s images per message."), { n: MAX_IMAGES })); break; }
+      if (!TYPES.includes(file.type)) { this.onError(interpolate(gettext("%(name)s: use a PNG, JPEG, GIF or WebP image."), { name: file.name })); continue; }
+      if (file.size > MAX_BYTES) { this.onError(interpolate(gettext("%(name)s has %(size)s; the limit is %(limit)s."),
+        { name: file.name, size: fmtBytes(file.size), limit: fmtBytes(MAX_BYTES) })); continue; }
       const dataUrl = await new Promise((resolve, reject) => {
         const reader = new FileReader();
         reader.onload = () => resolve(reader.result);

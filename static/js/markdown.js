@@ -5,6 +5,7 @@
 // and the Markdown output still goes through DOMPurify before it touches the page.
 import { Marked } from "../vendor/marked/marked.esm.js";
 import DOMPurify from "../vendor/dompurify/purify.es.mjs";
+import { gettext } from "./i18n.js";
 
 const escapeHtml = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 const escapeAttr = (s) => escapeHtml(s).replace(/"/g, "&quot;").replace(/'/g, "&#39;");
@@ -19,8 +20,8 @@ const markdown = new Marked({
     // An image in model output would make the browser fetch any URL the model (or a prompt
     // injection) names: show it as a link the user may choose to follow instead.
     image({ href, text }) {
-      const label = escapeHtml(text || href || "image");
-      return `<a href="${escapeAttr(href || "")}" class="md-image-link" title="image (not loaded)">🖼 ${label}</a>`;
+      const label = escapeHtml(text || href || gettext("image"));
+      return `<a href="${escapeAttr(href || "")}" class="md-image-link" title="${escapeAttr(gettext("image (not loaded)"))}">🖼 ${label}</a>`;
     },
   },
 });
@@ -68,7 +69,7 @@ export function renderAnswer(container, text, charTokens = null, openReasoning =
     details.open = seg.is_open || openReasoning.has(n);
     details.addEventListener("toggle", () => (details.open ? openReasoning.add(n) : openReasoning.delete(n)));
     const summary = document.createElement("summary");
-    summary.textContent = seg.is_open ? "Reasoning…" : "Reasoning";
+    summary.textContent = seg.is_open ? gettext("Reasoning…") : gettext("Reasoning");
     if (notes[n]) {
       const note = document.createElement("span");
       note.className = "reasoning-note";

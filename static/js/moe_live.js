@@ -3,6 +3,7 @@
 // Owns: turning streamed steps into the routing record moe_view.js draws. Must not know: sockets.
 import { h } from "./dom.js";
 import { moeGrids } from "./moe_view.js";
+import { gettext, interpolate, ngettext } from "./i18n.js";
 
 /**
  * Draws into `root` (hidden for a dense model: `model.moe` is null) the steps that carry routing;
@@ -17,8 +18,8 @@ export function renderMoeLive(root, model, steps, promptLastPiece) {
     step: s.index, sampled_piece: s.piece, layers: s.moe_routing,
     piece: s.index === 0 ? promptLastPiece ?? "" : steps[s.index - 1]?.piece ?? "",
   }));
-  const title = h("p", { class: "chart-title" }, "Experts chosen in each step's own forward pass",
-    h("span", { class: "muted small" }, ` · ${tokens.length} step${tokens.length === 1 ? "" : "s"}, streamed with the tokens`));
+  const title = h("p", { class: "chart-title" }, gettext("Experts chosen in each step's own forward pass"),
+    h("span", { class: "muted small" }, " · ", interpolate(ngettext("%(n)s step, streamed with the tokens", "%(n)s steps, streamed with the tokens", tokens.length), { n: tokens.length })));
   root.replaceChildren(title, ...(tokens.length ? moeGrids({ ...settings, tokens })
-    : [h("p", { class: "empty" }, "Run the model to see which experts each step used.")]));
+    : [h("p", { class: "empty" }, gettext("Run the model to see which experts each step used."))]));
 }

@@ -6,10 +6,11 @@
 // Must not know: the request.
 import { h } from "./dom.js";
 import { fmtNum, visiblePiece } from "./format.js";
+import { gettext, interpolate, ngettext } from "./i18n.js";
 
-export const MOE_EXPLAIN = "In a mixture-of-experts layer a small router sends each token to a few of many expert "
+export const MOE_EXPLAIN = gettext("In a mixture-of-experts layer a small router sends each token to a few of many expert "
   + "networks and mixes their outputs by weight; each row is the step whose token the model wrote, each darker cell "
-  + "an expert the router chose to compute it.";
+  + "an expert the router chose to compute it.");
 
 export function renderMoe(r) {
   return h("div", { class: "inside-view", id: "inside-moe" }, moeRule(r), ...moeGrids(r));
@@ -23,11 +24,10 @@ export function moeGrids(r) {
 function moeRule(r) {
   const dense = r.first_k_dense_replace;
   return h("p", { class: "small", id: "moe-rule" },
-    `${r.n_routed_experts} routed experts in ${r.n_group} groups of ${r.experts_per_group}. For each token the router `
-    + `keeps the ${r.topk_group} strongest groups and picks ${r.num_experts_per_tok} experts inside them; their weights `
-    + `sum to ${r.routed_scaling_factor}. `
-    + (dense ? `The first ${dense === 1 ? "layer is" : `${dense} layers are`} dense (no router). ` : "")
-    + "Grey cells: a group the router did not keep for that step.");
+    interpolate(gettext("%(n)s routed experts in %(groups)s groups of %(per)s. For each token the router keeps the %(kept)s strongest groups and picks %(k)s experts inside them; their weights sum to %(scale)s."),
+      { n: r.n_routed_experts, groups: r.n_group, per: r.experts_per_group, kept: r.topk_group, k: r.num_experts_per_tok, scale: r.routed_scaling_factor }),
+    " ", dense ? interpolate(ngettext("The first layer is dense (no router).", "The first %(n)s layers are dense (no router).", dense), { n: dense }) : "",
+    dense ? " " : "", gettext("Grey cells: a group the router did not keep for that step."));
 }
 
 function layerGrid(r, layer, index) {
@@ -39,9 +39,9 @@ function layerGrid(r, layer, index) {
     const choice = token.layers[index];
     const weights = new Map(choice.experts.map((e, j) => [e, choice.weights[j]]));
     for (const e of choice.experts) load[e] += 1;
-    const label = `step ${token.step} “${visiblePiece(token.sampled_piece)}”`;
+    const label = interpolate(gettext("step %(step)s “%(piece)s”"), { step: token.step, piece: visiblePiece(token.sampled_piece) });
     return h("tr", { dataset: { step: token.step } },
-      h("th", { class: "moe-token", title: `step ${token.step}: read “${token.piece}”, wrote “${token.sampled_piece}”` },
+      h("th", { class: "moe-token", title: interpolate(gettext("step %(step)s: read “%(read)s”, wrote “%(wrote)s”"), { step: token.step, read: token.piece, wrote: token.sampled_piece }) },
         token.step, " ", h("span", { class: "piece" }, visiblePiece(token.sampled_piece))),
       ...experts.map((e) => {
         const w = weights.get(e);
@@ -50,19 +50,21 @@ function layerGrid(r, layer, index) {
           class: [edge(e), off ? "group-off" : "", w === undefined ? "" : "chosen"].join(" ").trim(),
           style: w === undefined ? null : `--w: ${(w / r.routed_scaling_factor).toFixed(3)}`,
           dataset: w === undefined ? {} : { expert: e, weight: w },
-          title: `${label} · layer ${layer + 1} · expert ${e}: ${w === undefined ? (off ? "group not kept" : "not chosen") : `weight ${fmtNum(w, 3)}`}`,
+          title: `${label} · ${interpolate(gettext("layer %(layer)s · expert %(expert)s"), { layer: layer + 1, expert: e })}: `
+            + (w === undefined ? (off ? gettext("group not kept") : gettext("not chosen")) : interpolate(gettext("weight %(w)s"), { w: fmtNum(w, 3) })),
         });
       }));
   });
-  const head = h("tr", {}, h("th", {}, "step"), ...experts.map((e) => h("th", { class: edge(e) }, e)));
+  const head = h("tr", {}, h("th", {}, gettext("step")), ...experts.map((e) => h("th", { class: edge(e) }, e)));
   const most = Math.max(1, ...load);
-  const foot = h("tr", { class: "moe-load" }, h("th", { title: "how many steps chose each expert" }, "load"),
+  const foot = h("tr", { class: "moe-load" }, h("th", { title: gettext("how many steps chose each expert") }, gettext("load")),
     ...experts.map((e) => h("td", { class: edge(e), style: `--w: ${(load[e] / most).toFixed(3)}`, dataset: { load: load[e] },
-      title: `layer ${layer + 1} · expert ${e}: chosen for ${load[e]} of ${r.tokens.length} steps` }, load[e])));
+      title: interpolate(gettext("layer %(layer)s · expert %(expert)s: chosen for %(n)s of %(total)s steps"),
+        { layer: layer + 1, expert: e, n: load[e], total: r.tokens.length }) }, load[e])));
   const unused = load.filter((n) => n === 0).length;
   return h("div", { class: "moe-layer", dataset: { layer } },
-    h("p", { class: "chart-title" }, `Layer ${layer + 1}`,
-      h("span", { class: "muted small" }, ` · ${unused} of ${r.n_routed_experts} experts never chosen`)),
+    h("p", { class: "chart-title" }, interpolate(gettext("Layer %(layer)s"), { layer: layer + 1 }),
+      h("span", { class: "muted small" }, " · ", interpolate(gettext("%(n)s of %(total)s experts never chosen"), { n: unused, total: r.n_routed_experts }))),
     h("div", { class: "attention-scroll" },
       h("table", { class: "moe-grid" }, h("thead", {}, head), h("tbody", {}, ...rows), h("tfoot", {}, foot))));
 }

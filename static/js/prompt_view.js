@@ -4,6 +4,7 @@
 // Owns: presentation of a `generation.started` `prompt` record; shared by both pages.
 import { h } from "./dom.js";
 import { fmtBytes, spacedHex, tokenLabel } from "./format.js";
+import { gettext, interpolate, ngettext } from "./i18n.js";
 
 const SPECIAL_PIECE = /^<\|[^|\s]*\|>$|^<\/?s>$|^<\/?think>$/;
 
@@ -32,13 +33,14 @@ export function imageBlock(image, numCachedTokens = 0) {
   return h("span", {
     class: `image-block${isCached ? " cached" : ""}`,
     dataset: { numTokens: image.num_tokens, start: image.start },
-    title: `#${image.start}–${image.start + image.num_tokens - 1} · a ${image.width}×${image.height} image as ` +
-      `${rows}×${cols} patches, one token each · sha256 ${image.content_hash.slice(0, 12)}…` +
-      (isCached ? " · from the prefix cache" : ""),
+    title: `#${image.start}–${image.start + image.num_tokens - 1} · `
+      + interpolate(gettext("a %(width)s×%(height)s image as %(rows)s×%(cols)s patches, one token each"),
+        { width: image.width, height: image.height, rows, cols })
+      + ` · sha256 ${image.content_hash.slice(0, 12)}…` + (isCached ? ` · ${gettext("from the prefix cache")}` : ""),
   }, cells,
   h("span", { class: "image-label" },
-    h("strong", { class: "image-count" }, `${image.num_tokens} image tokens`),
-    h("span", { class: "chip-id" }, `${rows}×${cols} patches · ${fmtBytes(image.kv_bytes)} KV`)));
+    h("strong", { class: "image-count" }, interpolate(gettext("%(n)s image tokens"), { n: image.num_tokens })),
+    h("span", { class: "chip-id" }, interpolate(gettext("%(rows)s×%(cols)s patches · %(bytes)s KV"), { rows, cols, bytes: fmtBytes(image.kv_bytes) }))));
 }
 
 /** Token chips; the first `numCachedTokens` came from the prefix cache; `images` (blocks of
@@ -58,19 +60,20 @@ function tokenChip(tok, i, numCachedTokens) {
   const classes = ["chip"];
   if (i < numCachedTokens) classes.push("cached");
   if (SPECIAL_PIECE.test(tok.piece)) classes.push("special");
-  const cached = i < numCachedTokens ? " · from the prefix cache" : "";
-  return h("span", { class: classes.join(" "), title: `#${i} · id ${tok.id} · bytes ${spacedHex(tok.bytes)}${cached}` },
+  const cached = i < numCachedTokens ? ` · ${gettext("from the prefix cache")}` : "";
+  return h("span", { class: classes.join(" "), title: `#${i} · id ${tok.id} · ${interpolate(gettext("bytes %(hex)s"), { hex: spacedHex(tok.bytes) })}${cached}` },
     h("span", { class: "chip-piece" }, tokenLabel(tok.piece, tok.bytes)),
     h("span", { class: "chip-id" }, tok.id));
 }
 
 export function legend(numTokens, numCachedTokens) {
   return h("div", { class: "legend" },
-    h("span", {}, h("span", { class: "swatch", style: "background: var(--role)" }), "template text (role markers)"),
-    h("span", {}, h("span", { class: "swatch", style: "background: var(--special)" }), "special token"),
+    h("span", {}, h("span", { class: "swatch", style: "background: var(--role)" }), gettext("template text (role markers)")),
+    h("span", {}, h("span", { class: "swatch", style: "background: var(--special)" }), gettext("special token")),
     numCachedTokens > 0
-      ? h("span", {}, h("span", { class: "swatch", style: "background: var(--cached)" }), `${numCachedTokens} of ${numTokens} tokens from the prefix cache`)
-      : h("span", {}, `${numTokens} tokens, none from the prefix cache`));
+      ? h("span", {}, h("span", { class: "swatch", style: "background: var(--cached)" }),
+        interpolate(gettext("%(cached)s of %(n)s tokens from the prefix cache"), { cached: numCachedTokens, n: numTokens }))
+      : h("span", {}, interpolate(gettext("%(n)s tokens, none from the prefix cache"), { n: numTokens })));
 }
 
 /** What the template left out: earlier answers' `<think>` reasoning (R1's drops it), or null. */
@@ -78,8 +81,8 @@ export function droppedReasoningNote(prompt) {
   const n = prompt.dropped_reasoning?.length ?? 0;
   if (!n) return null;
   return h("p", { class: "hint small dropped-reasoning" },
-    `The chat template dropped the reasoning of ${n} earlier answer${n === 1 ? "" : "s"} from the history `
-    + "(as DeepSeek-R1's template requires): the model does not see it, only the answers.");
+    interpolate(ngettext("The chat template dropped the reasoning of %(n)s earlier answer from the history (as DeepSeek-R1's template requires): the model does not see it, only the answers.",
+      "The chat template dropped the reasoning of %(n)s earlier answers from the history (as DeepSeek-R1's template requires): the model does not see it, only the answers.", n), { n }));
 }
 
 /** The whole view: legend, what the template dropped, text, tokens. */
@@ -89,6 +92,6 @@ export function promptView(prompt, numCachedTokens = 0) {
     legend(tokens.length, numCachedTokens),
     droppedReasoningNote(prompt),
     promptText(prompt),
-    h("p", { class: "panel-title" }, `Tokens (${tokens.length})`),
+    h("p", { class: "panel-title" }, interpolate(gettext("Tokens (%(n)s)"), { n: tokens.length })),
     tokenChips(tokens, numCachedTokens, prompt.images || []));
 }

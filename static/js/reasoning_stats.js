@@ -1,6 +1,7 @@
 // How much of an answer was thinking. Owns: counting each reasoning block's tokens from the
 // engine's own `is_reasoning` step flags (never by splitting text here) and the note drawn
 // beside the block ("thinking: 42 tokens, 63% of the answer"). Pure functions, no DOM.
+import { interpolate, ngettext } from "./i18n.js";
 
 /**
  * Tokens per segment (an array over `segments`, 0 for answer segments). A reasoning step
@@ -30,7 +31,8 @@ export function reasoningTokenCounts(steps, segments, stats = null) {
 /** "thinking: 42 tokens, 63% of the answer" (`numOutputTokens`: every generated token). */
 export function thinkingNote(numTokens, numOutputTokens) {
   const share = numOutputTokens ? Math.round((100 * numTokens) / numOutputTokens) : 0;
-  return `thinking: ${numTokens} token${numTokens === 1 ? "" : "s"}, ${share}% of the answer`;
+  return interpolate(ngettext("thinking: %(n)s token, %(share)s of the answer", "thinking: %(n)s tokens, %(share)s of the answer", numTokens),
+    { n: numTokens, share: `${share}%` });
 }
 
 /** The note for each segment (undefined for answer segments and blocks with no count). */

@@ -3,20 +3,21 @@
 // worker's prefix-cache counters (docs/prefix-cache.md). Pure DOM builders: must not know
 // sockets or page state; callers pass the event/stats fields in.
 import { h } from "./dom.js";
-import { fmtBytes, fmtMs } from "./format.js";
+import { fmtBytes, fmtMs, phaseLabel } from "./format.js";
+import { gettext, interpolate } from "./i18n.js";
 
 // The five phases of a disaggregated request, between `timeline` marks (epoch ms).
 const SEGMENTS = [
-  { key: "prefill", from: "prefill_start", to: "prefill_end", name: "prefill",
-    why: "the prompt in one forward pass, and the first token" },
-  { key: "store", from: "prefill_end", to: "handoff_stored", name: "serialize + store",
-    why: "the prefill worker serializes the KV cache and stores it for the decode worker" },
-  { key: "wait", from: "handoff_stored", to: "decode_start", name: "waiting",
-    why: "the stored KV cache waits in the queue for a free decode worker" },
-  { key: "load", from: "decode_start", to: "kv_loaded", name: "fetch + load",
-    why: "the decode worker fetches the KV cache, verifies it and loads it" },
-  { key: "decode", from: "kv_loaded", to: "decode_end", name: "decode",
-    why: "one token per forward pass on the decode worker" },
+  { key: "prefill", from: "prefill_start", to: "prefill_end", name: phaseLabel("prefill"),
+    why: gettext("the prompt in one forward pass, and the first token") },
+  { key: "store", from: "prefill_end", to: "handoff_stored", name: gettext("serialize + store"),
+    why: gettext("the prefill worker serializes the KV cache and stores it for the decode worker") },
+  { key: "wait", from: "handoff_stored", to: "decode_start", name: gettext("waiting"),
+    why: gettext("the stored KV cache waits in the queue for a free decode worker") },
+  { key: "load", from: "decode_start", to: "kv_loaded", name: gettext("fetch + load"),
+    why: gettext("the decode worker fetches the KV cache, verifies it and loads it") },
+  { key: "decode", from: "kv_loaded", to: "decode_end", name: phaseLabel("decode"),
+    why: gettext("one token per forward pass on the decode worker") },
 ];
 
 /** Whether stats / a handoff event describe a disaggregated run. */
@@ -51,8 +52,9 @@ export function pdTimeline(info, liveDecodeMs = 0) {
     prefill: info.prefill_worker,
     store: `${fmtBytes(info.kv_transfer_bytes)} KV`,
     wait: null,
-    load: `fetch ${fmtMs(info.fetch_ms)} · load ${fmtMs(info.load_ms)}${otherMs >= 50 ? ` · other ${fmtMs(otherMs)}` : ""}`,
-    decode: isLive ? `${info.decode_worker} · streaming…` : info.decode_worker,
+    load: interpolate(gettext("fetch %(fetch)s · load %(load)s"), { fetch: fmtMs(info.fetch_ms), load: fmtMs(info.load_ms) })
+      + (otherMs >= 50 ? ` · ${interpolate(gettext("other %(time)s"), { time: fmtMs(otherMs) })}` : ""),
+    decode: isLive ? `${info.decode_worker} · ${gettext("streaming…")}` : info.decode_worker,
   };
   const title = (s) => `${s.name}: ${fmtMs(s.ms)} (${s.why})`;
   const bar = h("div", { class: "pd-bar", role: "img",
@@ -64,16 +66,16 @@ export function pdTimeline(info, liveDecodeMs = 0) {
     detail[s.key] ? h("span", { class: "muted" }, ` · ${detail[s.key]}`) : null)));
   return h("div", { class: `pd-timeline${isLive ? " live" : ""}` },
     h("div", { class: "serving-head" }, h("span", { class: "badge pd-badge" }, "PD"),
-      h("span", {}, "prefill on ", h("b", { class: "mono" }, info.prefill_worker), " → decode on ",
+      h("span", {}, gettext("prefill on"), " ", h("b", { class: "mono" }, info.prefill_worker), " → ", gettext("decode on"), " ",
         h("b", { class: "mono" }, info.decode_worker)),
-      h("span", { class: "muted" }, ` · KV handoff ${fmtBytes(info.kv_transfer_bytes)}`)),
+      h("span", { class: "muted" }, " · ", interpolate(gettext("KV handoff %(bytes)s"), { bytes: fmtBytes(info.kv_transfer_bytes) }))),
     bar, legend);
 }
 
 /** A generation that one worker ran whole. */
 export function colocatedLine(worker) {
-  return h("div", { class: "serving-head colocated", title: "one worker ran both the prefill and the decode" },
-    "colocated on ", h("b", { class: "mono" }, worker));
+  return h("div", { class: "serving-head colocated", title: gettext("one worker ran both the prefill and the decode") },
+    gettext("colocated on"), " ", h("b", { class: "mono" }, worker));
 }
 
 /** The worker's prefix-cache counters after the request (stats.prefix_cache). */
@@ -81,22 +83,25 @@ export function prefixCacheLine(counters) {
   const num = (value) => (value ?? 0).toLocaleString();
   const rate = counters.hit_rate == null ? "–" : `${Math.round(counters.hit_rate * 100)}%`;
   const parts = [
-    [`${num(counters.hits)} hits / ${num(counters.misses)} misses (${rate})`, "lookups that reused a cached prefix, over all lookups"],
-    [`${num(counters.num_stored_tokens)} tokens held`, "tokens whose KV the cache holds now"],
-    [`${fmtBytes(counters.num_bytes)} / ${fmtBytes(counters.max_bytes)}`, "memory used / the cache's budget"],
+    [interpolate(gettext("%(hits)s hits / %(misses)s misses (%(rate)s)"), { hits: num(counters.hits), misses: num(counters.misses), rate }),
+      gettext("lookups that reused a cached prefix, over all lookups")],
+    [interpolate(gettext("%(n)s tokens held"), { n: num(counters.num_stored_tokens) }), gettext("tokens whose KV the cache holds now")],
+    [`${fmtBytes(counters.num_bytes)} / ${fmtBytes(counters.max_bytes)}`, gettext("memory used / the cache's budget")],
     counters.kind === "blocks"
-      ? [`${num(counters.num_entries)} blocks`, "full KV blocks kept by hash, shared by requests with the same prefix"]
-      : [`${num(counters.num_entries)} nodes`, "nodes of the radix tree"],
-    [`${num(counters.num_evictions)} evicted`, counters.kind === "blocks"
-      ? "cached blocks reused for other tokens (least recently freed first)" : "leaves evicted to stay within the budget"],
+      ? [interpolate(gettext("%(n)s blocks"), { n: num(counters.num_entries) }), gettext("full KV blocks kept by hash, shared by requests with the same prefix")]
+      : [interpolate(gettext("%(n)s nodes"), { n: num(counters.num_entries) }), gettext("nodes of the radix tree")],
+    [interpolate(gettext("%(n)s evicted"), { n: num(counters.num_evictions) }), counters.kind === "blocks"
+      ? gettext("cached blocks reused for other tokens (least recently freed first)") : gettext("leaves evicted to stay within the budget")],
   ];
   if (counters.sliding_window) {
-    parts.push([`${num(counters.num_not_cached_sliding_window)} not cached (sliding window ${counters.sliding_window})`,
-      "this model attends to its last tokens only, so its cache forgets older positions: a conversation longer than the window cannot be reused as a prefix"]);
+    parts.push([interpolate(gettext("%(n)s not cached (sliding window %(window)s)"), { n: num(counters.num_not_cached_sliding_window), window: counters.sliding_window }),
+      gettext("this model attends to its last tokens only, so its cache forgets older positions: a conversation longer than the window cannot be reused as a prefix")]);
   }
-  if (counters.num_cached_tokens != null) parts.push([`${num(counters.num_cached_tokens)} reused`, "prompt tokens served from the cache since the worker started"]);
-  return h("div", { class: "prefix-cache", title: "this worker's prefix cache after the request (docs/prefix-cache.md)" },
-    h("span", { class: "serving-label" }, "worker prefix cache"),
+  if (counters.num_cached_tokens != null) {
+    parts.push([interpolate(gettext("%(n)s reused"), { n: num(counters.num_cached_tokens) }), gettext("prompt tokens served from the cache since the worker started")]);
+  }
+  return h("div", { class: "prefix-cache", title: gettext("this worker's prefix cache after the request (docs/prefix-cache.md)") },
+    h("span", { class: "serving-label" }, gettext("worker prefix cache")),
     parts.map(([text, title]) => h("span", { class: "pc-item", title }, text)));
 }
 

@@ -1,6 +1,7 @@
 // The /ws/generate/ connection (docs/protocol.md). Owns: connecting and reconnecting,
 // request ids, and routing events to the generation they belong to. Pages see one
 // `GenerationHandle` per command and never parse routing fields themselves.
+import { gettext, interpolate } from "./i18n.js";
 
 const RECONNECT_MAX_MS = 8000;
 // The server's PLAYGROUND_MAX_MESSAGE_BYTES default (512 KiB of text plus room for 4 images of
@@ -63,7 +64,7 @@ export class GenerationSocket {
     ws.addEventListener("message", (msg) => this.dispatch(msg.data));
     ws.addEventListener("close", () => {
       this.onStatus("closed");
-      this.failAll("connection_lost", "The connection to the server was lost. The answer so far is kept.");
+      this.failAll("connection_lost", gettext("The connection to the server was lost. The answer so far is kept."));
       setTimeout(() => this.connect(), this.retryMs);
       this.retryMs = Math.min(this.retryMs * 2, RECONNECT_MAX_MS);
     });
@@ -77,7 +78,8 @@ export class GenerationSocket {
     const size = new TextEncoder().encode(JSON.stringify(message)).length;
     if (size > MAX_MESSAGE_BYTES) {
       handle.isDone = true;
-      const text = `This message is ${Math.ceil(size / 1024)} KiB; the limit is ${Math.floor(MAX_MESSAGE_BYTES / 1024)} KiB. Nothing was sent.`;
+      const text = interpolate(gettext("This message is %(size)s KiB; the limit is %(limit)s KiB. Nothing was sent."),
+        { size: Math.ceil(size / 1024), limit: Math.floor(MAX_MESSAGE_BYTES / 1024) });
       queueMicrotask(() => handlers.onError?.({ code: "message_too_large", message: text, isRefused: true }));
       return handle;
     }
@@ -145,7 +147,7 @@ export class GenerationSocket {
 
 /** Reflect the socket state in the top bar's `.conn` element. */
 export function showConnection(el) {
-  const labels = { connecting: "Connecting…", open: "Connected", closed: "Reconnecting…" };
+  const labels = { connecting: gettext("Connecting…"), open: gettext("Connected"), closed: gettext("Reconnecting…") };
   return (state) => {
     el.dataset.state = state;
     el.querySelector(".conn-label").textContent = labels[state];

@@ -6,15 +6,16 @@
 import { api } from "./api.js";
 import { h } from "./dom.js";
 import { fmtNum, fmtProb, tokenLabel } from "./format.js";
+import { gettext, interpolate, ngettext } from "./i18n.js";
 
 // A cell is full height at this many bits (p = 1/256); higher surprises are clipped (the
 // number in the hover text is not).
 export const FULL_BITS = 8;
 
-export const EXPLAIN = "Each bar is one generated token: its height is the token's surprise, −log₂ p of the chosen "
+export const EXPLAIN = gettext("Each bar is one generated token: its height is the token's surprise, −log₂ p of the chosen "
   + "token under the model's raw distribution in bits (1 bit = as unexpected as a fair coin flip), and its line is "
-  + "the step's entropy, the surprise the model expected on average before it chose.";
-const PERPLEXITY = "exp of the mean −log p: roughly how many equally likely tokens the model was choosing between";
+  + "the step's entropy, the surprise the model expected on average before it chose.");
+const PERPLEXITY = gettext("exp of the mean −log p: roughly how many equally likely tokens the model was choosing between");
 
 /** −log₂ p from a natural-log probability. */
 export function surpriseBits(logprob) {
@@ -51,13 +52,14 @@ export async function promptPerplexity(generationId, numTrailing = 0) {
 
 /** One line of hover text for a step. */
 export function cellLabel(step) {
-  return `“${tokenLabel(step.piece, step.token_bytes)}”: surprise ${fmtNum(surpriseBits(step.raw_logprob))} bits `
-    + `(p ${fmtProb(Math.exp(step.raw_logprob))}) · entropy ${fmtNum(entropyBits(step.entropy))} bits`;
+  return interpolate(gettext("“%(piece)s”: surprise %(surprise)s bits (p %(p)s) · entropy %(entropy)s bits"),
+    { piece: tokenLabel(step.piece, step.token_bytes), surprise: fmtNum(surpriseBits(step.raw_logprob)),
+      p: fmtProb(Math.exp(step.raw_logprob)), entropy: fmtNum(entropyBits(step.entropy)) });
 }
 
 /** The row of cells, one per step. */
 export function surpriseCells(steps) {
-  return h("div", { class: "strip-cells", role: "list", "aria-label": "surprise and entropy per generated token" },
+  return h("div", { class: "strip-cells", role: "list", "aria-label": gettext("surprise and entropy per generated token") },
     steps.map((step) => {
       const cell = h("span", { class: "strip-cell", role: "listitem", dataset: { step: step.index },
         title: cellLabel(step), "aria-label": cellLabel(step) },
@@ -71,15 +73,16 @@ export function surpriseCells(steps) {
 
 /** "answer perplexity 3.21 over 12 tokens" */
 export function answerSummary(steps) {
-  return h("span", { class: "answer-ppl", title: `${PERPLEXITY}, over the generated tokens (raw distribution)` },
-    "answer perplexity ", h("b", {}, fmtNum(answerPerplexity(steps))), ` over ${steps.length} token${steps.length === 1 ? "" : "s"}`);
+  return h("span", { class: "answer-ppl", title: interpolate(gettext("%(what)s, over the generated tokens (raw distribution)"), { what: PERPLEXITY }) },
+    gettext("answer perplexity"), " ", h("b", {}, fmtNum(answerPerplexity(steps))), " ",
+    interpolate(ngettext("over %(n)s token", "over %(n)s tokens", steps.length), { n: steps.length }));
 }
 
 /** The prompt's perplexity once known, with why one token has no prediction. */
 export function promptSummary({ value, numPredicted, numTokens }) {
-  return h("span", { class: "prompt-ppl", title: `${PERPLEXITY}, over the prompt's tokens, each given the ones before it` },
-    "prompt perplexity ", h("b", {}, fmtNum(value)),
-    ` over ${numPredicted} of ${numTokens} tokens (the first has nothing before it to predict it)`);
+  return h("span", { class: "prompt-ppl", title: interpolate(gettext("%(what)s, over the prompt's tokens, each given the ones before it"), { what: PERPLEXITY }) },
+    gettext("prompt perplexity"), " ", h("b", {}, fmtNum(value)), " ",
+    interpolate(gettext("over %(n)s of %(total)s tokens (the first has nothing before it to predict it)"), { n: numPredicted, total: numTokens }));
 }
 
 /**

@@ -2,7 +2,8 @@
 // the top alternatives, raw (the model's softmax) and processed (what was sampled from).
 // Owns: showing/hiding on hover, tap and keyboard; it never fetches anything.
 import { h } from "./dom.js";
-import { fmtMs, fmtNum, fmtProb, spacedHex, tokenLabel, visiblePiece } from "./format.js";
+import { fmtMs, fmtNum, fmtProb, phaseLabel, spacedHex, tokenLabel, visiblePiece } from "./format.js";
+import { gettext, interpolate } from "./i18n.js";
 
 const MAX_ROWS = 12;
 const HIDE_DELAY_MS = 180;
@@ -32,17 +33,17 @@ export function stepDetails(step) {
   return h("div", {},
     h("div", { class: "popover-head" },
       h("span", { class: "piece" }, tokenLabel(step.piece, step.token_bytes)),
-      h("span", { class: "muted small" }, `id ${step.token_id} · bytes ${spacedHex(step.token_bytes)}`)),
+      h("span", { class: "muted small" }, `id ${step.token_id} · ${interpolate(gettext("bytes %(hex)s"), { hex: spacedHex(step.token_bytes) })}`)),
     h("div", { class: "popover-meta" },
-      h("span", {}, "p ", h("b", {}, fmtProb(Math.exp(step.raw_logprob))), " raw"),
-      h("span", {}, h("b", {}, fmtProb(Math.exp(step.logprob))), " sampled"),
-      h("span", {}, "rank ", h("b", {}, step.rank)),
-      h("span", {}, "entropy ", h("b", {}, fmtNum(step.entropy)), " nats"),
-      h("span", {}, h("b", {}, fmtMs(step.latency_ms)), ` ${step.phase}`),
-      step.is_forced ? h("span", { class: "forced", title: "the model ran; the thinking budget chose this token" },
-        "forced by the thinking budget") : null),
+      h("span", {}, "p ", h("b", {}, fmtProb(Math.exp(step.raw_logprob))), " ", gettext("raw")),
+      h("span", {}, h("b", {}, fmtProb(Math.exp(step.logprob))), " ", gettext("sampled")),
+      h("span", {}, gettext("rank"), " ", h("b", {}, step.rank)),
+      h("span", {}, gettext("entropy"), " ", h("b", {}, fmtNum(step.entropy)), " nats"),
+      h("span", {}, h("b", {}, fmtMs(step.latency_ms)), ` ${phaseLabel(step.phase)}`),
+      step.is_forced ? h("span", { class: "forced", title: gettext("the model ran; the thinking budget chose this token") },
+        gettext("forced by the thinking budget")) : null),
     h("table", { class: "alt-table" },
-      h("thead", {}, h("tr", {}, h("th", {}, "#"), h("th", {}, "token"), h("th", {}, "raw"), h("th", {}, ""), h("th", {}, "sampled"))),
+      h("thead", {}, h("tr", {}, h("th", {}, "#"), h("th", {}, gettext("token")), h("th", {}, gettext("raw")), h("th", {}, ""), h("th", {}, gettext("sampled")))),
       h("tbody", {}, rows.map((r) => h("tr", { class: r.isChosen ? "chosen" : "" },
         h("td", { class: "num muted" }, r.rank),
         h("td", {}, h("span", { class: "piece" }, visiblePiece(r.piece))),

@@ -82,10 +82,11 @@ def csp_page(chromium, live_stack) -> Iterator[object]:
     yield from _new_page(chromium, live_stack, bypass_csp=False)
 
 
-def _new_page(chromium, live_stack, bypass_csp: bool) -> Iterator[object]:
+def _new_page(chromium, live_stack, bypass_csp: bool, locale: str | None = None) -> Iterator[object]:
+    """`locale` ("zh-CN"): the browser's language, sent as Accept-Language (default: en-US)."""
     live_stack.ensure_worker()
     context = chromium.new_context(
-        base_url=live_stack.base_url, viewport={"width": 1400, "height": 900}, bypass_csp=bypass_csp
+        base_url=live_stack.base_url, viewport={"width": 1400, "height": 900}, bypass_csp=bypass_csp, locale=locale
     )
     context.set_default_timeout(WAIT_MS)
     context.add_init_script(RECORD_EVENTS)

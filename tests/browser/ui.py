@@ -65,3 +65,42 @@ def fmt_prob(prob: float) -> str:
     if 0 < prob < 0.001:
         return "<0.1%"
     return f"{prob * 100:.{0 if prob >= 0.995 or prob == 0 else 1}f}%"
+
+
+def runs(page) -> list[dict[str, Any]]:
+    """Every generating command the page sent, oldest first, with the events that answered it:
+    {"command", "queued", "started", "prefilled", "steps", "finished", "error"} (None or [] when
+    absent). Matched by the command's request_id, then by its generation id."""
+    recorded = page.evaluate("() => ({sent: window.__sent, events: window.__events})")
+    by_generation: dict[int, list[dict[str, Any]]] = {}
+    queued_by_request: dict[str, dict[str, Any]] = {}
+    errors_by_request: dict[str, dict[str, Any]] = {}
+    for event in recorded["events"]:
+        if event.get("type") == "generation.queued":
+            queued_by_request[event["request_id"]] = event
+        elif event.get("type") == "error" and event.get("request_id"):
+            errors_by_request[event["request_id"]] = event
+        if "generation_id" in event:
+            by_generation.setdefault(event["generation_id"], []).append(event)
+    result = []
+    for command in recorded["sent"]:
+        if command.get("command") not in ("generate", "regenerate", "edit", "complete"):
+            continue
+        queued = queued_by_request.get(command.get("request_id"))
+        own = by_generation.get(queued["generation_id"], []) if queued else []
+
+        def first(kind: str, own: list[dict[str, Any]] = own) -> dict[str, Any] | None:
+            return next((e for e in own if e["type"] == kind), None)
+
+        result.append(
+            {
+                "command": command,
+                "queued": queued,
+                "started": first("generation.started"),
+                "prefilled": first("generation.prefilled"),
+                "steps": [step for e in own if e["type"] == "generation.tokens" for step in e["steps"]],
+                "finished": first("generation.finished"),
+                "error": first("generation.error") or errors_by_request.get(command.get("request_id")),
+            }
+        )
+    return result

@@ -12,7 +12,7 @@ from django.test import Client
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/explorer/", "/admin/login/"]
+PAGES = ["/", "/explorer/", "/learn/", "/admin/login/"]
 STAFF_PAGES = ["/admin/", "/admin/playground/samplingpreset/add/", "/admin/playground/generation/"]
 
 
