@@ -10,6 +10,7 @@ import hashlib
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
@@ -33,6 +34,13 @@ from playground.models import (
 def _pre(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
     return format_html('<pre class="pg-pre">{}</pre>', text)
+
+
+class _OptionalJsonField(forms.JSONField):
+    """An optional JSON box that is empty when unset (Django's shows None as the text "null")."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return "" if value is None else super().prepare_value(value)
 
 
 class _PlaygroundAdmin(admin.ModelAdmin):
@@ -67,6 +75,12 @@ class LanguageModelAdmin(_PlaygroundAdmin):
         ("Stopping", {"fields": ("stop_ids", "eos_token_ids")}),
         ("Test load", {"fields": ("test_load_status", "test_load_at", "test_load_report")}),
     )
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "eos_token_ids":
+            kwargs["form_class"] = _OptionalJsonField
+            kwargs["widget"] = forms.Textarea(attrs={"rows": 1, "placeholder": "empty: the model's own, e.g. [2, 7]"})
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     @admin.action(description="Test load on a worker (load time, memory, a one-line answer)")
     def test_load(self, request: HttpRequest, queryset: Any) -> None:
