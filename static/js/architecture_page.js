@@ -3,6 +3,7 @@
 // from the config. Owns: the controls, the card's tables and the KV comparison bars. No socket.
 import { getJson } from "./api.js";
 import { h, $ } from "./dom.js";
+import { fmtSi } from "./format.js";
 
 const units = ["", "K", "M", "B", "T", "P"];
 function big(n, suffix = "") {
@@ -17,6 +18,7 @@ const bytes = (n) => {
   return `${value.toFixed(unit === 0 ? 0 : 1)} ${u[unit]}`;
 };
 const exact = (n) => Number(n).toLocaleString("en-US");
+const flop = (n) => fmtSi(n, "FLOP");  // "8.48 TFLOP": a space before the unit, as in "287.8 MB"
 
 function table(title, rows) {
   return h("div", { class: "arch-block" }, h("h2", {}, title),
@@ -54,7 +56,7 @@ function render(card) {
   const s = card.shape, p = card.parameters, kv = card.kv_cache, f = card.flops, read = card.decode_bytes_read;
   const moe = s.experts > 0;
   const root = $("#arch-card");
-  root.replaceChildren(
+  root.replaceChildren(...[
     h("h2", { class: "arch-name" }, card.name, h("span", { class: "muted small" }, `  ${s.model_type}`)),
     /random weights/i.test(card.name) ? h("p", { class: "random-weights-notice" },
       "Random weights: this model has the real architecture but untrained, random parameters; its text is noise.") : null,
@@ -75,9 +77,9 @@ function render(card) {
         "attention sees only the last tokens: the cache keeps at most this many, and a longer conversation cannot be reused from the prefix cache"] : null,
     ]),
     table(`FLOPs (context ${exact(f.context)})`, [
-      ["decode, one token", big(f.decode_per_token.as_run, "FLOP"), s.is_mla ? "as transformers runs MLA: every cached latent re-expanded each step" : ""],
-      s.is_mla ? ["decode, absorbed", big(f.decode_per_token.absorbed, "FLOP"), "kv_b folded into query and output, attention over latents (DeepSeek's inference)"] : null,
-      ["prefill, per token", big(f.prefill_per_token, "FLOP"), `prefill of ${exact(f.context)} tokens: ${big(f.prefill_total, "FLOP")} (logits of the last position only, the one sampled from)`],
+      ["decode, one token", flop(f.decode_per_token.as_run), s.is_mla ? "as transformers runs MLA: every cached latent re-expanded each step" : ""],
+      s.is_mla ? ["decode, absorbed", flop(f.decode_per_token.absorbed), "kv_b folded into query and output, attention over latents (DeepSeek's inference)"] : null,
+      ["prefill, per token", flop(f.prefill_per_token), `prefill of ${exact(f.context)} tokens: ${flop(f.prefill_total)} (logits of the last position only, the one sampled from)`],
     ]),
     card.vision ? visionTable(card.vision) : null,
     table("Bytes read per decoded token (batch 1)", [
@@ -85,7 +87,7 @@ function render(card) {
       ["KV cache", bytes(read.kv_cache), `all ${exact(kv.context)} cached positions`],
       ["total", bytes(read.total), "at 3 TB/s of memory bandwidth: " + `${(3e12 / read.total).toFixed(1)} tokens/s at most`],
     ]),
-  );
+  ].filter(Boolean));  // replaceChildren would write an absent part as the text "null"
 }
 
 function showError(message) {
@@ -94,6 +96,8 @@ function showError(message) {
   el.textContent = message || "";
 }
 
+let latest = 0;  // the newest request: an older answer arriving late is dropped, so each change renders once
+
 async function refresh() {
   const choice = $("#arch-model").value;
   if (!choice) return;
@@ -101,12 +105,21 @@ async function refresh() {
   if ($("#arch-dtype").value) params.set("dtype", $("#arch-dtype").value);
   const [kind, id] = choice.split(":");
   const path = kind === "model" ? `/api/models/${id}/architecture/` : `/api/architectures/${id}/`;
+  const ticket = ++latest;
+  const card = $("#arch-card");
+  card.setAttribute("aria-busy", "true");
   try {
-    render(await getJson(`${path}?${params}`));
+    const result = await getJson(`${path}?${params}`);
+    if (ticket !== latest) return;
+    render(result);
     showError("");
   } catch (err) {
+    if (ticket !== latest) return;
     showError(err.message);
   }
+  // What the card on screen shows, for anyone waiting for it to settle (the browser tests).
+  card.dataset.shows = `${choice}?${params}`;
+  card.removeAttribute("aria-busy");
 }
 
 async function init() {
@@ -118,6 +131,8 @@ async function init() {
     h("optgroup", { label: "Registered models" }, models.map((m) => h("option", { value: `model:${m.id}` }, m.name))),
     h("optgroup", { label: "Real configs (no weights)" }, references.map((r) => h("option", { value: `ref:${r.key}` }, r.name))),
   );
+  const fallback = models.find((m) => m.is_default) ?? models[0];
+  if (fallback) select.value = `model:${fallback.id}`;
   const wanted = new URLSearchParams(location.search).get("model");
   if (wanted && [...select.options].some((o) => o.value === wanted)) select.value = wanted;
   for (const id of ["#arch-model", "#arch-context", "#arch-dtype"]) $(id).addEventListener("change", refresh);
