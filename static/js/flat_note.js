@@ -15,7 +15,7 @@ export function flatNote(step, processed) {
   if (!isFlat(step)) return null;
   const top = step.top_raw[0];
   const shown = step.top_raw.slice(0, NUM_SHOWN);
-  const others = 1 - (processed.get(top.token_id) ?? 0);
+  const others = processed.isPending ? null : 1 - (processed.get(top.token_id) ?? 0);
   const piece = (alt) => h("span", { class: "piece" }, `“${visiblePiece(alt.piece)}”`);
   return h("div", { class: "dist-note", id: "ex-flat-note", role: "note" },
     h("b", {}, "A flat distribution. "),
@@ -24,7 +24,7 @@ export function flatNote(step, processed) {
       fmtProb(alt.prob))]),
     ` (entropy ${fmtNum(step.entropy)} nats, like a choice between ${fmtNum(Math.exp(step.entropy), 1)} equally likely tokens). `,
     "Sampling from it picks something other than ", piece(top), " ",
-    h("b", { class: "note-others" }, fmtProb(others)), processed.isExact ? "" : " (≈)", " of the time with these settings, ",
+    h("b", { class: "note-others" }, others === null ? "…" : fmtProb(others)), " of the time with these settings, ",
     "and the first tokens steer the rest: a start the model rarely takes can lead into another language or a garbled answer. ",
     "Greedy decoding or a lower temperature (which sharpens the distribution) avoids the rare starts.");
 }

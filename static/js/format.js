@@ -24,13 +24,18 @@ export function fmtNum(value, digits = 2) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 }
 
-/** "2054686520" -> "20 54 68 65" */
+/** "1 step", "3 steps": a count with its noun (plural: `plural`, else the noun + "s"). */
+export function count(n, noun, plural = `${noun}s`) {
+  return `${n.toLocaleString()} ${n === 1 ? noun : plural}`;
+}
+
 /** How a sampling slider shows its value ("off" where the setting does nothing). */
 export const SETTING_FORMATS = {
   temperature: (v) => (v === 0 ? "0 · greedy" : v.toFixed(2)),
   top_k: (v) => (v === 0 ? "off" : String(v)),
   top_p: (v) => (v >= 1 ? "off" : v.toFixed(2)),
   min_p: (v) => (v === 0 ? "off" : v.toFixed(2)),
+  repetition_penalty: (v) => (v === 1 ? "off" : v.toFixed(2)),
 };
 
 /** A KL divergence in nats; null is infinite (JSON has no Infinity). */
@@ -38,6 +43,7 @@ export function fmtKl(kl) {
   return kl === null || kl === undefined ? "∞" : kl.toFixed(4);
 }
 
+/** "2054686520" -> "20 54 68 65" */
 export function spacedHex(hex) {
   return (hex || "").replace(/(..)(?!$)/g, "$1 ");
 }

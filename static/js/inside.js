@@ -61,6 +61,11 @@ export function createInside({ root, getTarget, onBranch, onExact }) {
 
   function remember(target, result) {
     const last = result.stages[result.stages.length - 1];
+    if (result.is_greedy) {  // greedy draws nothing: all of the probability on the top token (sampling.js asDrawn)
+      exact.set(key(target), Object.assign(new Map([[result.final_token_id, 1]]), { below: 0 }));
+      onExact?.();
+      return;
+    }
     // Only the top tokens come back: a token not among them has less than the smallest (0 if
     // every kept token came back, i.e. it was filtered).
     const probs = new Map(last.top.map((t) => [t.token_id, t.prob]));
@@ -118,12 +123,17 @@ function tiesNote(stage) {
     ? `${stage.num_kept - stage.setting} more than k: they tie with the k-th score, and top-k keeps ties` : "";
 }
 
+/** A stage's setting as the sliders write it: "top-k 10", "temperature 0.7", "top-p 0.95". */
+function stageSetting(stage) {
+  return stage.name === "top_k" ? String(Math.round(stage.setting)) : String(Number(stage.setting.toFixed(4)));
+}
+
 function renderWaterfall(r) {
   const rows = r.stages.map((s) => {
     const sampled = s.sampled ? (s.sampled.is_kept ? `${fmtProb(s.sampled.prob)} · rank ${s.sampled.rank}` : "removed") : "";
     const removed = s.name === "raw" ? "" : s.num_removed ? `−${s.num_removed} tokens · ${fmtProb(s.removed_mass)} of the mass` : "nothing removed";
     return h("tr", { dataset: { stage: s.name } },
-      h("td", {}, STAGE_LABEL[s.name] ?? s.name, s.setting === null ? "" : ` ${fmtNum(s.setting)}`),
+      h("td", {}, STAGE_LABEL[s.name] ?? s.name, s.setting === null ? "" : ` ${stageSetting(s)}`),
       h("td", { class: "num", title: tiesNote(s) }, s.num_kept.toLocaleString(), tiesNote(s) ? " *" : ""),
       h("td", { class: "small" }, removed),
       h("td", { class: "num" }, fmtNum(s.entropy)),
@@ -142,7 +152,8 @@ function renderWhatIf(r, target, onBranch) {
   const d = r.diverged_at;
   const summary = d === null
     ? `Seed ${r.seed}: these settings draw the same ${r.num_steps} tokens.`
-    : `Seed ${r.seed}: same tokens up to step ${d}; there these settings draw “${visiblePiece(r.steps[d].piece)}” instead of “${visiblePiece(r.steps[d].original_piece)}”.`;
+    : `Seed ${r.seed}: ${d === 0 ? "the very first token differs" : `same tokens up to step ${d - 1}`}; at step ${d} `
+      + `these settings draw “${visiblePiece(r.steps[d].piece)}” instead of “${visiblePiece(r.steps[d].original_piece)}”.`;
   const rows = r.steps.map((s) => h("tr", { class: s.token_id !== s.original_token_id ? "diverged" : "", dataset: { step: s.index, tokenId: s.token_id } },
     h("td", { class: "num" }, s.index), h("td", {}, piece(s.original_piece)),
     h("td", { class: "num" }, fmtProb(s.original_prob)), h("td", {}, piece(s.piece)), h("td", { class: "num" }, fmtProb(s.prob)),
@@ -173,7 +184,7 @@ function renderLens(r, chooseLayer) {
   const lens = h("table", { class: "inside-table", id: "lens-table" },
     h("thead", {}, h("tr", {}, h("th", {}, "hidden state"), h("th", {}, "entropy"), h("th", {}, "top predictions"))), h("tbody", {}, ...rows));
   const att = r.attention;
-  const select = h("select", { class: "select small", id: "lens-layer", onchange: (ev) => chooseLayer(Number(ev.target.value)) },
+  const select = h("select", { class: "select small inline", id: "lens-layer", onchange: (ev) => chooseLayer(Number(ev.target.value)) },
     ...Array.from({ length: r.num_layers }, (_, i) => h("option", { value: i, selected: i === att.layer }, `layer ${i + 1}`)));
   const grid = h("table", { class: "attention-grid", id: "attention-grid" },
     h("thead", {}, h("tr", {}, h("th", {}, "head"), ...r.context.map((c) => h("th", { class: "tok" }, visiblePiece(c.piece))))),
