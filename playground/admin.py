@@ -10,6 +10,7 @@ import hashlib
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
@@ -40,6 +41,13 @@ DJANGO_ADMIN_TEXTS = (gettext_noop("Model name"), gettext_noop("Add link"), gett
 def _pre(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
     return format_html('<pre class="pg-pre">{}</pre>', text)
+
+
+class _OptionalJsonField(forms.JSONField):
+    """An optional JSON box that is empty when unset (Django's shows None as the text "null")."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return "" if value is None else super().prepare_value(value)
 
 
 class _PlaygroundAdmin(admin.ModelAdmin):
@@ -74,6 +82,14 @@ class LanguageModelAdmin(_PlaygroundAdmin):
         (_("Stopping"), {"fields": ("stop_ids", "eos_token_ids")}),
         (_("Test load"), {"fields": ("test_load_status", "test_load_at", "test_load_report")}),
     )
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "eos_token_ids":
+            kwargs["form_class"] = _OptionalJsonField
+            kwargs["widget"] = forms.Textarea(
+                attrs={"rows": 1, "placeholder": gettext("empty: the model's own, e.g. [2, 7]")}
+            )
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     @admin.action(description=_("Test load on a worker (load time, memory, a one-line answer)"))
     def test_load(self, request: HttpRequest, queryset: Any) -> None:

@@ -109,10 +109,12 @@ def generation_attached(
     text: str,
     steps: list[dict[str, Any]],
     segments: list[dict[str, Any]],
+    params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Answer to `attach` (a reloaded page following a generation it started before): what the
-    worker saved so far (text and steps, about once a second); later steps follow as usual and
-    may repeat saved ones (the page keeps each step index once)."""
+    """Answer to `attach` (a reloaded page following a generation it started before): the text
+    and every step published so far (the saved row and the steps published since,
+    coord/recent_steps.py), and the sampling `params`; later steps follow as usual and may
+    repeat these (the page keeps each step index once)."""
     return {
         "type": "generation.attached",
         "request_id": request_id,
@@ -121,6 +123,7 @@ def generation_attached(
         "text": text,
         "steps": steps,
         "segments": segments,
+        "params": params or {},
     }
 
 
@@ -309,6 +312,11 @@ def serving_step(worker: str, step: dict[str, Any], num_skipped: int) -> dict[st
     """One engine step of a worker's continuous batch (`inference.engine_core.BatchStep.to_dict()`,
     request ids mapped to generation ids); `num_skipped` steps since the last one were not sent."""
     return {"type": "serving.step", "worker": worker, "step": step, "num_skipped": num_skipped}
+
+
+def serving_workers(workers: list[str]) -> dict[str, Any]:
+    """The worker processes alive when the serving page connected (an idle one sends no steps)."""
+    return {"type": "serving.workers", "workers": workers}
 
 
 def group_name(generation_id: int) -> str:

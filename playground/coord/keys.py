@@ -57,6 +57,12 @@ def api_turn(generation_id: int | str) -> str:
     return f"{PREFIX}generation:{generation_id}:api-turn"
 
 
+def recent_steps(generation_id: int | str) -> str:
+    """The steps a running generation published since its row was last saved (a sorted set by
+    step index): written by its worker, read by the web side when a page re-attaches."""
+    return f"{PREFIX}generation:{generation_id}:recent-steps"
+
+
 def cancel_requested(generation_id: int | str) -> str:
     """Set by the web side when a user stops a generation; the worker reads it every step."""
     return f"{PREFIX}cancel:{generation_id}"

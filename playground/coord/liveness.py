@@ -120,6 +120,13 @@ def start_queue_heartbeat(worker_name: str, queues: Iterable[str]) -> Heartbeat 
     return beat
 
 
+def alive_workers() -> list[str]:
+    """The names of the worker processes beating now (busy or idle), sorted."""
+    prefix = worker_routing.alive_key("")
+    names = store.client().scan_iter(match=worker_routing.alive_key("*"), count=100)
+    return sorted(name.decode().removeprefix(prefix) for name in names)
+
+
 def queue_has_consumer(queue: str) -> bool:
     """Whether some worker consuming `queue` was alive in the last QUEUE_SEEN_TTL_S seconds."""
     return next(store.client().scan_iter(match=keys.queue_consumer(queue, "*"), count=1000), None) is not None

@@ -151,6 +151,7 @@ def generation_json(generation: Generation) -> dict[str, Any]:
 @endpoint("GET")
 def model_list(request: HttpRequest) -> HttpResponse:
     # imported here: model_template reads files through architecture, which imports this module
+    from playground.web.architecture import accepts_images
     from playground.web.model_template import model_default_system_prompt
 
     rows = LanguageModel.objects.select_related("default_chat_template").filter(is_enabled=True)
@@ -162,6 +163,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
                 "is_default": m.is_default,
                 "max_context": m.max_context,
                 "default_system_prompt": model_default_system_prompt(m),
+                "accepts_images": accepts_images(m),
             }
             for m in rows
         ],

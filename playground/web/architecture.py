@@ -80,6 +80,26 @@ def model_config(model: LanguageModel) -> dict[str, Any]:
         raise CommandError("model_unavailable", f"{path} is not valid JSON: {exc}") from exc
 
 
+def accepts_images(model: LanguageModel) -> bool | None:
+    """Whether `model` takes images, from its config.json as this host sees it, by the loader's
+    rule (`inference.vision.encoder.VisionSpec.of`): a `vision_config` and an `image_token_id`.
+    A .gguf source is a text model (its conversion loads text models only). None when this host
+    cannot read the config: the worker then decides (`images_not_supported`)."""
+    source = model.to_engine_config().source
+    if source.lower().endswith(".gguf"):
+        return False
+    path = config_path(source)
+    if path is None or not path.is_file() or path.stat().st_size > _CONFIG_BYTES:
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    return isinstance(config.get("vision_config"), dict) and config.get("image_token_id") is not None
+
+
 def _card(config: dict[str, Any], name: str, query: dict[str, Any]) -> dict[str, Any]:
     try:
         return arch.card(config, name=name, **query)
@@ -90,7 +110,9 @@ def _card(config: dict[str, Any], name: str, query: dict[str, Any]) -> dict[str,
 @endpoint("GET")
 def architecture_list(request: HttpRequest) -> HttpResponse:
     """The cards there are: each enabled model and each reference config."""
-    models = [{"id": m.pk, "name": m.name} for m in LanguageModel.objects.filter(is_enabled=True)]
+    models = [
+        {"id": m.pk, "name": m.name, "is_default": m.is_default} for m in LanguageModel.objects.filter(is_enabled=True)
+    ]
     references = [{"key": key, "name": name} for key, name in arch.REFERENCE_MODELS.items()]
     return JsonResponse({"models": models, "references": references})
 

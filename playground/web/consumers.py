@@ -20,7 +20,7 @@ from django.utils.translation import gettext
 
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
 from playground import dispatch, protocol
-from playground.coord import liveness
+from playground.coord import liveness, recent_steps
 from playground.models import Generation
 from playground.protocol import CommandError, get_field
 from playground.web import frames, language, submit
@@ -125,13 +125,16 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
             await self._deliver(await database_sync_to_async(ended.terminal_event)())
 
     async def _attach(self, content: dict[str, Any], request_id: str | None) -> None:
-        """Follows a generation this session started on another socket (a reload): what was
-        saved so far, then its live events, then its one terminal event."""
+        """Follows a generation this session started on another socket (a reload): every step
+        so far, then its live events, then its one terminal event."""
         generation = await database_sync_to_async(submit.attach)(self.session_key, content)
         if generation.is_active and generation.pk not in self.watchdogs:
-            await self._follow(generation.pk)  # before the snapshot: nothing between is missed
-            generation = await database_sync_to_async(submit.attach)(self.session_key, content)
-        await self.send_json(await database_sync_to_async(_attached_event)(generation, request_id))
+            await self._follow(generation.pk)  # first: every step published from now on comes live
+        # Then the steps published since the row's last save, then the row (the worker saves
+        # before it trims that tail): together they reach the live ones (coord/recent_steps.py).
+        tail = await database_sync_to_async(recent_steps.read)(generation.pk)
+        generation = await database_sync_to_async(submit.attach)(self.session_key, content)
+        await self.send_json(await database_sync_to_async(_attached_event)(generation, tail, request_id))
         if not generation.is_active:
             if generation.pk not in self.watchdogs:
                 await self._follow(generation.pk)
@@ -184,13 +187,15 @@ def _is_active(generation_id: int) -> bool:
     return Generation.objects.filter(pk=generation_id, status__in=Generation.ACTIVE_STATUSES).exists()
 
 
-def _attached_event(generation: Generation, request_id: str | None) -> dict[str, Any]:
+def _attached_event(generation: Generation, tail: list[dict[str, Any]], request_id: str | None) -> dict[str, Any]:
+    text, steps = recent_steps.merged(generation.text, list(generation.steps), tail)
     starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)
     return protocol.generation_attached(
         request_id,
         generation.pk,
         generation.status,
-        generation.text,
-        list(generation.steps),
-        segments_for_browser(generation.text, starts_in_reasoning=starts_in_reasoning),
+        text,
+        steps,
+        segments_for_browser(text, starts_in_reasoning=starts_in_reasoning),
+        generation.params,
     )

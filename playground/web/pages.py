@@ -8,6 +8,7 @@ comes from the JSON API and the `/ws/generate/` socket (docs/protocol.md), so th
 must not know models, conversations or the engine.
 """
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
@@ -33,7 +34,9 @@ def explorer_ab(request: HttpRequest) -> HttpResponse:
 
 def serving(request: HttpRequest) -> HttpResponse:
     """Continuous batching, live: every worker's steps from the `/ws/serving/` socket."""
-    return render(request, "serving.html", {"page": "serving"})
+    # the page says how many generations one browser may run at once (a third tab is refused)
+    context = {"page": "serving", "max_concurrent": settings.PLAYGROUND_MAX_CONCURRENT_PER_CLIENT}
+    return render(request, "serving.html", context)
 
 
 def architecture(request: HttpRequest) -> HttpResponse:

@@ -1,23 +1,28 @@
 """The serving view's WebSocket (`/ws/serving/`): every worker's continuous-batching steps, live.
 
-Owns: joining the `serving` group and forwarding its `serving.step` messages (the workers
-publish them, throttled, from `playground.worker.serving_view`). Read-only: the socket takes
-no commands, so any message gets a stable error and changes nothing. Must not import torch.
+Owns: saying which workers are alive when the page connects (`serving.workers`: an idle worker
+runs no steps, so the page would not know it is there), joining the `serving` group and
+forwarding its `serving.step` messages (the workers publish them, throttled, from
+`playground.worker.serving_view`). Read-only: the socket takes no commands, so any message gets
+a stable error and changes nothing. Must not import torch.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from playground import protocol
+from playground.coord import liveness
 
 
 class ServingConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         await self.channel_layer.group_add(protocol.SERVING_GROUP, self.channel_name)
         await self.accept()
+        await self.send_json(protocol.serving_workers(await database_sync_to_async(liveness.alive_workers)()))
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(protocol.SERVING_GROUP, self.channel_name)

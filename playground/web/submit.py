@@ -127,6 +127,28 @@ def _choices(
     return model, preset, params
 
 
+def _check_images(
+    model: LanguageModel,
+    images: list[dict[str, Any]] | None,
+    conversation: Conversation | None = None,
+    before_position: int | None = None,
+) -> None:
+    """A text-only model is refused images (the new ones, or earlier messages' in a chat)
+    before anything is written: the worker would fail the generation after the rows exist."""
+    from playground.web.architecture import accepts_images  # it imports web.api, which imports this module
+
+    has_images = bool(images)
+    if not has_images and conversation is not None and conversation.pk is not None:
+        earlier = conversation.active_messages().filter(images__0__isnull=False)
+        if before_position is not None:
+            earlier = earlier.filter(position__lt=before_position)
+        has_images = earlier.exists()
+    if has_images and accepts_images(model) is False:
+        where = "this message has" if images else "the conversation has"
+        message = f"model {model.name!r} takes no images ({where} some): choose a vision-language model"
+        raise CommandError("images_not_supported", message)
+
+
 def _text(content: dict[str, Any], name: str) -> str:
     text = get_field(content, name, str, required=True)
     if not text.strip():
@@ -205,6 +227,7 @@ def generate(session_key: str, content: dict[str, Any]) -> Queued:
         if system_prompt is not None:
             conversation.system_prompt = system_prompt
         model, preset, params = _choices(content, conversation)
+        _check_images(model, images, conversation)
         _check_chars(conversation, None, conversation.system_prompt, text)
         if conversation.pk is None:  # a new conversation remembers what it started with
             conversation.model, conversation.preset = model, preset
@@ -225,6 +248,7 @@ def regenerate(session_key: str, content: dict[str, Any]) -> Queued:
         old_answer = _active_message(session_key, content, Message.Role.ASSISTANT)
         conversation = old_answer.conversation
         model, _, params = _choices(content, conversation, is_regenerate=True)
+        _check_images(model, None, conversation, old_answer.position)
         _check_chars(conversation, old_answer.position, conversation.system_prompt)
         _supersede(conversation, old_answer.position)
         limits.check_concurrency(session_key)
@@ -240,6 +264,7 @@ def edit(session_key: str, content: dict[str, Any]) -> Queued:
         old_question = _active_message(session_key, content, Message.Role.USER)
         conversation = old_question.conversation
         model, _, params = _choices(content, conversation)
+        _check_images(model, old_question.images if images is None else images, conversation, old_question.position)
         _check_chars(conversation, old_question.position, conversation.system_prompt, text)
         _supersede(conversation, old_question.position)
         user_message = Message.objects.create(
@@ -263,6 +288,7 @@ def complete(session_key: str, content: dict[str, Any]) -> Queued:
     images = parse_images(content)
     limits.check_prompt_chars(len(text))
     model, _, params = _choices(content)
+    _check_images(model, images)
     with transaction.atomic():
         limits.check_concurrency(session_key)
         return _queue_completion(session_key, model, params, text, token_ids, is_chat, images)

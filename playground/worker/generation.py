@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import redis
 from django.conf import settings
 from django.utils import timezone
 
@@ -22,7 +23,7 @@ from inference.sampling_params import SamplingParams
 from inference.text.prompt import Prompt, PromptError
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
 from playground import limits, protocol
-from playground.coord import cancel, liveness, store, worker_routing
+from playground.coord import cancel, liveness, recent_steps, store, worker_routing
 from playground.images import prompt_images
 from playground.models import Generation, LanguageModel, Message
 from playground.protocol import CommandError
@@ -305,6 +306,12 @@ class GenerationRun:
             self._save_answer(self.text)
 
     def _send_steps(self, steps: list[dict[str, Any]]) -> None:
+        # Kept before they are published: a page re-attaching in between reads them there
+        # (coord/recent_steps.py); the row has them after the next save.
+        try:
+            recent_steps.append(self.generation.pk, steps)
+        except redis.RedisError:
+            logger.warning("generation %s: the recent steps could not be kept", self.generation.pk, exc_info=True)
         segments = None if self.is_beam_search else self._segments(self.text)
         self.send(protocol.generation_steps(self.generation.pk, steps, is_beam=self.is_beam_search, segments=segments))
 
@@ -343,6 +350,10 @@ class GenerationRun:
         except Exception:
             logger.exception("generation %s: could not save its outcome", generation_id)
         try:
+            recent_steps.delete(generation_id)  # the row holds every step now
+        except redis.RedisError:
+            logger.warning("generation %s: its recent steps expire on their own", generation_id, exc_info=True)
+        try:
             self.send(event)
         except Exception:
             logger.exception("generation %s: could not send its terminal event", generation_id)
@@ -379,9 +390,18 @@ class GenerationRun:
         }
 
     def _save(self, **fields: Any) -> None:
-        """Updates the row while it is still running: a watchdog that declared it lost wins."""
-        Generation.objects.filter(pk=self.generation.pk, status=Generation.Status.RUNNING).update(**fields)
+        """Updates the row while it is still running: a watchdog that declared it lost wins.
+        Saved steps leave the recent-steps tail (after the save: a reader in between finds them
+        in one or the other)."""
+        num_updated = Generation.objects.filter(pk=self.generation.pk, status=Generation.Status.RUNNING).update(
+            **fields
+        )
         self.saved_at = time.monotonic()
+        if num_updated and "steps" in fields:
+            try:
+                recent_steps.trim_saved(self.generation.pk, len(fields["steps"]))
+            except redis.RedisError:
+                logger.warning("generation %s: the recent steps were not trimmed", self.generation.pk, exc_info=True)
 
     def _save_answer(self, text: str) -> None:
         if self.answer_id is not None:

@@ -3,6 +3,7 @@
 // from the config. Owns: the controls, the card's tables and the KV comparison bars. No socket.
 import { getJson } from "./api.js";
 import { h, $ } from "./dom.js";
+import { fmtSi } from "./format.js";
 import { gettext, interpolate } from "./i18n.js";
 
 const units = ["", "K", "M", "B", "T", "P"];
@@ -18,6 +19,7 @@ const bytes = (n) => {
   return `${value.toFixed(unit === 0 ? 0 : 1)} ${u[unit]}`;
 };
 const exact = (n) => Number(n).toLocaleString("en-US");
+const flop = (n) => fmtSi(n, "FLOP");  // "8.48 TFLOP": a space before the unit, as in "287.8 MB"
 
 function table(title, rows) {
   return h("div", { class: "arch-block" }, h("h2", {}, title),
@@ -58,7 +60,7 @@ function render(card) {
   const s = card.shape, p = card.parameters, kv = card.kv_cache, f = card.flops, read = card.decode_bytes_read;
   const moe = s.experts > 0;
   const root = $("#arch-card");
-  root.replaceChildren(
+  root.replaceChildren(...[
     h("h2", { class: "arch-name" }, card.name, h("span", { class: "muted small" }, `  ${s.model_type}`)),
     /random weights/i.test(card.name) ? h("p", { class: "random-weights-notice" },
       gettext("Random weights: this model has the real architecture but untrained, random parameters; its text is noise.")) : null,
@@ -82,11 +84,10 @@ function render(card) {
       kv.sliding_window ? [gettext("sliding window"), interpolate(gettext("%(n)s tokens"), { n: exact(kv.sliding_window) }),
         gettext("attention sees only the last tokens: the cache keeps at most this many, and a longer conversation cannot be reused from the prefix cache")] : null,
     ]),
-    table(interpolate(gettext("FLOPs (context %(n)s)"), { n: exact(f.context) }), [
-      [gettext("decode, one token"), big(f.decode_per_token.as_run, "FLOP"), s.is_mla ? gettext("as transformers runs MLA: every cached latent re-expanded each step") : ""],
-      s.is_mla ? [gettext("decode, absorbed"), big(f.decode_per_token.absorbed, "FLOP"), gettext("kv_b folded into query and output, attention over latents (DeepSeek's inference)")] : null,
-      [gettext("prefill, per token"), big(f.prefill_per_token, "FLOP"), interpolate(gettext("prefill of %(n)s tokens: %(flops)s (logits of the last position only, the one sampled from)"),
-        { n: exact(f.context), flops: big(f.prefill_total, "FLOP") })],
+    table(`FLOPs (context ${exact(f.context)})`, [
+      ["decode, one token", flop(f.decode_per_token.as_run), s.is_mla ? "as transformers runs MLA: every cached latent re-expanded each step" : ""],
+      s.is_mla ? ["decode, absorbed", flop(f.decode_per_token.absorbed), "kv_b folded into query and output, attention over latents (DeepSeek's inference)"] : null,
+      ["prefill, per token", flop(f.prefill_per_token), `prefill of ${exact(f.context)} tokens: ${flop(f.prefill_total)} (logits of the last position only, the one sampled from)`],
     ]),
     card.vision ? visionTable(card.vision) : null,
     table(gettext("Bytes read per decoded token (batch 1)"), [
@@ -94,7 +95,7 @@ function render(card) {
       [gettext("KV cache"), bytes(read.kv_cache), interpolate(gettext("all %(n)s cached positions"), { n: exact(kv.context) })],
       [gettext("total"), bytes(read.total), interpolate(gettext("at 3 TB/s of memory bandwidth: %(n)s tokens/s at most"), { n: (3e12 / read.total).toFixed(1) })],
     ]),
-  );
+  ].filter(Boolean));  // replaceChildren would write an absent part as the text "null"
 }
 
 function showError(message) {
@@ -103,6 +104,8 @@ function showError(message) {
   el.textContent = message || "";
 }
 
+let latest = 0;  // the newest request: an older answer arriving late is dropped, so each change renders once
+
 async function refresh() {
   const choice = $("#arch-model").value;
   if (!choice) return;
@@ -110,12 +113,21 @@ async function refresh() {
   if ($("#arch-dtype").value) params.set("dtype", $("#arch-dtype").value);
   const [kind, id] = choice.split(":");
   const path = kind === "model" ? `/api/models/${id}/architecture/` : `/api/architectures/${id}/`;
+  const ticket = ++latest;
+  const card = $("#arch-card");
+  card.setAttribute("aria-busy", "true");
   try {
-    render(await getJson(`${path}?${params}`));
+    const result = await getJson(`${path}?${params}`);
+    if (ticket !== latest) return;
+    render(result);
     showError("");
   } catch (err) {
+    if (ticket !== latest) return;
     showError(err.message);
   }
+  // What the card on screen shows, for anyone waiting for it to settle (the browser tests).
+  card.dataset.shows = `${choice}?${params}`;
+  card.removeAttribute("aria-busy");
 }
 
 async function init() {
@@ -127,6 +139,8 @@ async function init() {
     h("optgroup", { label: gettext("Registered models") }, models.map((m) => h("option", { value: `model:${m.id}` }, m.name))),
     h("optgroup", { label: gettext("Real configs (no weights)") }, references.map((r) => h("option", { value: `ref:${r.key}` }, r.name))),
   );
+  const fallback = models.find((m) => m.is_default) ?? models[0];
+  if (fallback) select.value = `model:${fallback.id}`;
   const wanted = new URLSearchParams(location.search).get("model");
   if (wanted && [...select.options].some((o) => o.value === wanted)) select.value = wanted;
   for (const id of ["#arch-model", "#arch-context", "#arch-dtype"]) $(id).addEventListener("change", refresh);

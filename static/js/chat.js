@@ -5,13 +5,15 @@
 import { api, getJson } from "./api.js";
 import { beamAnswerSteps, beamTokenDetails, setRecordedSteps } from "./chat_beams.js";
 import { ChatSettings, OverrideError } from "./chat_settings.js";
-import { newAssistantMessage, renderMessage, scheduleUpdate, stepAt, streamedText, updateAssistant } from "./chat_messages.js";
+import { isMissingSteps, mergeSteps, newAssistantMessage, renderMessage, scheduleUpdate, stepAt, streamedText,
+  updateAssistant } from "./chat_messages.js";
 import { ConversationList } from "./conversations.js";
 import { $, h, wirePanelToggles } from "./dom.js";
 import { errorText } from "./format.js";
 import { renderIcons } from "./icons.js";
 import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
+import { asDrawn } from "./sampling.js";
 import { promptPerplexity } from "./surprise.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { TokenPopover, stepDetails } from "./token_popover.js";
@@ -32,7 +34,7 @@ const attachments = new ImageAttachments({ form: $("#composer"), input, tray: $(
 const messagesEl = $("#messages");
 const messagesInner = $("#messages-inner");
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
-const settings = new ChatSettings(saveConversationSetting);
+const settings = new ChatSettings(saveConversationSetting, (model) => attachments.setModel(model));
 const conversations = new ConversationList($("#conv-list"), {
   onSelect: (id) => openConversation(id),
   onRenamed: (conv) => { if (state.conversation?.id === conv.id) setTitle(conv.title); },
@@ -41,7 +43,8 @@ const conversations = new ConversationList($("#conv-list"), {
 });
 new TokenPopover(messagesEl, (tok) => {
   const message = state.messages.find((m) => m.el?.contains(tok));
-  return message ? stepAt(message.steps, Number(tok.dataset.step)) : null;
+  // greedy's "sampled" column is all on the token it took (sampling.js asDrawn)
+  return message ? asDrawn(stepAt(message.steps, Number(tok.dataset.step)), message.params) : null;
 }, (step) => (step.isBeam ? beamTokenDetails(step) : stepDetails(step)));
 
 const actions = {
@@ -142,10 +145,12 @@ function resumeGeneration(answer) {
 
 /** The event handlers that fill one streaming answer (a new generation or a re-attached one). */
 function answerHandlers(answer, { onQueued = () => {}, onRefused }) {
-  const lastIndex = (steps) => steps.at(-1)?.index ?? -1;
   return {
     onAttached(event) {
-      setRecordedSteps(answer, event.steps, null);
+      // Every step so far (docs/protocol.md, attach); steps that came live already are kept once.
+      answer.params = event.params ?? answer.params;
+      const known = answer.beamSteps.length ? answer.beamSteps : answer.steps;
+      setRecordedSteps(answer, mergeSteps(known, event.steps), null);
       answer.segments = event.segments;
       scheduleUpdate(answer);
     },
@@ -156,6 +161,7 @@ function answerHandlers(answer, { onQueued = () => {}, onRefused }) {
     },
     onStarted(event) {
       answer.prompt = event.prompt;
+      answer.params = event.params ?? answer.params;
       answer.modelName = event.model?.name ?? event.model ?? answer.modelName;
       scheduleUpdate(answer);
     },
@@ -174,14 +180,14 @@ function answerHandlers(answer, { onQueued = () => {}, onRefused }) {
     },
     onTokens(event) {
       const isAtBottom = nearBottom();
-      // A re-attached page may get again a step it had from the saved snapshot: keep each index once.
-      answer.steps.push(...event.steps.filter((s) => s.index > lastIndex(answer.steps)));
+      // A re-attached page may get again a step it had from the snapshot: keep each index once.
+      answer.steps = mergeSteps(answer.steps, event.steps);
       if (event.segments) answer.segments = event.segments;
       scheduleUpdate(answer);
       if (isAtBottom) requestAnimationFrame(scrollToBottom);
     },
     onBeams(event) {
-      answer.beamSteps.push(...event.steps.filter((s) => s.index > lastIndex(answer.beamSteps)));
+      answer.beamSteps = mergeSteps(answer.beamSteps, event.steps);
       scheduleUpdate(answer);
     },
     onFinished(event) {
@@ -191,6 +197,8 @@ function answerHandlers(answer, { onQueued = () => {}, onRefused }) {
       updateAssistant(answer);
       setBusy(false);
       conversations.refresh();
+      // The saved record has every step: the strip and the token cards then count them all.
+      if (isMissingSteps(answer)) loadSteps(answer);
     },
     onError(error) {
       setBusy(false);
@@ -265,11 +273,18 @@ async function saveConversationSetting(patch) {
 
 /** Historic messages load their steps (and prompt) on first hover. */
 async function ensureSteps(answer) {
-  if (answer.steps.length || answer.prompt || !answer.generation_id || answer.isStreaming || answer.isLoading) return;
+  if (answer.steps.length || answer.prompt || !answer.generation_id || answer.isStreaming) return;
+  await loadSteps(answer);
+}
+
+/** The generation's saved record: its steps, prompt and sampling params. */
+async function loadSteps(answer) {
+  if (answer.isLoading) return;
   answer.isLoading = true;
   try {
     const generation = await getJson(`/api/generations/${answer.generation_id}/`);
-    answer.prompt = generation.prompt;
+    answer.prompt = answer.prompt ?? generation.prompt;
+    answer.params = answer.params ?? generation.params;
     answer.stats = answer.stats ?? generation.stats;
     setRecordedSteps(answer, generation.steps || [], answer.stats);
     updateAssistant(answer);

@@ -1,7 +1,9 @@
 // One chat message on screen. Owns: the DOM of user and assistant messages, streaming
-// updates, per-message stats (and how it was served, drawn by serving.js; a beam search's
-// beams by chat_beams.js) and the in-place editor. State changes (sending, stopping) belong to chat.js, which passes the `actions`
-// callbacks in.
+// updates, an answer's compact line (its numbers, finish reason, Regenerate / Copy / Prompt
+// and the Details switch) and its details (the surprise strip, every stat, how it was served,
+// drawn by serving.js, the step exports; a beam search's beams by chat_beams.js), and the
+// in-place editor. State changes (sending, stopping) belong to chat.js, which passes the
+// `actions` callbacks in.
 import { beamsPanel } from "./chat_beams.js";
 import { h } from "./dom.js";
 import { errorText, finishReasonLabel, fmtMs, fmtNum } from "./format.js";
@@ -9,7 +11,7 @@ import { icon } from "./icons.js";
 import { thumbnails } from "./image_attach.js";
 import { charTokensFromSteps, renderAnswer } from "./markdown.js";
 import { reasoningNotes } from "./reasoning_stats.js";
-import { servingView } from "./serving.js";
+import { isDisaggregated, servingView } from "./serving.js";
 import { promptSummary, surpriseStrip } from "./surprise.js";
 import { gettext, interpolate } from "./i18n.js";
 
@@ -17,7 +19,22 @@ import { gettext, interpolate } from "./i18n.js";
 export function newAssistantMessage(fields = {}) {
   return { role: "assistant", id: null, content: "", generation_id: null, stats: null, steps: [],
     prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), segments: [],
-    promptPerplexity: null, beamSteps: [], isBeamsOpen: false, ...fields };
+    promptPerplexity: null, beamSteps: [], isBeamsOpen: false, isDetailsOpen: false, params: null, ...fields };
+}
+
+/** `steps` with `incoming` merged in: each index once (the first copy kept), in index order. */
+export function mergeSteps(steps, incoming) {
+  const last = steps.at(-1)?.index ?? -1;
+  if (incoming.every((s, i) => s.index > last && (i === 0 || s.index > incoming[i - 1].index))) return [...steps, ...incoming];
+  const byIndex = new Map(steps.map((s) => [s.index, s]));
+  for (const step of incoming) if (!byIndex.has(step.index)) byIndex.set(step.index, step);
+  return [...byIndex.values()].sort((a, b) => a.index - b.index);
+}
+
+/** Whether an ended answer's token steps miss some (its stats count every generated token). */
+export function isMissingSteps(message) {
+  const expected = message.stats?.num_generated_tokens;
+  return !message.beamSteps.length && expected != null && message.steps.length < expected;
 }
 
 /** The step with `index` (steps arrive in order, so this is normally `steps[index]`). */
@@ -66,40 +83,70 @@ function openEditor(message, actions) {
 function assistantElement(message, actions) {
   const body = h("div", { class: "msg-body" });
   body.addEventListener("pointerenter", () => actions.ensureSteps(message), { once: true });
+  const details = h("div", { class: "msg-details", hidden: true },
+    h("div", { class: "msg-strip" }),
+    h("div", { class: "msg-stats" }),
+    h("div", { class: "msg-serving" }),
+    h("div", { class: "msg-actions export-row" },
+      ...["json", "csv"].map((fmt) => h("a", { class: `btn ghost small export-btn export-${fmt}`, download: "",
+        title: `every step record of this answer as ${fmt.toUpperCase()}` }, icon("download", 14), `Steps ${fmt.toUpperCase()}`))));
+  const iconButton = (cls, name, label, onclick) => h("button", { class: `btn ghost small icon-only ${cls}`, type: "button",
+    title: label, "aria-label": label, onclick }, icon(name, 15));
   return h("div", { class: "msg msg-assistant", dataset: { role: "assistant" } },
     h("div", { class: "msg-head" }, h("span", { class: "avatar" }, "AI"), h("span", { class: "model-name" }, message.modelName || gettext("Assistant"))),
     body,
-    h("div", { class: "msg-strip" }),
     h("div", { class: "msg-beams" }),
     h("div", { class: "alert msg-error", hidden: true, role: "alert" }),
-    h("div", { class: "msg-stats" }),
-    h("div", { class: "msg-serving" }),
-    h("div", { class: "msg-actions" },
-      h("button", { class: "btn ghost small prompt-btn", type: "button", onclick: () => actions.showPrompt(message) }, icon("code", 14), gettext("Show prompt")),
-      h("button", { class: "btn ghost small regenerate-btn", type: "button", onclick: () => actions.regenerate(message),
-        title: gettext("Answer again. Under a greedy preset this samples (temperature 0.8): greedy would repeat the same answer.") },
-      icon("refresh", 14), gettext("Regenerate")),
-      h("button", { class: "btn ghost small copy-btn", type: "button", onclick: (e) => copyText(e.currentTarget, message) }, icon("copy", 14), gettext("Copy")),
-      ...["json", "csv"].map((fmt) => h("a", { class: `btn ghost small export-btn export-${fmt}`, download: "",
-        title: interpolate(gettext("every step record of this answer as %(format)s"), { format: fmt.toUpperCase() }) },
-      icon("download", 14), interpolate(gettext("Steps %(format)s"), { format: fmt.toUpperCase() })))));
+    h("div", { class: "msg-foot" },
+      h("span", { class: "msg-summary muted small" }),
+      h("span", { class: "msg-finish" }),
+      h("span", { class: "msg-actions" },
+        iconButton("regenerate-btn", "refresh", "Regenerate: answer again. Under a greedy preset this samples "
+          + "(temperature 0.8): greedy would repeat the same answer.", () => actions.regenerate(message)),
+        iconButton("copy-btn", "copy", "Copy the answer", (e) => copyText(e.currentTarget, message)),
+        iconButton("prompt-btn", "code", "Show the prompt sent to the model", () => actions.showPrompt(message)),
+        h("button", { class: "btn ghost small details-btn", type: "button", "aria-expanded": "false",
+          title: "the surprise per token, every number, how it was served, the step records",
+          onclick: () => { message.isDetailsOpen = !message.isDetailsOpen; updateAssistant(message); } },
+        "Details", icon("chevron", 14)))),
+    details);
 }
 
 async function copyText(button, message) {
+  const label = button.getAttribute("aria-label");
+  let done;
   try {
     await navigator.clipboard.writeText(message.content || streamedText(message));
-    button.lastChild.textContent = gettext("Copied");
+    done = "Copied";
   } catch {
-    button.lastChild.textContent = gettext("Copy failed");
+    done = "Copy failed";
   }
-  setTimeout(() => { button.lastChild.textContent = gettext("Copy"); }, 1500);
+  button.title = done;
+  button.setAttribute("aria-label", done);
+  button.replaceChildren(icon(done === "Copied" ? "check" : "x", 15));
+  setTimeout(() => { button.title = label; button.setAttribute("aria-label", label); button.replaceChildren(icon("copy", 15)); }, 1500);
 }
 
-/** Redraw an assistant message's body, error, stats and buttons from its state. */
+/**
+ * The answer's text as shown: a generation that ended inside a multi-byte character (max tokens,
+ * a stop) ends its text with U+FFFD; that half character is left out and said so instead.
+ * -> {text, cutBytes: the held-back bytes as "0xF0 0x9F", or null}
+ */
+export function withoutCutCharacter(message, text) {
+  const ended = !message.isStreaming && ["length", "context", "cancelled"].includes(message.stats?.finish_reason);
+  if (!ended || !text.endsWith("\ufffd")) return { text, cutBytes: null };
+  const last = message.steps.at(-1);
+  if (last && !last.text_delta?.endsWith("\ufffd")) return { text, cutBytes: null };
+  if (last?.token_bytes?.toLowerCase().endsWith("efbfbd")) return { text, cutBytes: null };  // a real U+FFFD
+  const bytes = last?.token_bytes ? last.token_bytes.match(/../g).map((b) => `0x${b.toUpperCase()}`).join(" ") : "";
+  return { text: text.replace(/\ufffd+$/, ""), cutBytes: bytes };
+}
+
+/** Redraw an assistant message's body, error, compact line, details and buttons from its state. */
 export function updateAssistant(message) {
   const el = message.el;
   const body = el.querySelector(".msg-body");
-  const text = message.isStreaming ? streamedText(message) : message.content;
+  const { text, cutBytes } = withoutCutCharacter(message, message.isStreaming ? streamedText(message) : message.content);
   const charTokens = message.steps.length ? charTokensFromSteps(message.steps) : null;
   const notes = reasoningNotes(message.steps, message.segments ?? [], message.stats);
   renderAnswer(body, text, charTokens, message.openReasoning, message.segments, notes);
@@ -108,23 +155,55 @@ export function updateAssistant(message) {
   const error = el.querySelector(".msg-error");
   error.hidden = !message.error;
   error.textContent = message.error ? errorText(message.error) : "";
-  el.querySelector(".msg-strip").replaceChildren(...stripView(message, actionsOf.get(el)));
   el.querySelector(".msg-beams").replaceChildren(...[beamsPanel(message)].filter(Boolean));
+  el.querySelector(".msg-summary").replaceChildren(...summaryLine(message, cutBytes));
+  const reason = message.stats?.finish_reason;
+  el.querySelector(".msg-finish").replaceChildren(
+    ...(reason ? [h("span", { class: `badge finish finish-${reason}`, title: "finish reason" }, reason)] : []));
+  el.querySelector(".model-name").textContent = message.modelName || "Assistant";
+  for (const btn of el.querySelectorAll(".regenerate-btn, .copy-btn")) btn.hidden = message.isStreaming;
+  el.querySelector(".prompt-btn").hidden = !message.prompt && !message.generation_id;
+  const detailsBtn = el.querySelector(".details-btn");
+  detailsBtn.setAttribute("aria-expanded", String(message.isDetailsOpen));
+  el.classList.toggle("details-open", message.isDetailsOpen);
+  const details = el.querySelector(".msg-details");
+  details.hidden = !message.isDetailsOpen;
+  // Drawn while closed too (cheap): the page's tests and the next open read the same numbers.
+  el.querySelector(".msg-strip").replaceChildren(...stripView(message, actionsOf.get(el)));
   el.querySelector(".msg-stats").replaceChildren(...statBadges(message));
   el.querySelector(".msg-serving").replaceChildren(...servingView({ stats: message.stats, handoff: message.handoff,
     liveDecodeMs: message.handoff ? Date.now() - message.handoff.receivedAt : 0 }));
-  el.querySelector(".model-name").textContent = message.modelName || gettext("Assistant");
-  for (const btn of el.querySelectorAll(".regenerate-btn, .copy-btn")) btn.hidden = message.isStreaming;
   for (const link of el.querySelectorAll(".export-btn")) {
     link.hidden = message.isStreaming || message.generation_id === null;
     link.href = `/api/generations/${message.generation_id}/steps.${link.classList.contains("export-csv") ? "csv" : "json"}`;
   }
-  el.querySelector(".prompt-btn").hidden = !message.prompt && !message.generation_id;
 }
 
-/** The surprise strip, once the steps are here (an older answer loads them on request). */
+/** The compact line under an answer: tokens, time to first token, speed (or the queue position). */
+function summaryLine(message, cutBytes) {
+  const stats = message.stats ?? liveStats(message);
+  if (stats?.waiting) return [h("span", { class: "waiting" }, stats.waiting)];
+  const parts = [];
+  const numTokens = stats?.num_generated_tokens ?? (message.steps.length || null);
+  if (numTokens != null) parts.push(`${numTokens} token${numTokens === 1 ? "" : "s"}${message.isStreaming ? "…" : ""}`);
+  if (stats?.ttft_ms != null) parts.push(`first token ${fmtMs(stats.ttft_ms)}`);
+  else if (message.isStreaming && !message.prefilled && !message.steps.length) parts.push("waiting for the worker…");
+  if (stats?.decode_tok_s) parts.push(`${fmtNum(stats.decode_tok_s, 1)} tok/s`);
+  if (isDisaggregated(message.stats) || message.handoff) parts.push("prefill → decode on two workers");
+  const line = [parts.join(" · ")];
+  if (cutBytes !== null) {
+    line.push(h("span", { class: "cut-note", title: "the held-back bytes are not a whole UTF-8 character, so they are "
+      + "left out of the text" }, ` · ended inside a character${cutBytes ? ` (${cutBytes})` : ""}`));
+  }
+  return line;
+}
+
+/** The surprise strip, once the steps are here (an older answer loads them on request). Beam
+ * search samples nothing, so it has none (its beams are under the answer). */
 function stripView(message, actions) {
-  if (message.steps.some((s) => s.type === "beam_step")) return [];
+  const isBeam = message.beamSteps.length || message.steps.some((s) => s.isBeam || s.type === "beam_step")
+    || message.stats?.sequences || (message.params?.num_beams ?? 1) > 1;
+  if (isBeam) return [];
   if (!message.steps.length) {
     const canLoad = !message.isStreaming && message.generation_id !== null;
     return canLoad ? [h("button", { class: "btn ghost small strip-load", type: "button",
@@ -168,13 +247,12 @@ function colourTokens(body, steps) {
 
 function statBadges(message) {
   const stats = message.stats ?? liveStats(message);
-  if (!stats) return [];
+  if (!stats || stats.waiting) return [];
   const badges = [];
   const add = (title, text, extraClass = "") => badges.push(h("span", { class: `badge ${extraClass}`, title }, text));
-  if (stats.waiting) add(gettext("every place in the worker's batch is taken: this request runs when one frees up"), stats.waiting, "waiting");
-  if (stats.queue_ms >= 1) add(gettext("time spent waiting for a place in the batch (counted in the TTFT)"), interpolate(gettext("queued %(time)s"), { time: fmtMs(stats.queue_ms) }));
-  if (stats.num_prompt_tokens != null) add(gettext("tokens in the prompt"), interpolate(gettext("%(n)s prompt tok"), { n: stats.num_prompt_tokens }));
-  if (stats.num_cached_tokens != null) add(gettext("prompt tokens reused from the prefix cache"), interpolate(gettext("%(n)s cached"), { n: stats.num_cached_tokens }));
+  if (stats.queue_ms >= 1) add("time spent waiting for a place in the batch (counted in the TTFT)", `queued ${fmtMs(stats.queue_ms)}`);
+  if (stats.num_prompt_tokens != null) add("tokens in the prompt", `${stats.num_prompt_tokens} prompt tok`);
+  if (stats.num_cached_tokens != null) add("prompt tokens reused from the prefix cache", `${stats.num_cached_tokens} cached`);
   if (stats.num_prompt_tokens != null && stats.num_cached_tokens != null) {
     add(gettext("prompt tokens the prefill computed (the rest came from the prefix cache)"),
       interpolate(gettext("%(n)s prefilled"), { n: stats.num_prompt_tokens - stats.num_cached_tokens }));
@@ -188,7 +266,6 @@ function statBadges(message) {
     add(gettext("after max_thinking_tokens reasoning tokens the engine forced </think>; the answer followed"),
       gettext("thinking budget ended thinking"), "thinking-budget");
   }
-  if (stats.finish_reason) add(gettext("finish reason"), finishReasonLabel(stats.finish_reason), `finish finish-${stats.finish_reason}`);
   return badges;
 }
 

@@ -13,6 +13,8 @@ const OVERRIDE_FIELDS = {
   "ov-temperature": { name: "temperature", parse: Number, min: 0, max: 100, isSampling: true },
   "ov-top-k": { name: "top_k", parse: Number, min: 0, integer: true, isSampling: true },
   "ov-top-p": { name: "top_p", parse: Number, min: 0, max: 1, isSampling: true },
+  // every decoding reads it, greedy and beam search too: it changes which token scores highest
+  "ov-repetition-penalty": { name: "repetition_penalty", parse: Number, above: 0, max: 100 },
   "ov-max-tokens": { name: "max_new_tokens", parse: Number, min: 1, integer: true },
   "ov-seed": { name: "seed", parse: Number, min: 0, integer: true, isSampling: true },
   "ov-max-thinking": { name: "max_thinking_tokens", parse: Number, min: 0, integer: true },
@@ -22,15 +24,18 @@ const GENERIC_SYSTEM_PROMPT = gettext("Optional: instructions sent before the co
 export class OverrideError extends Error {}
 
 export class ChatSettings {
-  constructor(onChange) {
+  /** `onChange(patch)`: a setting the conversation keeps changed; `onModel(model)`: the chosen
+   * model changed (its /api/models/ record). */
+  constructor(onChange, onModel = () => {}) {
     this.onChange = onChange;
+    this.onModel = onModel;
     this.models = [];
     this.presets = [];
     this.modelSelect = $("#model-select");
     this.presetSelect = $("#preset-select");
     this.systemPrompt = $("#system-prompt");
     this.pdToggle = $("#pd-toggle");
-    this.modelSelect.addEventListener("change", () => { this.showSystemPromptPlaceholder(); onChange({ model_id: this.modelId }); });
+    this.modelSelect.addEventListener("change", () => { this.showModel(); onChange({ model_id: this.modelId }); });
     this.presetSelect.addEventListener("change", () => { this.showPresetPlaceholders(); onChange({ preset_id: this.presetId }); });
     this.systemPrompt.addEventListener("change", () => onChange({ system_prompt: this.systemPrompt.value }));
     $("#reset-overrides").addEventListener("click", () => this.resetOverrides());
@@ -41,10 +46,12 @@ export class ChatSettings {
 
   async load() {
     [this.models, this.presets] = await Promise.all([getJson("/api/models/"), getJson("/api/presets/")]);
-    fillSelect(this.modelSelect, this.models, (m) => `${m.name}${m.max_context ? ` · ${m.max_context.toLocaleString()} ctx` : ""}`);
-    fillSelect(this.presetSelect, this.presets, (p) => presetName(p.name));
+    // Names only: a 300 px panel cuts longer labels ("… (bundlec"); the context is in the title.
+    fillSelect(this.modelSelect, this.models, (m) => m.name,
+      (m) => (m.max_context ? `${m.name}: at most ${m.max_context.toLocaleString()} tokens of context` : m.name));
+    fillSelect(this.presetSelect, this.presets, (p) => p.name);
     this.showPresetPlaceholders();
-    this.showSystemPromptPlaceholder();
+    this.showModel();
   }
 
   get modelId() { return this.modelSelect.value ? Number(this.modelSelect.value) : null; }
@@ -52,10 +59,12 @@ export class ChatSettings {
 
   modelName(modelId) { return this.models.find((m) => m.id === modelId)?.name ?? ""; }
 
+  get model() { return this.models.find((m) => m.id === this.modelId) ?? null; }
+
   /** Show a conversation's own settings (null: a new chat keeps the current choices). */
   showConversation(conversation) {
     if (!conversation) { this.systemPrompt.value = ""; return; }
-    if (conversation.model_id) { this.modelSelect.value = conversation.model_id; this.showSystemPromptPlaceholder(); }
+    if (conversation.model_id) { this.modelSelect.value = conversation.model_id; this.showModel(); }
     if (conversation.preset_id) { this.presetSelect.value = conversation.preset_id; this.showPresetPlaceholders(); }
     this.systemPrompt.value = conversation.system_prompt || "";
   }
@@ -63,23 +72,25 @@ export class ChatSettings {
   /** Each field's placeholder is the preset's value, or why the preset does not use it. */
   showPresetPlaceholders() {
     const params = this.presets.find((p) => p.id === this.presetId)?.params ?? {};
-    const unusedBy = params.num_beams > 1 ? gettext("beam search") : params.greedy || params.temperature === 0 ? gettext("greedy") : null;
+    const unusedBy = params.num_beams > 1 ? "beams" : params.greedy || params.temperature === 0 ? "greedy" : null;
     for (const [id, spec] of Object.entries(OVERRIDE_FIELDS)) {
       const input = $(`#${id}`);
       const value = params[spec.name];
       const isUnused = spec.isSampling && unusedBy !== null;
-      input.placeholder = isUnused ? interpolate(gettext("n/a (%(method)s)"), { method: unusedBy })
-        : value === null || value === undefined ? gettext("preset") : String(value);
-      input.title = isUnused ? interpolate(gettext("%(method)s picks each token without %(name)s: a value here changes nothing"),
-        { method: unusedBy, name: spec.name }) : "";
+      input.placeholder = isUnused ? `n/a (${unusedBy})` : value === null || value === undefined ? "preset" : String(value);
+      input.title = isUnused ? `${unusedBy === "beams" ? "beam search" : unusedBy} picks each token without ${spec.name}: `
+        + "a value here changes nothing" : "";
     }
   }
 
-  /** The system prompt's placeholder: what the model's template sends when this box is empty. */
-  showSystemPromptPlaceholder() {
-    const injected = this.models.find((m) => m.id === this.modelId)?.default_system_prompt;
-    this.systemPrompt.placeholder = injected ? interpolate(gettext("Empty: the template sends its own, “%(prompt)s”"), { prompt: injected })
-      : GENERIC_SYSTEM_PROMPT;
+  /** What follows the chosen model: the system prompt's placeholder (what the model's template
+   * sends when the box is empty), the select's title (its full name), and `onModel`. */
+  showModel() {
+    const model = this.model;
+    const injected = model?.default_system_prompt;
+    this.systemPrompt.placeholder = injected ? `Empty: the template sends its own, “${injected}”` : GENERIC_SYSTEM_PROMPT;
+    this.modelSelect.title = this.modelSelect.selectedOptions[0]?.title ?? "";
+    this.onModel(model);
   }
 
   /** The filled-in fields as SamplingParams overrides; OverrideError names a bad field. */
@@ -91,7 +102,8 @@ export class ChatSettings {
       if (raw === "") continue;
       const value = spec.parse(raw);
       const bad = !Number.isFinite(value) || (spec.integer && !Number.isInteger(value))
-        || (spec.min !== undefined && value < spec.min) || (spec.max !== undefined && value > spec.max);
+        || (spec.min !== undefined && value < spec.min) || (spec.max !== undefined && value > spec.max)
+        || (spec.above !== undefined && value <= spec.above);
       if (bad) {
         input.setAttribute("aria-invalid", "true");
         input.focus();
@@ -126,8 +138,8 @@ export class ChatSettings {
   }
 }
 
-function fillSelect(select, items, label) {
-  select.replaceChildren(...items.map((item) => h("option", { value: item.id }, label(item))));
+function fillSelect(select, items, label, title = label) {
+  select.replaceChildren(...items.map((item) => h("option", { value: item.id, title: title(item) }, label(item))));
   const preferred = items.find((item) => item.is_default) ?? items[0];
   if (preferred) select.value = preferred.id;
 }

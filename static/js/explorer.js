@@ -7,14 +7,14 @@ import { beamTree } from "./beam_tree.js";
 import { $, bindSlider, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
 import { flatNote } from "./flat_note.js";
-import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, phaseLabel, tokenLabel, visiblePiece } from "./format.js";
+import { SETTING_FORMATS, count, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, tokenLabel, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
 import { readExplorerUrl } from "./explorer_url.js";
 import { renderMoeLive } from "./moe_live.js";
 import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
-import { processedProbs } from "./sampling.js";
+import { asDrawn, processedProbs } from "./sampling.js";
 import { servingView } from "./serving.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { promptPerplexity, promptSummary, surpriseStrip } from "./surprise.js";
@@ -47,6 +47,8 @@ const sliders = {
   top_k: slider("#ex-top-k", unlessGreedy(SETTING_FORMATS.top_k)),
   top_p: slider("#ex-top-p", unlessGreedy(SETTING_FORMATS.top_p)),
   min_p: slider("#ex-min-p", unlessGreedy(SETTING_FORMATS.min_p)),
+  // greedy keeps the penalty: it changes which token has the highest score
+  repetition_penalty: slider("#ex-repetition-penalty", SETTING_FORMATS.repetition_penalty),
   num_alternatives: slider("#ex-alternatives", String),
   run_length: slider("#ex-run-length", String),
 };
@@ -81,14 +83,18 @@ function samplingParams() {
     top_k: Number(sliders.top_k.value),
     top_p: Number(sliders.top_p.value),
     min_p: Number(sliders.min_p.value),
+    repetition_penalty: Number(sliders.repetition_penalty.value),
   };
 }
 
-/** The sliders as an inspection changes them (the explorer's requests run without repetition penalty). */
+/** The sliders as an inspection changes them. */
 function inspectParams() {
   const seed = $("#ex-seed").value.trim();
-  return { ...samplingParams(), greedy: false, repetition_penalty: 1.0, seed: /^\d+$/.test(seed) ? Number(seed) : null };
+  return { ...samplingParams(), greedy: false, seed: /^\d+$/.test(seed) ? Number(seed) : null };
 }
+
+const SETTINGS = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty"];
+const sameSettings = (a, b) => Boolean(a && b) && SETTINGS.every((name) => a[name] === b[name]);
 
 // ---------- requests ----------
 
@@ -98,7 +104,8 @@ function request(maxNewTokens) {
   if (!text.trim()) { showError({ message: gettext("Enter some text first.") }); return; }
   const numBeams = Number($("#ex-beams").value);
   // The sliders are the whole sampling setting (temperature 0 is greedy), whatever the default preset says.
-  const overrides = { ...samplingParams(), greedy: false, repetition_penalty: 1.0, max_new_tokens: maxNewTokens,
+  const settings = samplingParams();
+  const overrides = { ...settings, greedy: false, max_new_tokens: maxNewTokens,
     num_alternatives: Number(sliders.num_alternatives.value),
     use_kv_cache: $("#ex-kv-cache").checked, use_prefix_cache: $("#ex-prefix-cache").checked };
   const seed = $("#ex-seed").value.trim();
@@ -144,7 +151,10 @@ function request(maxNewTokens) {
     onTokens: (event) => {
       if (!isCurrent()) return;
       for (const step of event.steps) {
-        state.steps.push({ ...step, index: base + step.index, isAfterHandoff: isHandoffUnmarked });
+        // `settings`: what the step was drawn with (its processed column is exact for them);
+        // greedy's drawn distribution is all on its token (sampling.js asDrawn).
+        state.steps.push({ ...asDrawn(step, settings), index: base + step.index, isAfterHandoff: isHandoffUnmarked,
+          settings });
         isHandoffUnmarked = false;
       }
       state.selected = state.steps.length - 1;
@@ -272,10 +282,18 @@ function renderContinuation() {
     title: interpolate(gettext("step %(step)s · id %(id)s · p %(p)s · rank %(rank)s"),
       { step: step.index, id: step.token_id, p: fmtProb(Math.exp(step.raw_logprob)), rank: step.rank }),
     onclick: () => selectStep(step.index),
-  }, step.piece));
+  }, pieceWithNewlines(step.piece)));
   box.replaceChildren(h("span", { class: "prompt-part" }, $("#ex-text").value), ...tokens);
   $("#ex-count").textContent = interpolate(ngettext("%(n)s token", "%(n)s tokens", state.steps.length), { n: state.steps.length });
   renderStrip();
+}
+
+/** A piece's text with a visible ↵ before each line break: a newline token alone would be an
+ * empty, unclickable span (the mark is drawn by CSS, so the text stays the model's). */
+function pieceWithNewlines(piece) {
+  if (!piece.includes("\n")) return piece;
+  return piece.split("\n").flatMap((part, i) => (i ? [h("span", { class: "nl-mark", "aria-hidden": "true" }), "\n", part] : [part]))
+    .filter((part) => part !== "");
 }
 
 /** Surprise and entropy per token, the perplexities, and the last request's step export. */
@@ -316,18 +334,37 @@ async function showPromptPerplexity() {
 
 function renderDistribution() {
   const step = state.selected === null ? null : state.steps[state.selected];
-  // Exact from the worker when it has answered for this step and these settings; until then
-  // the in-browser preview over the known top tokens, marked approximate.
-  const exact = step ? inside.exactFor() : null;
-  const processed = exact ?? (step ? processedProbs(step.top_raw, samplingParams()) : new Map());
-  processed.isExact = exact !== null;
-  if (step && !exact) scheduleExact();
+  const processed = step ? processedFor(step) : Object.assign(new Map(), { isExact: true });
+  if (step && !processed.isExact) scheduleExact();
   updateDistributionChart(distChart, step, processed);
   $("#ex-step-label").textContent = step ? interpolate(gettext("step %(step)s · %(phase)s"), { step: step.index, phase: phaseLabel(step.phase) })
     : gettext("no step yet");
   $("#ex-step-info").replaceChildren(...(step ? stepBadges(step) : []));
   renderAlternatives(step, processed);
   $("#ex-flat").replaceChildren(...[step ? flatNote(step, processed) : null].filter(Boolean));
+}
+
+/**
+ * The selected step's processed distribution under the sliders, exact or not at all (a preview
+ * renormalized over the listed tokens can be far off: 37% where the truth is 5%): the worker's
+ * answer; the step's own when the sliders are what it was drawn with; the browser's when the
+ * listed tokens are enough (sampling.js isPreviewExact); else pending until a worker answers.
+ */
+function processedFor(step) {
+  const exact = inside.exactFor();
+  if (exact) return Object.assign(exact, { isExact: true });
+  const settings = samplingParams();
+  if (sameSettings(step.settings, settings)) {
+    const drawn = new Map(step.top_processed.map((a) => [a.token_id, a.prob]));
+    // Fewer listed than asked for: the filters kept only these; otherwise the rest are below the last.
+    const below = step.top_processed.length < step.top_raw.length ? 0 : step.top_processed.at(-1)?.prob ?? 0;
+    return Object.assign(drawn, { isExact: true, below });
+  }
+  const preview = processedProbs(step.top_raw, settings);
+  if (preview.isExact) return preview;
+  const canAsk = !isBusy() && state.generationId !== null && !state.beamSteps.length;
+  return Object.assign(new Map(), { isExact: false, isPending: true,
+    pendingText: canAsk ? "computing exact…" : isBusy() ? "exact once the request ends" : "not available" });
 }
 
 let exactTimer = null;
@@ -354,21 +391,22 @@ function renderAlternatives(step, processed) {
   const list = $("#ex-alternatives-list");
   if (!step) { list.replaceChildren(h("p", { class: "empty" }, gettext("Press “Next token” to see the distribution."))); return; }
   const head = h("div", { class: "alt-row alt-head", role: "presentation" },
-    h("span", {}, "#"), h("span", {}, gettext("token")), h("span", { class: "num" }, gettext("raw")),
-    h("span", { class: "num", id: "ex-processed-head", dataset: { exact: processed.isExact },
-      title: processed.isExact ? gettext("exact: computed by the worker from the step's full logits")
-        : gettext("approximate: renormalized over these top tokens only, until the worker's exact answer arrives") },
-    processed.isExact ? gettext("processed") : gettext("processed ≈")));
+    h("span", {}, "#"), h("span", {}, "token"), h("span", { class: "num" }, "raw"),
+    h("span", { class: "num", id: "ex-processed-head", dataset: { exact: processed.isExact, pending: Boolean(processed.isPending) },
+      title: processed.isPending ? "a worker recomputes the distribution under these settings from the step's full scores"
+        : "the distribution a token is drawn from under these settings" },
+    processed.isPending ? processed.pendingText : "processed"));
   const rows = step.top_raw.map((alt, i) => {
     const known = processed.get(alt.token_id);
     const prob = known ?? processed.below ?? 0;
-    const classes = [alt.token_id === step.token_id ? "chosen" : "", prob === 0 ? "filtered" : ""].join(" ");
+    const classes = [alt.token_id === step.token_id ? "chosen" : "", prob === 0 && !processed.isPending ? "filtered" : ""].join(" ");
     return h("button", { type: "button", role: "listitem", class: `alt-row ${classes}`, dataset: { tokenId: alt.token_id },
       title: interpolate(gettext("take “%(piece)s” (id %(id)s) here and continue"), { piece: alt.piece, id: alt.token_id }),
       onclick: () => branch(step.index, alt) },
       h("span", { class: "muted" }, i + 1), h("span", { class: "piece" }, visiblePiece(alt.piece)),
       h("span", { class: "num" }, fmtProb(alt.prob)),
-      h("span", { class: "num processed" }, known === undefined && prob > 0 ? `< ${fmtProb(prob)}` : fmtProb(prob)));
+      h("span", { class: "num processed" }, processed.isPending ? "…"
+        : known === undefined && prob > 0 ? `< ${fmtProb(prob)}` : fmtProb(prob)));
   });
   list.replaceChildren(head, ...rows);
 }
@@ -383,8 +421,7 @@ function renderBeams() {
   const isBeam = Number($("#ex-beams").value) > 1;
   $("#ex-beam-section").hidden = !isBeam && !state.beamSteps.length;
   const best = state.beamSequences[0]?.token_ids ?? null;
-  $("#ex-beam-label").textContent = state.beamSteps.length
-    ? interpolate(ngettext("%(n)s step", "%(n)s steps", state.beamSteps.length), { n: state.beamSteps.length }) : gettext("press Run");
+  $("#ex-beam-label").textContent = state.beamSteps.length ? count(state.beamSteps.length, "step") : "press Run";
   $("#ex-beam-tree").replaceChildren(state.beamSteps.length ? beamTree(state.beamSteps, best)
     : h("p", { class: "empty" }, gettext("Press “Run” to search; each column is a step, each box a live beam.")));
   updateBeamCharts(beamCharts, state.beamSteps);
@@ -447,7 +484,11 @@ async function init() {
     const models = await getJson("/api/models/");
     const select = $("#ex-model");
     select.replaceChildren(...models.map((m) => h("option", { value: m.id }, m.name)));
-    select.value = (models.find((m) => m.id === urlSettings.model) ?? models.find((m) => m.is_default) ?? models[0])?.id ?? "";
+    select.value = (models.find((m) => m.is_default) ?? models[0])?.id ?? "";
+    // The Image button only for a model that takes images.
+    const showModel = () => attachments.setModel(models.find((m) => String(m.id) === select.value) ?? null);
+    select.addEventListener("change", showModel);
+    showModel();
   } catch (err) {
     showError(err);
   }

@@ -62,7 +62,8 @@ export function updateDistributionChart(chart, step, processed) {
   const chosenColour = css("--prefill");
   chart.data.datasets[0].data = alternatives.map((a) => a.prob);
   chart.data.datasets[0].backgroundColor = alternatives.map((a) => (a.token_id === step.token_id ? chosenColour : css("--border-strong")));
-  chart.data.datasets[1].data = alternatives.map((a) => processed.get(a.token_id) ?? 0);
+  // Nothing rather than a wrong number while the exact distribution is being computed.
+  chart.data.datasets[1].data = alternatives.map((a) => (processed.isPending ? null : processed.get(a.token_id) ?? 0));
   chart.update();
 }
 

@@ -16,17 +16,16 @@ export function flatNote(step, processed) {
   if (!isFlat(step)) return null;
   const top = step.top_raw[0];
   const shown = step.top_raw.slice(0, NUM_SHOWN);
-  const others = 1 - (processed.get(top.token_id) ?? 0);
+  const others = processed.isPending ? null : 1 - (processed.get(top.token_id) ?? 0);
   const piece = (alt) => h("span", { class: "piece" }, `“${visiblePiece(alt.piece)}”`);
   return h("div", { class: "dist-note", id: "ex-flat-note", role: "note" },
     h("b", {}, gettext("A flat distribution."), " "),
     gettext("No token is a clear favourite:"), " ",
     shown.flatMap((alt, i) => [i ? ", " : "", piece(alt), " ", h("span", { class: "note-prob", dataset: { tokenId: alt.token_id } },
       fmtProb(alt.prob))]),
-    " ", interpolate(gettext("(entropy %(nats)s nats, like a choice between %(n)s equally likely tokens)."),
-      { nats: fmtNum(step.entropy), n: fmtNum(Math.exp(step.entropy), 1) }), " ",
-    gettext("Sampling from it picks something other than"), " ", piece(top), " ",
-    h("b", { class: "note-others" }, fmtProb(others)), processed.isExact ? "" : " (≈)", " ", gettext("of the time with these settings,"), " ",
-    gettext("and the first tokens steer the rest: a start the model rarely takes can lead into another language or a garbled answer."), " ",
-    gettext("Greedy decoding or a lower temperature (which sharpens the distribution) avoids the rare starts."));
+    ` (entropy ${fmtNum(step.entropy)} nats, like a choice between ${fmtNum(Math.exp(step.entropy), 1)} equally likely tokens). `,
+    "Sampling from it picks something other than ", piece(top), " ",
+    h("b", { class: "note-others" }, others === null ? "…" : fmtProb(others)), " of the time with these settings, ",
+    "and the first tokens steer the rest: a start the model rarely takes can lead into another language or a garbled answer. ",
+    "Greedy decoding or a lower temperature (which sharpens the distribution) avoids the rare starts.");
 }

@@ -25,21 +25,18 @@ export function fmtNum(value, digits = 2) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 }
 
-/** A count of parameters as papers write them: 134515008 -> "135M", 671026419712 -> "671.0B". */
-export function fmtCount(n) {
-  if (n == null) return "?";
-  if (n >= 1e9) return `${(n / 1e9).toFixed(1)}B`;
-  if (n >= 1e6) return `${Math.round(n / 1e6)}M`;
-  return n.toLocaleString();
+/** "1 step", "3 steps": a count with its noun (plural: `plural`, else the noun + "s"). */
+export function count(n, noun, plural = `${noun}s`) {
+  return `${n.toLocaleString()} ${n === 1 ? noun : plural}`;
 }
 
-/** "2054686520" -> "20 54 68 65" */
 /** How a sampling slider shows its value ("off" where the setting does nothing). */
 export const SETTING_FORMATS = {
-  temperature: (v) => (v === 0 ? gettext("0 · greedy") : v.toFixed(2)),
-  top_k: (v) => (v === 0 ? gettext("off") : String(v)),
-  top_p: (v) => (v >= 1 ? gettext("off") : v.toFixed(2)),
-  min_p: (v) => (v === 0 ? gettext("off") : v.toFixed(2)),
+  temperature: (v) => (v === 0 ? "0 · greedy" : v.toFixed(2)),
+  top_k: (v) => (v === 0 ? "off" : String(v)),
+  top_p: (v) => (v >= 1 ? "off" : v.toFixed(2)),
+  min_p: (v) => (v === 0 ? "off" : v.toFixed(2)),
+  repetition_penalty: (v) => (v === 1 ? "off" : v.toFixed(2)),
 };
 
 /** A KL divergence in nats; null is infinite (JSON has no Infinity). */
@@ -47,6 +44,7 @@ export function fmtKl(kl) {
   return kl === null || kl === undefined ? "∞" : kl.toFixed(4);
 }
 
+/** "2054686520" -> "20 54 68 65" */
 export function spacedHex(hex) {
   return (hex || "").replace(/(..)(?!$)/g, "$1 ");
 }

@@ -12,6 +12,7 @@ const PATHS = {
   copy: "M9 9h11v11H9zM5 15H4V4h11v1",
   download: "M12 4v11M7 10l5 5 5-5M5 20h14",
   check: "M5 12l5 5 9-10",
+  chevron: "M6 9l6 6 6-6",
   x: "M6 6l12 12M18 6L6 18",
   image: "M4 5h16v14H4zM4 16l5-5 4 4 2-2 5 5M15 9.5a1.5 1.5 0 1 0 0-.01",
 };

@@ -27,6 +27,8 @@ export class ImageAttachments {
   constructor({ form, input, tray, button, onError, onChange = () => {} }) {
     this.images = [];
     this.tray = tray;
+    this.button = button;
+    this.refusal = null;  // why images cannot be attached now (a text-only model), or null
     this.onError = onError;
     this.onChange = onChange;
     const picker = h("input", { type: "file", accept: TYPES.join(","), multiple: true, hidden: true, class: "image-picker",
@@ -47,7 +49,15 @@ export class ImageAttachments {
     this.show();
   }
 
+  /** Offer images only for a model that takes them (`/api/models/` `accepts_images`: false is
+   * refused by the server; null, unknown, is left to the worker). */
+  setModel(model) {
+    this.refusal = model?.accepts_images === false ? `${model.name} takes no images: choose a vision-language model.` : null;
+    this.button.hidden = this.refusal !== null;
+  }
+
   async addFiles(files) {
+    if (files.length && this.refusal) { this.onError(this.refusal); return; }
     for (const file of files) {
       if (this.images.length >= MAX_IMAGES) { this.onError(interpolate(gettext("At most %(n)s images per message."), { n: MAX_IMAGES })); break; }
       if (!TYPES.includes(file.type)) { this.onError(interpolate(gettext("%(name)s: use a PNG, JPEG, GIF or WebP image."), { name: file.name })); continue; }

@@ -62,6 +62,11 @@ export function createInside({ root, getTarget, onBranch, onExact }) {
 
   function remember(target, result) {
     const last = result.stages[result.stages.length - 1];
+    if (result.is_greedy) {  // greedy draws nothing: all of the probability on the top token (sampling.js asDrawn)
+      exact.set(key(target), Object.assign(new Map([[result.final_token_id, 1]]), { below: 0 }));
+      onExact?.();
+      return;
+    }
     // Only the top tokens come back: a token not among them has less than the smallest (0 if
     // every kept token came back, i.e. it was filtered).
     const probs = new Map(last.top.map((t) => [t.token_id, t.prob]));
@@ -119,6 +124,11 @@ function tiesNote(stage) {
     ? interpolate(gettext("%(n)s more than k: they tie with the k-th score, and top-k keeps ties"), { n: stage.num_kept - stage.setting }) : "";
 }
 
+/** A stage's setting as the sliders write it: "top-k 10", "temperature 0.7", "top-p 0.95". */
+function stageSetting(stage) {
+  return stage.name === "top_k" ? String(Math.round(stage.setting)) : String(Number(stage.setting.toFixed(4)));
+}
+
 function renderWaterfall(r) {
   const rows = r.stages.map((s) => {
     const sampled = s.sampled ? (s.sampled.is_kept ? interpolate(gettext("%(p)s · rank %(rank)s"), { p: fmtProb(s.sampled.prob), rank: s.sampled.rank })
@@ -126,7 +136,7 @@ function renderWaterfall(r) {
     const removed = s.name === "raw" ? "" : s.num_removed
       ? interpolate(gettext("−%(n)s tokens · %(p)s of the mass"), { n: s.num_removed, p: fmtProb(s.removed_mass) }) : gettext("nothing removed");
     return h("tr", { dataset: { stage: s.name } },
-      h("td", {}, STAGE_LABEL[s.name] ?? s.name, s.setting === null ? "" : ` ${fmtNum(s.setting)}`),
+      h("td", {}, STAGE_LABEL[s.name] ?? s.name, s.setting === null ? "" : ` ${stageSetting(s)}`),
       h("td", { class: "num", title: tiesNote(s) }, s.num_kept.toLocaleString(), tiesNote(s) ? " *" : ""),
       h("td", { class: "small" }, removed),
       h("td", { class: "num" }, fmtNum(s.entropy)),
@@ -145,9 +155,9 @@ function renderWaterfall(r) {
 function renderWhatIf(r, target, onBranch) {
   const d = r.diverged_at;
   const summary = d === null
-    ? interpolate(gettext("Seed %(seed)s: these settings draw the same %(n)s tokens."), { seed: r.seed, n: r.num_steps })
-    : interpolate(gettext("Seed %(seed)s: same tokens up to step %(step)s; there these settings draw “%(piece)s” instead of “%(original)s”."),
-      { seed: r.seed, step: d, piece: visiblePiece(r.steps[d].piece), original: visiblePiece(r.steps[d].original_piece) });
+    ? `Seed ${r.seed}: these settings draw the same ${r.num_steps} tokens.`
+    : `Seed ${r.seed}: ${d === 0 ? "the very first token differs" : `same tokens up to step ${d - 1}`}; at step ${d} `
+      + `these settings draw “${visiblePiece(r.steps[d].piece)}” instead of “${visiblePiece(r.steps[d].original_piece)}”.`;
   const rows = r.steps.map((s) => h("tr", { class: s.token_id !== s.original_token_id ? "diverged" : "", dataset: { step: s.index, tokenId: s.token_id } },
     h("td", { class: "num" }, s.index), h("td", {}, piece(s.original_piece)),
     h("td", { class: "num" }, fmtProb(s.original_prob)), h("td", {}, piece(s.piece)), h("td", { class: "num" }, fmtProb(s.prob)),
@@ -181,8 +191,8 @@ function renderLens(r, chooseLayer) {
     h("thead", {}, h("tr", {}, h("th", {}, gettext("hidden state")), h("th", {}, gettext("entropy")), h("th", {}, gettext("top predictions")))),
     h("tbody", {}, ...rows));
   const att = r.attention;
-  const select = h("select", { class: "select small", id: "lens-layer", onchange: (ev) => chooseLayer(Number(ev.target.value)) },
-    ...Array.from({ length: r.num_layers }, (_, i) => h("option", { value: i, selected: i === att.layer }, interpolate(gettext("layer %(layer)s"), { layer: i + 1 }))));
+  const select = h("select", { class: "select small inline", id: "lens-layer", onchange: (ev) => chooseLayer(Number(ev.target.value)) },
+    ...Array.from({ length: r.num_layers }, (_, i) => h("option", { value: i, selected: i === att.layer }, `layer ${i + 1}`)));
   const grid = h("table", { class: "attention-grid", id: "attention-grid" },
     h("thead", {}, h("tr", {}, h("th", {}, gettext("head")), ...r.context.map((c) => h("th", { class: "tok" }, visiblePiece(c.piece))))),
     h("tbody", {}, ...att.weights.map((row, head) => h("tr", {}, h("th", {}, head + 1),

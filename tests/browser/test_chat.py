@@ -3,9 +3,12 @@ token alternatives, the prompt view, editing, conversations, errors, safe Markdo
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 
 import pytest
+from PIL import Image
 from playwright.sync_api import expect
 
 from .ui import events, fmt_prob, sent_commands, steps_of_last_generation, visible_piece, wait_for_events
@@ -22,6 +25,21 @@ WATCH_STREAMING = """() => {
 }"""
 
 
+# Sends one `generate` with an image on a socket of its own; resolves with the first answer.
+SEND_ONE_IMAGE = """(png) => new Promise((resolve) => {
+  const ws = new WebSocket(`ws://${location.host}/ws/generate/`);
+  ws.onopen = () => ws.send(JSON.stringify({command: "generate", request_id: "img", content: "What is this?",
+    images: [{data: png, media_type: "image/png"}]}));
+  ws.onmessage = (e) => { ws.close(); resolve(JSON.parse(e.data)); };
+})"""
+
+
+def png_base64() -> str:
+    out = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 40, 40)).save(out, format="PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
 def open_chat(page, max_tokens: int) -> None:
     """Load the chat page and set the max-tokens override and a fixed seed."""
     page.goto("/")
@@ -35,6 +53,12 @@ def open_chat(page, max_tokens: int) -> None:
     if is_narrow:
         page.keyboard.press("Escape")
         expect(page.locator("#settings")).not_to_be_in_viewport()
+
+
+def open_details(answer) -> None:
+    """Open an answer's details (the strip, every number, how it was served, the exports)."""
+    answer.locator(".details-btn").click()
+    expect(answer.locator(".msg-details")).to_be_visible()
 
 
 def send(page, text: str) -> None:
@@ -87,6 +111,13 @@ def test_answer_streams_and_tokens_explain_themselves(page, screenshot_dir):
     assert rows.count() >= min(2, len(step["top_raw"]))
     expect(rows.first).to_contain_text(visible_piece(step["top_raw"][0]["piece"]))
     expect(popover.locator("tr.chosen")).to_have_count(1)
+    # Greedy (the default preset) draws nothing: its "sampled" distribution is all on the token
+    # it took, as the A/B page computes it (not the raw one again).
+    assert events(page, "generation.started")[-1]["params"]["greedy"] is True
+    expect(popover.locator(".popover-meta")).to_contain_text("100% sampled")
+    sampled = rows.evaluate_all("(rows) => rows.map((r) => r.cells[4].textContent)")
+    chosen = rows.evaluate_all("(rows) => rows.map((r) => r.classList.contains('chosen'))")
+    assert sampled == ["100%" if is_chosen else "0%" for is_chosen in chosen]
     page.screenshot(path=str(screenshot_dir / "chat-token.png"))
 
     # Colour by probability: each token carries its chosen-token probability.
@@ -109,6 +140,67 @@ def test_answer_streams_and_tokens_explain_themselves(page, screenshot_dir):
     page.screenshot(path=str(screenshot_dir / "chat-prompt.png"))
     page.click("#prompt-dialog-close")
     expect(dialog).to_be_hidden()
+
+
+def test_an_answer_is_a_compact_line_and_its_details_are_one_click_away(page, screenshot_dir):
+    """The text, then one line (tokens, first token, speed, finish reason, three buttons): the
+    strip, the stats and how it was served open on request, the strip's explanation once a page."""
+    open_chat(page, max_tokens=8)
+    for number, question in enumerate(("Name a colour.", "Name a fruit."), start=1):
+        send(page, question)
+        wait_for_events(page, "generation.finished", number)
+    answers = page.locator(".msg-assistant")
+    for number, answer in enumerate(answers.all()):
+        expect(answer.locator(".msg-details")).to_be_hidden()
+        # Under the text: about one line of instruments (it was ~250 px: strip, 8-10 badges, serving, 5 buttons).
+        below = answer.evaluate("""(el) => {
+            const body = el.querySelector('.msg-body').getBoundingClientRect();
+            return el.getBoundingClientRect().bottom - body.bottom; }""")
+        assert below < 50, f"{below:.0f} px of instruments under the answer"
+        stats = events(page, "generation.finished")[number]["stats"]
+        expect(answer.locator(".msg-summary")).to_contain_text(f"{stats['num_generated_tokens']} tokens")
+        expect(answer.locator(".finish")).to_be_visible()
+        expect(answer.locator(".msg-foot button:visible")).to_have_count(4)  # regenerate, copy, prompt, details
+    # Max tokens ending inside a multi-byte character: the half character is left out, and said so.
+    cut = page.evaluate("""async () => {
+        const { withoutCutCharacter } = await import("/static/js/chat_messages.js");
+        const message = { isStreaming: false, stats: { finish_reason: "length" },
+                          steps: [{ index: 0, text_delta: "Hi \ufffd", token_bytes: "f09f" }] };
+        return withoutCutCharacter(message, "Hi \ufffd");
+    }""")
+    assert cut == {"text": "Hi ", "cutBytes": "0xF0 0x9F"}
+    # The API's repetition penalty has a field here too (greedy and beam search use it as well).
+    page.fill("#ov-repetition-penalty", "1.2")
+    send(page, "Name a number.")
+    wait_for_events(page, "generation.finished", 3)
+    assert sent_commands(page, "generate")[-1]["overrides"]["repetition_penalty"] == 1.2
+    assert events(page, "generation.started")[-1]["params"]["repetition_penalty"] == 1.2
+    page.screenshot(path=str(screenshot_dir / "chat-compact.png"))
+    for answer in answers.all():
+        open_details(answer)
+        expect(answer.locator(".surprise-strip")).to_be_visible()
+        expect(answer.locator(".msg-stats .badge").first).to_be_visible()
+    # The strip's explanation, once on the page: in the first open answer only.
+    expect(page.locator(".strip-note:visible")).to_have_count(1)
+    expect(answers.first.locator(".strip-note")).to_be_visible()
+    answers.first.locator(".details-btn").click()
+    expect(answers.first.locator(".msg-details")).to_be_hidden()
+    expect(answers.nth(1).locator(".strip-note")).to_be_visible()  # now the first open one
+    expect(page.locator(".strip-note:visible")).to_have_count(1)
+
+
+def test_a_text_model_offers_no_image_button_and_refuses_an_image_before_writing_anything(page):
+    open_chat(page, max_tokens=4)
+    expect(page.locator("#attach-btn")).to_be_hidden()
+    # A client that sends one anyway is refused at once: no conversation, no queued generation.
+    refusal = page.evaluate(SEND_ONE_IMAGE, png_base64())
+    assert (refusal["type"], refusal["code"]) == ("error", "images_not_supported"), refusal
+    assert page.evaluate("fetch('/api/conversations/').then((r) => r.json())") == []
+    model = next(m for m in page.evaluate("fetch('/api/models/').then((r) => r.json())") if m["is_default"])
+    assert model["accepts_images"] is False  # the bundled SmolLM2 reads text only
+    page.goto("/explorer/")
+    expect(page.locator("#ex-model option")).not_to_have_count(0)
+    expect(page.locator("#ex-attach")).to_be_hidden()
 
 
 def test_stop_keeps_the_partial_answer(page):
@@ -251,6 +343,28 @@ def test_phone_width_layout(page, screenshot_dir):
     expect(page.locator(".conv-item")).to_have_count(1)
 
 
+def test_a_reload_mid_answer_loses_no_step(page):
+    """The reloaded page's snapshot (the row, saved about once a second, plus the steps published
+    since, coord/recent_steps.py) meets the live stream: every step index once, none missing, and
+    the final strip counts every token (it said "over 190 tokens" of 200)."""
+    open_chat(page, max_tokens=200)
+    send(page, "Explain how a CPU cache works, in detail.")
+    page.wait_for_function("document.querySelector('.msg-assistant .msg-body')?.textContent.length >= 60")
+    page.reload()
+    attached = wait_for_events(page, "generation.attached")[-1]
+    answer = page.locator(".msg-assistant").last
+    expect(answer.locator(".finish")).to_be_visible()
+    finished = events(page, "generation.finished")[-1]
+    num_tokens = finished["stats"]["num_generated_tokens"]
+    snapshot = [s["index"] for s in attached["steps"]]
+    assert snapshot == list(range(len(snapshot))) and snapshot, "the snapshot itself has a hole"
+    live = sorted({s["index"] for e in events(page, "generation.tokens") for s in e["steps"]} - set(snapshot))
+    assert snapshot + live == list(range(num_tokens)), "steps between the snapshot and the live stream are missing"
+    assert "".join(s["text_delta"] for s in attached["steps"]) == attached["text"]
+    expect(answer.locator(".strip-cell")).to_have_count(num_tokens)
+    expect(answer.locator(".answer-ppl")).to_contain_text(f"over {num_tokens} tokens")
+
+
 def test_a_reload_during_a_generation_re_attaches_to_it_and_can_stop_it(page, screenshot_dir):
     open_chat(page, max_tokens=400)
     send(page, "Tell me a very long story about a lighthouse.")
@@ -287,6 +401,9 @@ def test_beam_search_answer_is_hoverable_and_shows_its_beams(page, screenshot_di
     assert beam_steps and not steps_of_last_generation(page)
     assert "".join(best["text_deltas"]) == best["text"]
     expect(answer.locator(".msg-body")).to_contain_text(best["text"].strip()[:20])
+    # Beam search samples nothing: no surprise strip (it said "answer perplexity –").
+    expect(answer.locator(".surprise-strip")).to_have_count(0)
+    expect(answer).not_to_contain_text("perplexity")
 
     # Every token with text is a hoverable span; its card shows the search's own numbers.
     shown = sorted({int(i) for i in answer.locator(".tok").evaluate_all("(els) => els.map((e) => e.dataset.step)")})

@@ -128,14 +128,65 @@ def test_sliders_recompute_the_processed_distribution_like_the_engine(page):
     set_range(page, "#ex-top-k", 1)
     processed = chart_data(page, "dist-chart")["datasets"][1]["data"]
     assert processed[0] == pytest.approx(1.0) and sum(processed[1:]) == pytest.approx(0.0)
+    # Temperature 2 spreads probability over the unlisted tail: renormalizing over the listed
+    # tokens would be far off (37% where the truth is 5%), so nothing is drawn until the worker's
+    # exact answer comes.
+    set_range(page, "#ex-top-k", 0)
+    set_range(page, "#ex-temperature", 2)
+    head = page.locator("#ex-processed-head")
+    assert head.inner_text() == "computing exact…"
+    assert chart_data(page, "dist-chart")["datasets"][1]["data"] == [None] * len(step["top_raw"][:20])
+    expect(page.locator("#ex-alternatives-list .processed").first).to_have_text("…")
+    expect(head).to_have_attribute("data-exact", "true")
+    expect(head).to_have_text("processed")
+    hot = chart_data(page, "dist-chart")["datasets"][1]["data"]
+    assert hot[0] < step["top_raw"][0]["prob"]  # flatter than the raw distribution, from the worker
     set_range(page, "#ex-temperature", 0)
     expect(page.locator("#ex-temperature-value")).to_have_text("0 · greedy")
-    # The worker's exact answer replaces the preview: greedy samples from the raw distribution itself.
-    expect(page.locator("#ex-processed-head")).to_have_attribute("data-exact", "true")
+    # Greedy draws nothing: all of the probability on the top token, drawn at once (the worker's
+    # exact answer says the same), as the A/B page has it.
     processed = chart_data(page, "dist-chart")["datasets"][1]["data"]
-    raw = chart_data(page, "dist-chart")["datasets"][0]["data"]
-    assert processed == pytest.approx(raw, rel=1e-3)
+    assert processed == [1.0] + [0.0] * (len(processed) - 1)
+    expect(head).to_have_attribute("data-exact", "true")
     assert len(events(page, "generation.queued")) == num_requests  # inspections are not generations
+
+    # The repetition penalty (the API's) has a slider: the browser cannot apply it (it needs the
+    # raw scores), so the worker computes it; the next request sends it.
+    set_range(page, "#ex-repetition-penalty", 1.3)
+    expect(page.locator("#ex-repetition-penalty-value")).to_have_text("1.30")
+    assert head.inner_text() == "computing exact…"
+    expect(head).to_have_attribute("data-exact", "true")
+    next_token(page, 2)
+    assert sent_commands(page, "complete")[-1]["overrides"]["repetition_penalty"] == 1.3
+
+
+def test_newline_tokens_are_wide_enough_to_click_and_greedy_draws_with_probability_one(page):
+    open_explorer(page, "Three fruits, one per line:\n1. Apple\n2.")  # the text of the check below
+    set_range(page, "#ex-temperature", 0)
+    set_range(page, "#ex-run-length", 12)
+    page.click("#ex-run")
+    finished = wait_for_events(page, "generation.finished")[-1]
+    expect(page.locator(".step-tok")).to_have_count(finished["stats"]["num_generated_tokens"])
+    steps = all_steps(page)
+    with_newline = [s["index"] for s in steps if "\n" in s["piece"]]
+    assert with_newline, f"the model wrote no line break: {[s['piece'] for s in steps]}"
+    for index in with_newline:
+        token = page.locator(f'.step-tok[data-step="{index}"]')
+        box = token.bounding_box()
+        assert box and box["width"] >= 4, f"step {index}'s newline token is {box}"
+        token.click()
+        expect(page.locator("#ex-step-label")).to_have_text(re.compile(f"^step {index} "))
+    # The text is still the model's: the ↵ is drawn by CSS.
+    text = "Three fruits, one per line:\n1. Apple\n2."
+    expect(page.locator("#ex-continuation")).to_have_text(text + "".join(s["piece"] for s in steps))
+    # Greedy took each token with probability 1 (the raw one is the model's).
+    expect(page.locator("#ex-step-info")).to_contain_text("sampled p 100%")
+    assert chart_data(page, "prob-chart")["datasets"][1]["data"] == [1.0] * len(steps)
+    # These settings drew the steps: their processed column is known at once, all on the token.
+    head = page.locator("#ex-processed-head")
+    expect(head).to_have_attribute("data-exact", "true")
+    processed = chart_data(page, "dist-chart")["datasets"][1]["data"]
+    assert processed.count(1.0) == 1 and sum(processed) == 1.0
 
 
 def test_run_and_beam_search_tree(page, screenshot_dir):

@@ -13,6 +13,7 @@ from playwright.sync_api import expect
 
 from tests.conftest import run_prepare_step
 
+from .test_architecture import settled
 from .test_chat import open_chat, send
 from .test_explorer import next_token, open_explorer
 from .ui import events, sent_commands, wait_for_events
@@ -106,6 +107,9 @@ def test_the_architecture_card_shows_image_tokens(page, vl_demo, screenshot_dir)
     option = page.locator("#arch-model option", has_text="DeepSeek-VL")
     page.select_option("#arch-model", option.get_attribute("value"))
     page.select_option("#arch-dtype", "float32")
+    # The card renders once per change; wait until it shows this choice before reading it (the
+    # screenshot below failed once on a card replaced after its text had matched).
+    settled(page, f"{option.get_attribute('value')}?context=4096&dtype=float32")
     card = page.locator("#arch-card")
     expect(card).to_contain_text("Images (tokens and KV cache per image)")
     model_id = option.get_attribute("value").split(":")[1]

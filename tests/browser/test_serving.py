@@ -33,6 +33,11 @@ def test_three_chats_stream_at_once_and_the_serving_page_shows_them_sharing_step
         serving = opened[0][1]
         serving.goto("/serving/")
         expect(serving.locator("#conn")).to_have_attribute("data-state", "open")
+        # The worker is up but idle (it sends no steps): the page names it instead of waiting for one.
+        expect(serving.locator(".sv-card.sv-idle")).to_have_count(1)
+        expect(serving.locator(".sv-card.sv-idle")).to_contain_text("idle")
+        # It says what one browser can do (a third tab of the same browser is refused).
+        expect(serving.locator(".serving-intro")).to_contain_text("each browser runs at most 2 generations at once")
         chats = [page for _, page, _ in opened[1:]]
         for page in chats:
             open_chat(page, max_tokens=40)
@@ -45,6 +50,11 @@ def test_three_chats_stream_at_once_and_the_serving_page_shows_them_sharing_step
             assert page.locator(".msg-assistant .msg-body").inner_text().strip()
         shared = serving.locator(".sv-row").filter(has=serving.locator(".sv-decode:nth-child(2)"))
         expect(shared.first).to_be_visible()  # a step in which at least two requests decoded together
+        # Every segment is wide enough to be seen and says whose it is; no summary is cut.
+        for segment in shared.first.locator(".sv-seg").all():
+            assert segment.inner_text().startswith("#") and segment.bounding_box()["width"] >= 20
+        is_cut = "(els) => els.filter((e) => e.scrollWidth > e.clientWidth).length"
+        assert serving.locator(".sv-meta").evaluate_all(is_cut) == 0
         expect(serving.locator(".sv-card")).to_have_count(1)
         expect(serving.locator(".sv-card")).to_contain_text("KV blocks")
         serving.screenshot(path=str(screenshot_dir / "serving.png"), full_page=False)

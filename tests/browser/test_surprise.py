@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from .test_chat import open_chat, send
+from .test_chat import open_chat, open_details, send
 from .test_explorer import all_steps, open_explorer
 from .ui import events, set_range, steps_of_last_generation
 
@@ -79,8 +79,10 @@ def test_chat_strip_perplexities_export_and_placeholders(page, screenshot_dir, t
     answer = page.locator(".msg-assistant").last
     expect(answer.locator(".finish")).to_be_visible()
     steps = steps_of_last_generation(page)
+    open_details(answer)  # the strip, the numbers and the exports are one click away
     strip = answer.locator(".surprise-strip")
     check_strip(strip, steps)
+    expect(strip.locator(".strip-note")).to_be_visible()  # the explanation, once on the page
     generation_id = events(page, "generation.queued")[-1]["generation_id"]
     num_prompt_tokens = len(events(page, "generation.started")[-1]["prompt"]["tokens"])
     check_prompt_perplexity(page, strip, generation_id, num_prompt_tokens)
@@ -104,6 +106,7 @@ def test_chat_strip_perplexities_export_and_placeholders(page, screenshot_dir, t
     # Reloaded, the stored answer draws the same strip once its steps load.
     page.reload()
     answer = page.locator(".msg-assistant").last
+    open_details(answer)
     answer.locator(".strip-load").click()
     check_strip(answer.locator(".surprise-strip"), steps)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -125,6 +126,18 @@ def test_a_model_with_an_unknown_device_is_refused(staff_client: Client) -> None
     assert response.status_code == 200
     assert "device='tpu'" in " ".join(response.context["adminform"].form.errors["device"])
     assert not LanguageModel.objects.filter(name="other").exists()
+
+
+def test_an_unset_stop_id_override_is_an_empty_box_not_null(staff_client: Client) -> None:
+    model = LanguageModel.objects.get(source="bundled")
+    assert model.eos_token_ids is None
+    form = staff_client.get(f"/admin/playground/languagemodel/{model.pk}/change/").context["adminform"].form
+    html = str(form["eos_token_ids"])
+    assert re.search(r">\s*</textarea>", html), html  # it showed "null"
+    model.eos_token_ids = [2, 7]
+    model.save()
+    form = staff_client.get(f"/admin/playground/languagemodel/{model.pk}/change/").context["adminform"].form
+    assert "[2, 7]" in str(form["eos_token_ids"])
 
 
 def test_generations_are_listed_but_not_added_by_hand(staff_client: Client) -> None:

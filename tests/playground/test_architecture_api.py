@@ -38,7 +38,8 @@ def test_reference_card_is_the_real_v3() -> None:
 
 def test_list_names_models_and_references(bundled_model: LanguageModel) -> None:
     listing = Client().get("/api/architectures/").json()
-    assert {"id": bundled_model.pk, "name": bundled_model.name} in listing["models"]
+    # is_default: the page opens on the model the chat uses (not the first name in the list)
+    assert {"id": bundled_model.pk, "name": bundled_model.name, "is_default": True} in listing["models"]
     assert "deepseek_v2_lite_16b" in [r["key"] for r in listing["references"]]
 
 

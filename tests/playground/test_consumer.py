@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from playground import protocol
 from playground.asgi import application
-from playground.coord import cancel
+from playground.coord import cancel, recent_steps
 from playground.models import Conversation, Generation, Message
 from playground.web import consumers
 from playground.worker import generation
@@ -301,6 +301,31 @@ async def test_a_reloaded_page_attaches_to_its_running_generation_and_gets_what_
     )
     assert (await ws.receive_json_from(timeout=TIMEOUT_S))["type"] == "generation.finished"
     assert await ws.receive_nothing(timeout=0.3)
+    await ws.disconnect()
+
+
+async def test_an_attach_between_two_saves_gets_the_steps_published_since_the_last_save(
+    session_key: str, queued_ids: list[int]
+) -> None:
+    """The row is saved about once a second; the steps published since wait in Redis
+    (coord/recent_steps.py): the snapshot has them all, so the live stream goes on without a gap."""
+    first = connect(session_key)
+    assert (await first.connect(timeout=TIMEOUT_S))[0]
+    queued = await command(first, "generate", content="hi")
+    await first.disconnect()
+    generation_id = queued["generation_id"]
+    saved = [{"index": 0, "text_delta": "He"}, {"index": 1, "text_delta": "llo"}]
+    await sync_to_async(Generation.objects.filter(pk=generation_id).update)(
+        status="running", started_at=timezone.now(), text="Hello", steps=saved, params={"greedy": True}
+    )
+    published = [{"index": 1, "text_delta": "llo"}, {"index": 2, "text_delta": ","}, {"index": 3, "text_delta": " you"}]
+    await sync_to_async(recent_steps.append)(generation_id, published)  # one already saved, two not yet
+    ws = connect(session_key)
+    assert (await ws.connect(timeout=TIMEOUT_S))[0]
+    attached = await command(ws, "attach", generation_id=generation_id)
+    assert [s["index"] for s in attached["steps"]] == [0, 1, 2, 3]
+    assert attached["text"] == "Hello, you"
+    assert attached["params"] == {"greedy": True}  # the page draws greedy's steps from it
     await ws.disconnect()
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from inference.sampling_params import SamplingParams
-from playground.coord import cancel, store
+from playground.coord import cancel, recent_steps, store
 from playground.models import ChatTemplate, Generation, Message
 from playground.protocol import is_terminal
 from playground.web import submit
@@ -74,6 +74,35 @@ def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(session_ke
     assert generation.num_prompt_tokens == len(engine.prompt_ids) and generation.ttft_ms == 6.0
     assert generation.prompt_text == prompt["text"] and generation.prompt["tokens"] == prompt["tokens"]
     assert Message.objects.get(pk=queued.message_id).content == ANSWER
+
+
+def test_published_steps_wait_in_redis_until_the_row_holds_them(
+    session_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step is in the recent-steps tail before it is published, until a save of the row has
+    it: whenever a reloaded page reads tail then row, it gets every published step."""
+    monkeypatch.setattr(generation, "SAVE_PARTIAL_EVERY_S", 0.0)  # save the row at every step
+    queued = queue_chat(session_key, overrides={"max_new_tokens": 64})
+    gaps: list[int] = []
+
+    def check(event: dict[str, Any]) -> None:
+        if event["type"] != "generation.tokens":
+            return
+        tail = recent_steps.read(queued.generation_id)
+        row = Generation.objects.get(pk=queued.generation_id)
+        _, steps = recent_steps.merged(row.text, row.steps, tail)
+        indices = [s["index"] for s in steps]
+        gaps.append(indices != list(range(len(indices))) or indices[-1] < event["steps"][-1]["index"])
+
+    events: list[dict[str, Any]] = []
+    generation.run_generation(
+        queued.generation_id,
+        "worker-1",
+        load_engine=lambda model: FakeEngine(ANSWER),
+        send=lambda event: (check(event), events.append(event)),
+    )
+    assert len(gaps) > 1 and not any(gaps)
+    assert recent_steps.read(queued.generation_id) == []  # the row holds them all; the tail is gone
 
 
 def test_the_worker_beats_while_it_runs(session_key: str) -> None:

@@ -14,7 +14,7 @@ from django.test import Client
 from inference import SamplingParams
 from inference.introspect.device_limits import device_limits
 from playground.asgi import application
-from playground.coord import keys, store
+from playground.coord import keys, liveness, store
 from playground.worker.metrics import WorkerMetrics
 from playground.worker.observer import WorkerObserver
 from playground.worker.serve_loop import ServeLoop
@@ -37,9 +37,13 @@ def serve_two_requests(worker: str) -> WorkerObserver:
 
 
 async def test_the_serving_socket_shows_the_steps_the_worker_ran() -> None:
+    beat = liveness.start_worker_heartbeat("w0@test")  # alive, idle: it runs no steps
     ws = WebsocketCommunicator(application, "/ws/serving/", headers=HEADERS)
     connected, _ = await ws.connect(timeout=TIMEOUT_S)
     assert connected
+    # An idle worker sends nothing: the page learns who is up when it connects.
+    assert await ws.receive_json_from(timeout=TIMEOUT_S) == {"type": "serving.workers", "workers": ["w0@test"]}
+    await sync_to_async(beat.stop)()
     await sync_to_async(serve_two_requests)("w1@test")
     message = await ws.receive_json_from(timeout=TIMEOUT_S)
     assert message["type"] == "serving.step" and message["worker"] == "w1@test"
