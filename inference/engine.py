@@ -87,7 +87,11 @@ class Engine:
         self.max_context = loaded.max_context
         self.eos_token_ids = tuple(loaded.eos_token_ids)
         use_lean = config.runner == "auto" and runner_llama.supports(self.model)
-        self.runner = runner_llama.LlamaRunner(self.model, self.max_context) if use_lean else HFRunner(self.model)
+        self.runner = (
+            runner_llama.LlamaRunner(self.model, self.max_context, config.batch_invariant)
+            if use_lean
+            else HFRunner(self.model)
+        )
         self.prefix_cache = PrefixCache(config.prefix_cache_bytes)
         self.token_table = token_table(self.tokenizer)
         self.template_tokens = TemplateTokens.from_tokenizer(self.tokenizer)
@@ -139,6 +143,9 @@ class Engine:
             "runner": self.runner.name,
             # What runs between the matmuls: the fused CPU kernels, or torch's ops (GPU, no compiler).
             "kernels": "fused CPU kernels" if getattr(self.runner, "fused", None) else "torch ops",
+            # Whether a token's numbers are the same whatever shares its step and however its
+            # prefix was computed (the fused kernels' default; not the fast mode, torch ops or other runners).
+            "batch_invariant": bool(getattr(getattr(self.runner, "fused", None), "is_batch_invariant", False)),
             "has_chat_template": bool(self.loaded.chat_template),
             "sliding_window": self.sliding_window,
             "num_moe_layers": len(self.routing.routers),  # 0: dense; the explorer offers the MoE view if > 0

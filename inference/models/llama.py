@@ -119,7 +119,7 @@ class _Layer:
 class LlamaRunner:
     name = "lean-llama"
 
-    def __init__(self, model, max_context: int) -> None:
+    def __init__(self, model, max_context: int, is_batch_invariant: bool = True) -> None:
         cfg = model.config
         self.model = model
         self.device = next(model.parameters()).device
@@ -140,7 +140,8 @@ class LlamaRunner:
         cos, sin = model.model.rotary_emb(probe, positions)  # (1, max_context, head_dim) each
         self.cos, self.sin = cos[0], sin[0]
         kernels = cpu_kernels.load() if FusedLlama.supports(self) else None
-        self.fused = FusedLlama(self, kernels) if kernels is not None else None  # None: torch ops
+        # None: torch ops (no C compiler, a GPU), which are not batch-invariant
+        self.fused = FusedLlama(self, kernels, is_batch_invariant) if kernels is not None else None
 
     def new_cache(self, capacity: int) -> ContiguousKVCache:
         return ContiguousKVCache(
@@ -193,8 +194,8 @@ class LlamaRunner:
         start = cache.num_tokens
         positions = torch.arange(start, start + num_new)  # (T,): also their slots in this cache
         kv = KVAddress.layers(cache.buffer, slot_dim=3, head_dim=2)  # (layers, 2, KVH, capacity, D)
-        if num_new == 1:
-            attend = self.fused.decode_attend(kv, positions + 1, None)
+        if num_new == 1 or self.fused.is_batch_invariant:  # each row over positions 0..its own
+            attend = self.fused.attend(kv, positions + 1, None, None)
         else:
             attend = self._prompt_attend(cache, start, num_new)
         logits = self.fused.forward(input_ids, positions, positions, kv, attend, slice(-1, None))  # (1, vocab)
@@ -202,7 +203,7 @@ class LlamaRunner:
         return logits[0]
 
     def _prompt_attend(self, cache: ContiguousKVCache, start: int, num_new: int) -> Attend:
-        """The fused path's attention for several new tokens: torch's fused kernel in float32 (the
+        """The fast mode's attention for several new tokens: torch's fused kernel in float32 (the
         kernels hand q over in float32)."""
 
         def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
