@@ -118,39 +118,60 @@ PG_INLINE void tile_rows(const int kind, const int MR, const int NR, const Args 
     finish(a, m, n, MR, NR, sums);
 }
 
-/* The int4 weights of one row's group g, vector u of the group: (q - 8) * scale + zero, rounded
- * once (torch's int4 kernel's reading). */
-PG_INLINE vf int4_weights(const uint8_t *row, int64_t g, int u, vf scale, vf zero) {
-    const int halves = INT4_GROUP / PG_VL / 2;  // vectors per nibble half of a group
-    vi32 b = vload_u8(row + g * (INT4_GROUP / 2) + (u % halves) * PG_VL);
-    vi32 q = (u >= halves ? b >> 4 : b & 15) - 8;
-    return vfma(__builtin_convertvector(q, vf), scale, zero);
+/* int4 weights are consumed in "unpack order": for each PG_VL bytes of a group (its half h),
+ * the weights in their low nibbles, then those in their high ones (AVX2: k 0-7, 16-23, 8-15,
+ * 24-31; AVX-512: k 0-15, 16-31), so each widened byte vector is used twice at once. x is
+ * copied in that same order (`int4_x`), and the panels of `run_int4_panels` too, so every path
+ * adds the same products in the same order. Unpack position v of a group is natural vector: */
+#define INT4_HALVES (INT4_GROUP / PG_VL / 2)  // byte vectors per group
+PG_INLINE int int4_natural(int v) { return v / 2 + (v % 2) * INT4_HALVES; }
+
+/* The int4 weights of a row's group g at unpack positions 2h (low nibbles) and 2h + 1 (high):
+ * (q - 8) * scale + zero, rounded once (torch's int4 kernel's reading). */
+PG_INLINE void int4_weights(const uint8_t *row, int64_t g, int h, vf scale, vf zero, vf *low, vf *high) {
+    vi32 b = vload_u8(row + g * (INT4_GROUP / 2) + h * PG_VL);
+    *low = vfma(__builtin_convertvector((b & 15) - 8, vf), scale, zero);
+    *high = vfma(__builtin_convertvector((b >> 4) - 8, vf), scale, zero);
 }
 
-PG_INLINE void int4_group_scales(const Args *a, int64_t g, int64_t n, vf *scale, vf *zero) {
-    *scale = vsplat(load_at(a->scales, a->scales_bf16, (g * a->N + n) * 2));
-    *zero = vsplat(load_at(a->scales, a->scales_bf16, (g * a->N + n) * 2 + 1));
+/* Scales and zeros of group g for outputs n..n+NR-1: (scale, zero) pairs are adjacent, so four
+ * outputs' are one 16-byte load. */
+PG_INLINE void int4_group_scales(const Args *a, const int NR, int64_t g, int64_t n, vf *scale, vf *zero) {
+    float pairs[2 * NR_MAX];
+    const int64_t at = (g * a->N + n) * 2;
+#if defined(__AVX2__)
+    if (NR == 4 && a->scales_bf16) {
+        __m128i raw = _mm_loadu_si128((const void *)((const uint16_t *)a->scales + at));
+        _mm256_storeu_ps(pairs, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)));
+    } else
+#endif
+        for (int t = 0; t < 2 * NR; t++) pairs[t] = load_at(a->scales, a->scales_bf16, at + t);
+    for (int j = 0; j < NR; j++) {
+        scale[j] = vsplat(pairs[2 * j]);
+        zero[j] = vsplat(pairs[2 * j + 1]);
+    }
 }
 
 /* Rows m..m+MR-1 (MR <= 8), outputs n..n+NR-1 of an int4 weight: each group's weights are
- * unpacked and scaled once, then used by every row. The same weights in
- * the same order as `tile_rows` over an unpacked panel (`run_int4_panels`): one result either way. */
+ * unpacked and scaled once, then used by every row. The same products in the same order as
+ * `tile_rows` over an unpacked panel (`run_int4_panels`): one result either way. */
 PG_INLINE void tile_int4(const int MR, const int NR, const Args *a, int64_t m, int64_t n) {
     const int64_t K = a->K, row_bytes = K / 2;
-    const float *x = a->x + m * K;
+    const float *x = a->x + m * K;  // in unpack order
     const uint8_t *packed = (const uint8_t *)a->w;
     vf acc[INT4_MR_MAX][NR_MAX];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NR; j++) acc[i][j] = vzero();
     for (int64_t g = 0; g < K / INT4_GROUP; g++) {
         vf scale[NR_MAX], zero[NR_MAX];
-        for (int j = 0; j < NR; j++) int4_group_scales(a, g, n + j, &scale[j], &zero[j]);
-        for (int u = 0; u < INT4_GROUP / PG_VL; u++) {
-            vf wv[NR_MAX];
-            for (int j = 0; j < NR; j++) wv[j] = int4_weights(packed + (n + j) * row_bytes, g, u, scale[j], zero[j]);
+        int4_group_scales(a, NR, g, n, scale, zero);
+        for (int h = 0; h < INT4_HALVES; h++) {
+            vf low[NR_MAX], high[NR_MAX];
+            for (int j = 0; j < NR; j++) int4_weights(packed + (n + j) * row_bytes, g, h, scale[j], zero[j], &low[j], &high[j]);
             for (int i = 0; i < MR; i++) {
-                vf xv = vload(x + i * K + g * INT4_GROUP + u * PG_VL);
-                for (int j = 0; j < NR; j++) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+                const float *xg = x + i * K + g * INT4_GROUP + 2 * h * PG_VL;
+                vf x_low = vload(xg), x_high = vload(xg + PG_VL);
+                for (int j = 0; j < NR; j++) acc[i][j] = vfma(x_high, high[j], vfma(x_low, low[j], acc[i][j]));
             }
         }
     }
@@ -233,10 +254,14 @@ static void run_int4_panels(const Args *a, int64_t n_lo, int64_t n_hi) {
         for (int64_t n = n0; n < n_end; n++) {
             const uint8_t *row = (const uint8_t *)a->w + n * (K / 2);
             for (int64_t g = 0; g < K / INT4_GROUP; g++) {
-                vf scale, zero;
-                int4_group_scales(a, g, n, &scale, &zero);
-                for (int u = 0; u < INT4_GROUP / PG_VL; u++)
-                    vstore(panel + (n - n0) * K + g * INT4_GROUP + u * PG_VL, int4_weights(row, g, u, scale, zero));
+                vf scale, zero, low, high;
+                int4_group_scales(a, 1, g, n, &scale, &zero);
+                for (int h = 0; h < INT4_HALVES; h++) {
+                    int4_weights(row, g, h, scale, zero, &low, &high);
+                    float *at = panel + (n - n0) * K + g * INT4_GROUP + 2 * h * PG_VL;  // unpack order, as x
+                    vstore(at, low);
+                    vstore(at + PG_VL, high);
+                }
             }
         }
         Args unpacked = *a;
@@ -247,20 +272,37 @@ static void run_int4_panels(const Args *a, int64_t n_lo, int64_t n_hi) {
     }
 }
 
+/* Rows per int4 tile: up to 8, as many as keep their x (in float32) within ~24 KiB of L1 beside
+ * the weights streaming through (a long K, like the MLP's down projection, takes 4). */
+static int int4_rows_per_tile(int64_t K) {
+    int64_t rows = (24 * 1024 / 4) / (K > 0 ? K : 1);
+    return rows < 1 ? 1 : rows > INT4_MR_MAX ? INT4_MR_MAX : (int)rows;
+}
+
 static void run_range(const Args *a, int64_t n_lo, int64_t n_hi) {
     if (a->kind != PG_INT4) run_outputs(a, n_lo, n_hi);
-    else if (a->M < INT4_PANEL_ROWS) run_block(a, INT4_TILES, INT4_MR_MAX, 0, a->M, n_lo, n_hi);
+    else if (a->M < INT4_PANEL_ROWS) run_block(a, INT4_TILES, int4_rows_per_tile(a->K), 0, a->M, n_lo, n_hi);
     else run_int4_panels(a, n_lo, n_hi);
 }
 
-/* x widened to float32 in a buffer of the calling thread, kept for its next call. */
-static const float *as_f32(const void *x, int x_bf16, int64_t count) {
-    if (!x_bf16) return (const float *)x;
+static inline vf load_x(const void *x, int x_bf16, int64_t i) {
+    return x_bf16 ? vload_bf16((const uint16_t *)x + i) : vload((const float *)x + i);
+}
+
+/* x widened to float32 in a buffer of the calling thread, kept for its next call; for int4
+ * weights, each group of 32 in unpack order (`int4_natural`). */
+static const float *as_f32(const void *x, int x_bf16, int64_t count, int kind) {
+    if (!x_bf16 && kind != PG_INT4) return (const float *)x;
     float *buffer = pg_scratch(0, count);
-    const uint16_t *h = (const uint16_t *)x;
+    if (kind == PG_INT4) {  // K is a multiple of the group size
+        for (int64_t g = 0; g < count; g += INT4_GROUP)
+            for (int v = 0; v < INT4_GROUP / PG_VL; v++)
+                vstore(buffer + g + v * PG_VL, load_x(x, x_bf16, g + int4_natural(v) * PG_VL));
+        return buffer;
+    }
     int64_t i = 0;
-    for (; i + PG_VL <= count; i += PG_VL) vstore(buffer + i, vload_bf16(h + i));
-    for (; i < count; i++) buffer[i] = load_at(h, 1, i);
+    for (; i + PG_VL <= count; i += PG_VL) vstore(buffer + i, load_x(x, 1, i));
+    for (; i < count; i++) buffer[i] = load_at(x, 1, i);
     return buffer;
 }
 
@@ -274,7 +316,7 @@ static void run_task(void *ctx, int64_t task) {
 void pg_matmul(const void *x, int x_bf16, int64_t M, int64_t K, int kind, const void *w, const void *scales,
                int scales_bf16, int64_t N, const void *bias, int bias_bf16, void *out, int out_bf16,
                int num_threads) {
-    Args a = {as_f32(x, x_bf16, M * K), M, K, N, kind, w, scales, bias, scales_bf16, bias_bf16, out, out_bf16};
+    Args a = {as_f32(x, x_bf16, M * K, kind), M, K, N, kind, w, scales, bias, scales_bf16, bias_bf16, out, out_bf16};
     if (M * N * K < 65536) num_threads = 1;  // waking a helper costs more than such a product
     pg_parallel(num_threads, (N + TASK_OUTPUTS - 1) / TASK_OUTPUTS, run_task, &a);
 }
