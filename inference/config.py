@@ -55,6 +55,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # tokens (prefill chunks + decodes) in one step
     # "auto": the lean Llama-family runner when it supports the model; "transformers": always generic.
     runner: str = "auto"
+    # True: every token's logits are computed in one fixed order whatever shares its step (the
+    # fused CPU kernels' batch-invariant matmuls and attention): the same request gives bitwise
+    # the same numbers alone or batched, chunked or not, cold or from the prefix cache.
+    # False (the fast mode): torch's matmuls for float weights and torch's attention for prompts,
+    # faster prefill where torch's kernels beat ours, last bits then depending on the batch.
+    # Only the lean runner on the fused kernels is batch-invariant (model info: `batch_invariant`).
+    batch_invariant: bool = True
     eos_token_ids: tuple[int, ...] | None = None  # None: the model's own stop ids (see models.loader)
 
     def __post_init__(self) -> None:

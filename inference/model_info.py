@@ -36,6 +36,7 @@ class ModelInfo:
     kv_bytes_per_token: int
     runner: str
     kernels: str  # what runs between the matmuls: "fused CPU kernels" or "torch ops"
+    batch_invariant: bool  # the same numbers alone or batched, chunked or not, cold or cached
     has_chat_template: bool
     sliding_window: int | None
     num_moe_layers: int  # 0: dense; the explorer offers the MoE view if > 0
@@ -69,6 +70,7 @@ class ModelInfo:
             kv_bytes_per_token=runner.bytes_per_token,
             runner=runner.name,
             kernels=runner.kernels,
+            batch_invariant=runner.is_batch_invariant,
             has_chat_template=bool(loaded.chat_template),
             sliding_window=sliding_window_of(cfg),
             num_moe_layers=len(runner.routing.routers),

@@ -4,8 +4,9 @@ Modes: `precision` (default: every weight precision's decode and prefill speed, 
 token and quality against float32, and llama.cpp on the same GGUF when installed), `decode`
 (our prefill/decode vs `model.generate`, and decode speed as a fraction of the memory-bandwidth
 bound), `batch` (continuous batching: N streams at once vs one by one), `prefix` (prefix-cache
-time to first token), `pd` (colocated vs disaggregated prefill/decode). The last line printed
-is `key=value` pairs.
+time to first token), `pd` (colocated vs disaggregated prefill/decode), `determinism` (the same
+request cold, warm, batched and chunked: identical tokens and logprobs, and what that costs). The
+last line printed is `key=value` pairs.
 Ratios, not absolute numbers, are the point: both sides run in the same process,
 interleaved, best of N, so machine noise hits both.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 
-MODES = ("precision", "decode", "batch", "prefix", "pd")
+MODES = ("precision", "decode", "batch", "prefix", "pd", "determinism")
 
 
 def format_keys(results: dict) -> str:

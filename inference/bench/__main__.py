@@ -1,4 +1,4 @@
-"""`python -m inference.bench [precision|decode|batch|prefix|pd] [--quick] [...]`: runs one benchmark mode."""
+"""`python -m inference.bench [precision|decode|batch|prefix|pd|determinism] [--quick] [...]`: one benchmark."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ they differ (a "flip") and the exact KL divergence KL(A||B) between the two dist
 tokens were drawn from, over the whole vocabulary.
 
 Owns: a side's sampling distribution for one step (the processed logits of `build_processors`,
-as the engine's `Sampler` computes them; greedy's is all on its top token), the KL between two
-of them, and the step-by-step alignment of two paths. Must not know: models (it reads
+the engine's `Sampler`'s processors, run here in float64; greedy's is all on its top token), the
+KL between two of them, and the step-by-step alignment of two paths. Must not know: models (it reads
 `Recomputed` logits), requests, Django.
 
 Up to and including the first flip both sides read the same context (the prompt and the
@@ -44,9 +44,11 @@ class Side:
 
 
 def sampling_logprobs(logits: torch.Tensor, context_ids: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The log-probabilities (V,) a step's token is drawn with under `params`: `logits` (V,)
-    raw, `context_ids` (T,) the tokens before the step (the repetition penalty reads them)."""
-    processed = apply_processors(build_processors(params), logits.float()[None], context_ids[None])[0]
+    """The log-probabilities (V,) a step's token is drawn with under `params`, in float64: `logits`
+    (V,) raw, `context_ids` (T,) the tokens before the step (the repetition penalty reads them).
+    float64 because the KL sums 49k terms: the sampler's float32 tempering and normalizer are each
+    ~1e-6 off in every logprob, which is 1e-5 of a KL of 0.1 (the float32 logits convert exactly)."""
+    processed = apply_processors(build_processors(params), logits.double()[None], context_ids[None])[0]
     if params.is_greedy:
         # Greedy takes the top token with probability 1 (the sampler's argmax of the logits).
         point = torch.full_like(processed, -math.inf)

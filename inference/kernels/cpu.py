@@ -1,8 +1,9 @@
-"""Fused CPU kernels (`cpu_kernels.c`) for the decode step and the per-step read-outs of the
-distribution: built once per machine with the system's C compiler, loaded with ctypes, and
-called on torch tensors in place.
+"""Fused CPU kernels for the forward pass (`cpu_kernels.c`: norms, rotary, attention, SiLU;
+`matmul.c`: the batch-invariant matrix products; `threads.c`: their thread pool) and the
+per-step read-outs of the distribution: built once per machine with the system's C compiler,
+loaded with ctypes, and called on torch tensors in place.
 
-Owns: compiling (into a cache folder keyed by the source, flags and CPU, written atomically so
+Owns: compiling (into a cache folder keyed by the sources, flags and CPU, written atomically so
 several processes can race), loading, and thin typed wrappers over the C functions. No
 compiler, a failed build or `PLAYGROUND_CPU_KERNELS=off`: `load()` returns None and callers
 keep their torch ops.
@@ -27,21 +28,30 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
-# -O3 and the host's vector units; reassociating float sums is what lets GCC vectorize the dot
-# products and norms (the order of a float32 sum changes its last bits, as torch's own kernels do).
-CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros")
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+HERE = Path(__file__).parent
+SOURCES = (HERE / "cpu_kernels.c", HERE / "matmul.c", HERE / "threads.c")
+HEADERS = (HERE / "simd.h", HERE / "threads.h")
+# -O3 and the host's vector units. No -fassociative-math and no implicit fused multiply-adds
+# (-ffp-contract=off): every float sum is added in the order the source writes (simd.h), the
+# same for every row whatever shares its call: that is the forward pass's batch invariance.
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-ffp-contract=off")
+LDFLAGS = ("-lm", "-lpthread")
+_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 SIGNATURES = {
-    "pg_add_rms_norm": (_P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _I, _I, _F),
-    "pg_silu_mul": (_P, ctypes.c_int, _P, ctypes.c_int, _I, _I),
-    "pg_rope_write_kv": (_P, ctypes.c_int, _P, _P, _P, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, _I),
-    "pg_decode_attention": (_P, _P, _P, ctypes.c_int, _P, _P, _I, _I, _I, _I, _I, _I, _I, _F, _P, ctypes.c_int),
+    "pg_add_rms_norm": (_P, _P, _C, _P, _P, _C, _I, _I, _F),
+    "pg_silu_mul": (_P, _C, _P, _C, _I, _I),
+    "pg_rope_write_kv": (_P, _C, _P, _P, _P, _P, _P, _C, _P, _I, _I, _I, _I, _I, _I),
+    "pg_attention": (_P, _P, _P, _C, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _C, _C),
+    "pg_matmul": (_P, _C, _I, _I, _C, _P, _P, _C, _I, _P, _C, _P, _C, _C),
     "pg_top_k": (_P, _I, _I, _P, _P),
     "pg_entropy": (_P, _I),
     "pg_count_greater": (_P, _I, _F),
 }
 RESTYPES = {"pg_entropy": ctypes.c_float, "pg_count_greater": ctypes.c_int64}
+
+
+# Weight formats `CpuKernels.matmul` reads (matmul.c's PG_F32 ...).
+WEIGHT_F32, WEIGHT_BF16, WEIGHT_INT8, WEIGHT_INT4 = 0, 1, 2, 3
 
 
 def cache_dir() -> Path:
@@ -57,14 +67,15 @@ def cpu_flags() -> str:
     return next((line for line in lines if line.startswith(("flags", "Features"))), "")
 
 
-def build(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
-    """Compile `source` to a shared library (once per source, flags and compiler); return its path."""
+def build(sources: tuple[Path, ...] = SOURCES, out_dir: Path | None = None) -> Path:
+    """Compile `sources` into one shared library (once per sources, flags and compiler); return its path."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
     # -march=native: the library is for this CPU, so its flags are part of the key too.
-    key_text = " ".join((compiler, *CFLAGS, platform.machine(), cpu_flags()))
-    key = hashlib.sha256(source.read_bytes() + key_text.encode()).hexdigest()[:16]
+    key_text = " ".join((compiler, *CFLAGS, *LDFLAGS, platform.machine(), cpu_flags()))
+    text = b"".join(path.read_bytes() for path in (*sources, *HEADERS))
+    key = hashlib.sha256(text + key_text.encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     target = out_dir / f"cpu_kernels-{key}.so"
     if target.exists():
@@ -72,7 +83,7 @@ def build(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         built = Path(tmp) / target.name
-        cmd = [compiler, *CFLAGS, "-shared", "-fPIC", "-o", str(built), str(source), "-lm"]
+        cmd = [compiler, *CFLAGS, "-shared", "-fPIC", "-o", str(built), *map(str, sources), *LDFLAGS]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()[-2000:]}")
@@ -178,26 +189,29 @@ class CpuKernels:
             head_dim,
         )
 
-    def decode_attention(
+    def attention(
         self,
         q: torch.Tensor,
         kv: KVAddress,
         num_kv_heads: int,
         lengths: torch.Tensor,
         slots: torch.Tensor | None,
+        starts: torch.Tensor | None,
         out: torch.Tensor,
     ) -> None:
-        """q (B, H, D) float32, one query per sequence over its lengths[b] (int64) cached positions,
-        in slots[b] (B, max_len) int64, or slots 0.. when `slots` is None -> out (B, H, D)."""
+        """q (B, H, D) float32: row b attends to its lengths[b] cached positions, position p in slot
+        slots[starts[b] + p] (int64 each), or in slot p when `slots` is None -> out (B, H, D).
+        Decode rows and prompt rows alike (a prompt chunk's rows share its slots, with lengths
+        start + 1, start + 2 ...): one row's result never depends on the others."""
         batch, num_heads, head_dim = q.shape
-        self.lib.pg_decode_attention(
+        self.lib.pg_attention(
             q.data_ptr(),
             kv.keys,
             kv.values,
             kv.is_bf16,
             _ptr(slots),
+            _ptr(starts),
             lengths.data_ptr(),
-            0 if slots is None else slots.shape[1],
             kv.slot_stride,
             kv.head_stride,
             batch,
@@ -207,7 +221,44 @@ class CpuKernels:
             head_dim**-0.5,
             out.data_ptr(),
             _is_bf16(out),
+            torch.get_num_threads(),
         )
+
+    def matmul(
+        self,
+        x: torch.Tensor,
+        kind: int,
+        weight: torch.Tensor,
+        scales: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        """x (M, K) @ w (N, K)^T (+ bias (N,)) -> (M, N) in `out_dtype` (None: x's), each output
+        element summed in one order whatever M is (`matmul.c`). `kind` says what `weight` and
+        `scales` hold: WEIGHT_F32 / WEIGHT_BF16 (N, K); WEIGHT_INT8 (N, K) int8 codes, scales (N,);
+        WEIGHT_INT4 (N, K / 2) uint8, groups of 32 along K (low nibbles weights 0-15, high ones
+        16-31), scales (K / 32, N, 2) = (scale, zero). x, scales, bias: float32 or bfloat16; the
+        weights' rows contiguous."""
+        x = x.contiguous()
+        rows, inner = x.shape
+        out = torch.empty(rows, weight.shape[0], dtype=out_dtype or x.dtype)
+        self.lib.pg_matmul(
+            x.data_ptr(),
+            _is_bf16(x),
+            rows,
+            inner,
+            kind,
+            weight.data_ptr(),
+            _ptr(scales),
+            0 if scales is None else _is_bf16(scales),
+            weight.shape[0],
+            _ptr(bias),
+            0 if bias is None else _is_bf16(bias),
+            out.data_ptr(),
+            _is_bf16(out),
+            torch.get_num_threads(),
+        )
+        return out
 
     def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k (<= len) largest of x (V,) float32, largest first, ties in index order -> (values, ids)."""

@@ -1,21 +1,26 @@
 /* Fused CPU kernels for the Llama-family forward pass and for the read-outs of each step's
- * distribution (inference/kernels/cpu.py builds and loads this file; inference/models/fused.py
- * and inference/sampling/sampler.py call it).
+ * distribution (inference/kernels/cpu.py builds and loads this file with matmul.c and threads.c;
+ * inference/models/fused.py and inference/sampling/sampler.py call it).
  *
  * Why: at one token per step every op is a dispatch plus a tiny computation. Between the four
  * matrix multiplies of a layer, torch spends ~25 small ops (casts, norms, rotary, cache writes,
  * attention views), each ~1.5-2 us on this CPU, which is more than the int4 matmuls themselves.
  * Each function here does one of those stretches in one call, reading and writing the tensors in
- * place. The math is torch's (float32 statistics and accumulation); only rounding order differs.
+ * place. The math is torch's (float32 statistics and accumulation); only rounding order differs,
+ * and that order is fixed per row (simd.h): a row's result never depends on the other rows of
+ * the call, so prompt rows and decode rows, alone or batched, get the same numbers.
  *
  * Tensors are float32 or bfloat16 (`*_bf16` flags). The residual stream `h` is float32 (the
- * matmuls read bfloat16 copies). Single-threaded: the matmuls between these calls use torch's
- * threads, and these calls are short.
+ * matmuls read bfloat16 copies). The attention splits its rows over the thread pool
+ * (threads.c); the other kernels here are short and run on the calling thread.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "simd.h"
+#include "threads.h"
 
 static inline float bf16_to_f32(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
@@ -84,9 +89,7 @@ void pg_add_rms_norm(float *h, const void *delta, int delta_bf16, const float *w
             load_row((const char *)delta + (size_t)(r * dim) * elem(delta_bf16), delta_bf16, tmp, dim);
             for (int64_t i = 0; i < dim; i++) x[i] += tmp[i];
         }
-        float sum = 0.0f;
-        for (int64_t i = 0; i < dim; i++) sum += x[i] * x[i];
-        float inv = 1.0f / sqrtf(sum / (float)dim + eps);
+        float inv = 1.0f / sqrtf(dot(x, x, dim) / (float)dim + eps);
         for (int64_t i = 0; i < dim; i++) tmp[i] = x[i] * inv * weight[i];
         store_row(tmp, (char *)out + (size_t)(r * dim) * elem(out_bf16), out_bf16, dim);
     }
@@ -150,83 +153,138 @@ void pg_rope_write_kv(const void *qkv, int qkv_bf16, const float *cos, const flo
     free(row);
 }
 
-/* Attention of one sequence's query heads of one KV group (group, D) over L cached positions:
- * always inlined, so the callers below get copies specialised for a constant head size and
- * cache dtype (the loops over D then unroll into whole vector registers). */
-static inline __attribute__((always_inline)) void attend_group(
-    const float *restrict qg, const char *k_head, const char *v_head, const int kv_bf16, const int64_t *seq_slots,
-    int64_t L, int64_t slot_bytes, int64_t group, const int64_t D, float scale, float *restrict scores,
-    float *restrict top, float *restrict kv, float *restrict acc) {
-    for (int64_t g = 0; g < group; g++) top[g] = -INFINITY;
-    for (int64_t p = 0; p < L; p++) {
-        int64_t slot = seq_slots ? seq_slots[p] : p;
-        load_row(k_head + slot * slot_bytes, kv_bf16, kv, D);
-        for (int64_t g = 0; g < group; g++) {
-            float dot = 0.0f;
-            for (int64_t i = 0; i < D; i++) dot += qg[g * D + i] * kv[i];
-            dot *= scale;
-            scores[g * L + p] = dot;
-            top[g] = dot > top[g] ? dot : top[g];
-        }
+/* PG_VL keys or values (float32 or bfloat16 cache) as float32. */
+PG_INLINE vf vload_kv(const char *p, const int is_bf16) {
+    return is_bf16 ? vload_bf16((const uint16_t *)p) : vload((const float *)p);
+}
+
+PG_INLINE float load_kv(const char *p, const int is_bf16, int64_t i) {
+    return is_bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* Four dot products q . k[r] (D,), each with exactly `dot`'s sequence of operations (so a
+ * score is the same computed in a block of four or alone): four at once only hide the
+ * latency of each one's chain of multiply-adds. */
+PG_INLINE void dot4(const float *restrict q, const char *const k[4], const int kv_bf16, const int64_t D,
+                    float out[4]) {
+    vf acc[4] = {vzero(), vzero(), vzero(), vzero()};
+    int64_t d = 0;
+    for (; d + PG_VL <= D; d += PG_VL) {
+        vf qv = vload(q + d);
+        for (int r = 0; r < 4; r++) acc[r] = vfma(qv, vload_kv(k[r] + d * (kv_bf16 ? 2 : 4), kv_bf16), acc[r]);
     }
-    for (int64_t g = 0; g < group; g++) {
-        float *restrict sg = scores + g * L, total = 0.0f, peak = top[g];
-        for (int64_t p = 0; p < L; p++) {
-            sg[p] = fast_expf(sg[p] - peak);
-            total += sg[p];
-        }
-        float inv = L > 0 ? 1.0f / total : 0.0f;
-        for (int64_t p = 0; p < L; p++) sg[p] *= inv;
-    }
-    memset(acc, 0, (size_t)(group * D) * sizeof(float));
-    for (int64_t p = 0; p < L; p++) {
-        int64_t slot = seq_slots ? seq_slots[p] : p;
-        load_row(v_head + slot * slot_bytes, kv_bf16, kv, D);
-        for (int64_t g = 0; g < group; g++) {
-            float w = scores[g * L + p];
-            for (int64_t i = 0; i < D; i++) acc[g * D + i] += w * kv[i];
-        }
+    for (int r = 0; r < 4; r++) {
+        float total = vsum(acc[r]);
+        for (int64_t t = d; t < D; t++) total = sfma(q[t], load_kv(k[r], kv_bf16, t), total);
+        out[r] = total;
     }
 }
 
-/* One query row per sequence over its cached keys and values (grouped-query attention).
- * q (B, H, D) float32; sequence b attends to positions 0..lengths[b]-1, position p in slot
- * slots[b * max_len + p] (slots NULL: slot p); out (B, H, D). Keys are read once per position
- * for every query head of their group. Softmax in float32 with the max subtracted. */
-void pg_decode_attention(const float *q, const void *k_base, const void *v_base, int kv_bf16, const int64_t *slots,
-                         const int64_t *lengths, int64_t max_len, int64_t slot_stride, int64_t head_stride,
-                         int64_t B, int64_t H, int64_t KVH, int64_t D, float scale, void *out, int out_bf16) {
-    int64_t group = H / KVH, longest = 0;
-    for (int64_t b = 0; b < B; b++) longest = lengths[b] > longest ? lengths[b] : longest;
-    float *scores = (float *)malloc((size_t)(group * (longest > 0 ? longest : 1)) * sizeof(float));
-    float *kv = (float *)malloc((size_t)D * sizeof(float));
-    float *acc = (float *)malloc((size_t)(group * D) * sizeof(float));
-    float *top = (float *)malloc((size_t)group * sizeof(float));
-    int64_t kv_elem = (int64_t)elem(kv_bf16), slot_bytes = slot_stride * kv_elem;
-    for (int64_t b = 0; b < B; b++) {
-        const int64_t *seq_slots = slots ? slots + b * max_len : NULL;
-        for (int64_t j = 0; j < KVH; j++) {
-            const float *qg = q + (b * H + j * group) * D;  // the group's query heads, (group, D)
-            const char *k_head = (const char *)k_base + j * head_stride * kv_elem;
-            const char *v_head = (const char *)v_base + j * head_stride * kv_elem;
-#define ATTEND(BF16, DIM) \
-    attend_group(qg, k_head, v_head, BF16, seq_slots, lengths[b], slot_bytes, group, DIM, scale, scores, top, kv, acc)
-            if (kv_bf16 && D == 64) ATTEND(1, 64);
-            else if (kv_bf16 && D == 128) ATTEND(1, 128);
-            else if (!kv_bf16 && D == 64) ATTEND(0, 64);
-            else if (!kv_bf16 && D == 128) ATTEND(0, 128);
-            else ATTEND(kv_bf16, D);
-#undef ATTEND
-            for (int64_t g = 0; g < group; g++) {
-                size_t at = (size_t)((b * H + j * group + g) * D) * elem(out_bf16);
-                store_row(acc + g * D, (char *)out + at, out_bf16, D);
-            }
+PG_INLINE float dot_kv(const float *restrict q, const char *k, const int kv_bf16, const int64_t D) {
+    vf acc = vzero();
+    int64_t d = 0;
+    for (; d + PG_VL <= D; d += PG_VL) acc = vfma(vload(q + d), vload_kv(k + d * (kv_bf16 ? 2 : 4), kv_bf16), acc);
+    float total = vsum(acc);
+    for (; d < D; d++) total = sfma(q[d], load_kv(k, kv_bf16, d), total);
+    return total;
+}
+
+/* One query row's heads of one KV group, qg (group, D), over its L cached positions -> acc
+ * (group, D). Every sum's order depends on D and L only (never on other rows, the blocking of
+ * a prompt or the thread), so a position gets the same output whether it is computed in a
+ * prompt, a prompt chunk or a decode step: prompts and decodes share this one function.
+ * Keys and values are read once per position for the whole group. Always inlined, so callers
+ * get copies specialised for a constant head size and cache dtype. */
+PG_INLINE void attend_group(const float *restrict qg, const char *k_head, const char *v_head, const int kv_bf16,
+                            const int64_t *seq_slots, int64_t L, int64_t slot_bytes, int64_t group, const int64_t D,
+                            float scale, float *restrict scores, float *restrict acc) {
+    int64_t p = 0;
+    for (; p + 4 <= L; p += 4) {
+        const char *k[4];
+        for (int r = 0; r < 4; r++) k[r] = k_head + (seq_slots ? seq_slots[p + r] : p + r) * slot_bytes;
+        for (int64_t g = 0; g < group; g++) {
+            float dots[4];
+            dot4(qg + g * D, k, kv_bf16, D, dots);
+            for (int r = 0; r < 4; r++) scores[g * L + p + r] = dots[r] * scale;
         }
     }
-    free(top);
-    free(acc);
-    free(kv);
-    free(scores);
+    for (; p < L; p++) {
+        const char *k = k_head + (seq_slots ? seq_slots[p] : p) * slot_bytes;
+        for (int64_t g = 0; g < group; g++) scores[g * L + p] = dot_kv(qg + g * D, k, kv_bf16, D) * scale;
+    }
+    for (int64_t g = 0; g < group; g++) {  // softmax in float32, the maximum subtracted
+        float *restrict sg = scores + g * L, peak = -INFINITY;
+        for (int64_t t = 0; t < L; t++) peak = sg[t] > peak ? sg[t] : peak;
+        for (int64_t t = 0; t < L; t++) sg[t] = fast_expf(sg[t] - peak);
+        float inv = L > 0 ? 1.0f / sum(sg, L) : 0.0f;
+        for (int64_t t = 0; t < L; t++) sg[t] *= inv;
+    }
+    memset(acc, 0, (size_t)(group * D) * sizeof(float));
+    for (int64_t t = 0; t < L; t++) {  // each output element adds its positions in order
+        const char *v = v_head + (seq_slots ? seq_slots[t] : t) * slot_bytes;
+        int64_t d = 0;
+        for (; d + PG_VL <= D; d += PG_VL) {
+            vf vv = vload_kv(v + d * (kv_bf16 ? 2 : 4), kv_bf16);
+            for (int64_t g = 0; g < group; g++)
+                vstore(acc + g * D + d, vfma(vsplat(scores[g * L + t]), vv, vload(acc + g * D + d)));
+        }
+        for (; d < D; d++)
+            for (int64_t g = 0; g < group; g++) acc[g * D + d] = sfma(scores[g * L + t], load_kv(v, kv_bf16, d), acc[g * D + d]);
+    }
+}
+
+typedef struct {
+    const float *q;
+    const void *k_base, *v_base;
+    int kv_bf16, out_bf16;
+    const int64_t *slots, *starts, *lengths;
+    int64_t slot_bytes, head_stride, H, KVH, D, longest;
+    float scale;
+    void *out;
+} AttentionArgs;
+
+/* One task: row b's heads of KV head j (task = b * KVH + j). */
+static void attention_task(void *ctx, int64_t task) {
+    const AttentionArgs *a = (const AttentionArgs *)ctx;
+    int64_t b = task / a->KVH, j = task % a->KVH, group = a->H / a->KVH, D = a->D;
+    int64_t kv_elem = (int64_t)elem(a->kv_bf16);
+    float *scores = pg_scratch(2, group * a->longest), *acc = pg_scratch(3, group * D);
+    const int64_t *seq_slots = a->slots ? a->slots + a->starts[b] : NULL;
+    const float *qg = a->q + (b * a->H + j * group) * D;  // the group's query heads, (group, D)
+    const char *k_head = (const char *)a->k_base + j * a->head_stride * kv_elem;
+    const char *v_head = (const char *)a->v_base + j * a->head_stride * kv_elem;
+    int64_t L = a->lengths[b];
+#define ATTEND(BF16, DIM) attend_group(qg, k_head, v_head, BF16, seq_slots, L, a->slot_bytes, group, DIM, a->scale, scores, acc)
+    if (a->kv_bf16 && D == 64) ATTEND(1, 64);
+    else if (a->kv_bf16 && D == 128) ATTEND(1, 128);
+    else if (!a->kv_bf16 && D == 64) ATTEND(0, 64);
+    else if (!a->kv_bf16 && D == 128) ATTEND(0, 128);
+    else ATTEND(a->kv_bf16, D);
+#undef ATTEND
+    for (int64_t g = 0; g < group; g++) {
+        size_t at = (size_t)((b * a->H + j * group + g) * D) * elem(a->out_bf16);
+        store_row(acc + g * D, (char *)a->out + at, a->out_bf16, D);
+    }
+}
+
+/* Attention of B query rows, each over its own cached positions (grouped-query heads): the one
+ * kernel for decode steps and prompt rows alike.
+ * q (B, H, D) float32; row b attends to lengths[b] positions, position p in slot
+ * slots[starts[b] + p] (slots NULL: slot p), so the rows of one prompt chunk share its slots
+ * with lengths start + 1, start + 2, ...; out (B, H, D). Keys are read once per position for
+ * every query head of their group. (row, KV head) pairs are tasks of the thread pool. */
+void pg_attention(const float *q, const void *k_base, const void *v_base, int kv_bf16, const int64_t *slots,
+                  const int64_t *starts, const int64_t *lengths, int64_t slot_stride, int64_t head_stride, int64_t B,
+                  int64_t H, int64_t KVH, int64_t D, float scale, void *out, int out_bf16, int num_threads) {
+    int64_t longest = 1, work = 0;
+    for (int64_t b = 0; b < B; b++) {
+        longest = lengths[b] > longest ? lengths[b] : longest;
+        work += lengths[b];
+    }
+    if (work * KVH * D < (1 << 16)) num_threads = 1;  // waking a helper costs more than this
+    AttentionArgs a = {q,     k_base, v_base, kv_bf16, out_bf16, slots, starts, lengths, slot_stride * (int64_t)elem(kv_bf16),
+                       head_stride, H, KVH, D, longest, scale, out};
+    pg_parallel(num_threads, B * KVH, attention_task, &a);
 }
 
 /* ---- read-outs of one next-token distribution (every step reports them) -------------------- */
@@ -262,12 +320,17 @@ void pg_top_k(const float *x, int64_t n, int64_t k, int64_t *ids, float *values)
     }
 }
 
-/* Entropy in nats of a distribution given by its logprobs (n,): -sum p log p, -inf terms 0. */
+/* Entropy in nats of a distribution given by its logprobs (n,): -sum p log p, -inf terms 0
+ * (terms computed a block at a time, then added in `sum`'s order). */
 float pg_entropy(const float *logprobs, int64_t n) {
-    float total = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        float lp = logprobs[i];
-        total += lp > -INFINITY ? fast_expf(lp) * lp : 0.0f;
+    float terms[256], total = 0.0f;
+    for (int64_t start = 0; start < n; start += 256) {
+        int64_t count = n - start < 256 ? n - start : 256;
+        for (int64_t i = 0; i < count; i++) {
+            float lp = logprobs[start + i];
+            terms[i] = lp > -INFINITY ? fast_expf(lp) * lp : 0.0f;
+        }
+        total += sum(terms, count);
     }
     return -total;
 }

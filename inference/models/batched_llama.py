@@ -3,9 +3,13 @@
 Owns: turning a step's chunks (prefill chunks and decodes of many sequences) into one pass:
 the projections and the MLP run over all new tokens at once (so each weight is read once per
 step, whoever shares it), attention reads each sequence's keys and values from the paged
-pool (decodes padded together with a mask, prefill chunks one by one), and logits are
-computed only at the positions that sample. The weights, rotary tables and math are the lean
-runner's (`llama.LlamaRunner`), so a sequence alone gets the same numbers.
+pool, and logits are computed only at the positions that sample. On the fused kernels every
+row, decode or prompt, attends through one kernel over its own context's slots (a prompt
+chunk's rows share its slots list, each reading up to its own position), so with the
+batch-invariant matmuls a token's logits are the same whatever shares its step and however
+its prefix was computed. On torch ops (and the fused kernels' fast mode) prefill chunks attend
+one by one through torch's fused kernel, decodes padded together with a mask. The weights,
+rotary tables and math are the lean runner's (`llama.LlamaRunner`).
 Must not know: sampling, requests, the scheduler's policy.
 """
 
@@ -37,8 +41,10 @@ class StepInput:
     input_ids: torch.Tensor  # (T,) every new token of the step
     positions: torch.Tensor  # (T,)
     slots: torch.Tensor  # (T,) where each new token's KV goes
+    context_slots: torch.Tensor  # (sum of the chunks' ends,) each chunk's context slots, one after another
+    context_starts: torch.Tensor  # (T,) where row t's context starts in context_slots (it reads positions + 1)
     decode_rows: torch.Tensor  # (B,) rows of single-token chunks
-    decode_slots: torch.Tensor | None  # (B, max_context) their context's slots, padded; None: no decodes
+    decode_slots: torch.Tensor | None  # (B, max_context) their context's slots, padded (torch path); else None
     decode_lengths: torch.Tensor  # (B,) how many of those slots each reads
     decode_mask: torch.Tensor | None  # (B, 1, 1, max_context); None when no padding
     prefills: list[_Prefill]
@@ -55,14 +61,17 @@ class BatchedLlamaRunner:
     def prepare(self, chunks: list[Chunk]) -> StepInput:
         """Host-side bookkeeping of a step, moved to the device once."""
         ids, positions, slots, prefills, logit_rows = [], [], [], [], []
-        decode_rows, decode_slots = [], []
-        row = 0
+        contexts, context_starts, decode_rows, decode_slots = [], [], [], []
+        row = offset = 0
         for chunk in chunks:
             seq, end = chunk.seq, chunk.start + chunk.num_tokens
             ids += seq.token_ids[chunk.start : end]
             positions += range(chunk.start, end)
             context = self.pool.slots(seq.block_table, 0, end)  # (end,)
             slots.append(context[chunk.start :])
+            contexts.append(context)
+            context_starts += [offset] * chunk.num_tokens
+            offset += end
             if chunk.num_tokens == 1:
                 decode_rows.append(row)
                 decode_slots.append(context)
@@ -72,17 +81,20 @@ class BatchedLlamaRunner:
                 logit_rows.append(row + chunk.num_tokens - 1)
             row += chunk.num_tokens
         to = self.device
-        padded = torch.nn.utils.rnn.pad_sequence(decode_slots, batch_first=True) if decode_slots else None
         lengths = [len(s) for s in decode_slots]
-        mask = None
-        if decode_slots and min(lengths) != max(lengths):
-            mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None])[:, None, None].to(to)
+        padded = mask = None
+        if self.lean.fused is None and decode_slots:  # torch's attention reads the decodes padded together
+            padded = torch.nn.utils.rnn.pad_sequence(decode_slots, batch_first=True).to(to)
+            if min(lengths) != max(lengths):
+                mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None])[:, None, None].to(to)
         return StepInput(
             input_ids=torch.tensor(ids, device=to),
             positions=torch.tensor(positions, device=to),
             slots=torch.cat(slots).to(to),
+            context_slots=torch.cat(contexts).to(to),
+            context_starts=torch.tensor(context_starts, dtype=torch.long, device=to),
             decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=to),
-            decode_slots=padded.to(to) if padded is not None else None,
+            decode_slots=padded,
             decode_lengths=torch.tensor(lengths, dtype=torch.long, device=to),
             decode_mask=mask,
             prefills=[_Prefill(p.row, p.num_tokens, p.start, p.context_slots.to(to)) for p in prefills],
@@ -123,19 +135,21 @@ class BatchedLlamaRunner:
         return out.view(num_rows, lean.q_size)
 
     def _attend(self, step: StepInput, kv: list[KVAddress]) -> Attend:
-        """The fused path's attention: decode rows on the kernel, each over its own slots; each
-        prefill chunk on torch's fused kernel (float32) over its gathered context."""
-        decode = None
-        if step.decode_slots is not None:
-            decode = self.lean.fused.decode_attend(kv, step.decode_lengths, step.decode_slots)
-        if not step.prefills:  # decodes only (the common step): the rows are the decodes, in order
-            return decode
+        """The fused path's attention. Batch-invariant: every row on the kernel over its own
+        context (prompt rows the same way as decodes). Fast mode: decode rows on the kernel,
+        each prefill chunk on torch's fused kernel (float32) over its gathered context."""
+        fused = self.lean.fused
+        lengths = step.positions + 1
+        if fused.is_batch_invariant or not step.prefills:
+            return fused.attend(kv, lengths, step.context_slots, step.context_starts)
+        rows = step.decode_rows
+        decode = fused.attend(kv, lengths[rows], step.context_slots, step.context_starts[rows]) if len(rows) else None
 
         def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
             if decode is not None:
-                decoded = torch.empty(len(step.decode_rows), *out.shape[1:], dtype=out.dtype)
-                decode(i, q[step.decode_rows], decoded)
-                out[step.decode_rows] = decoded
+                decoded = torch.empty(len(rows), *out.shape[1:], dtype=out.dtype)
+                decode(i, q[rows], decoded)
+                out[rows] = decoded
             self._attend_prefills(i, q, out, step)
 
         return attend

@@ -117,7 +117,7 @@ class _Layer:
 class LlamaRunner:
     name = "lean-llama"
 
-    def __init__(self, model, max_context: int) -> None:
+    def __init__(self, model, max_context: int, is_batch_invariant: bool = True) -> None:
         cfg = model.config
         self.model = model
         self.device = next(model.parameters()).device
@@ -138,7 +138,8 @@ class LlamaRunner:
         cos, sin = model.model.rotary_emb(probe, positions)  # (1, max_context, head_dim) each
         self.cos, self.sin = cos[0], sin[0]
         kernels = cpu_kernels.load() if FusedLlama.supports(self) else None
-        self.fused = FusedLlama(self, kernels) if kernels is not None else None  # None: torch ops
+        # None: torch ops (no C compiler, a GPU), which are not batch-invariant
+        self.fused = FusedLlama(self, kernels, is_batch_invariant) if kernels is not None else None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # Transformers' LlamaRMSNorm (float32 statistics, cast back, then the weight); torch's

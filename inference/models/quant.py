@@ -1,8 +1,10 @@
 """Weight-only quantized linear layers: int8 per output channel, 4-bit per group of 32.
 
 Owns: turning a float weight (or a GGUF file's own 4-bit blocks, via `Int4Weight.from_blocks`)
-into the packed form torch's kernels read (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`),
-the matmul, joining packed weights for fused projections (QKV, gate/up) and slicing them back,
+into the packed form the matmul reads, the matmul (on a CPU the fused kernels' batch-invariant
+`matmul.c`, which also gains from more rows; elsewhere, or without a C compiler, torch's
+`_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu`), joining packed weights for fused
+projections (QKV, gate/up) and slicing them back,
 and `QuantizedLinear`, the module that takes `nn.Linear`'s place in the transformers model so
 every path (lean runner, transformers' forward, inspections) reads the same served weights.
 Decode is memory-bound: a token reads every weight once, so 1 byte (int8) or half a byte (int4)
@@ -17,9 +19,28 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
+from inference.kernels import cpu as cpu_kernels
+
 INT4_GROUP_SIZE = 32  # the group of GGUF's Q4_0/Q4_1 blocks (and Q4_K's sub-blocks): a file's blocks map one to one
-INT4_TILE_ROWS = 64  # the CPU int4 layout interleaves rows in tiles of 64: joins/slices keep to them
+INT4_TILE_ROWS = 64  # torch's CPU int4 layout interleaves rows in tiles (32 or 64): joins/slices keep to 64
 INT4_INNER_K_TILES = 2  # the CPU packing only accepts 2 here
+# Packed int4 layouts: "groups" (the fused kernels': per row, each group of 32 weights in 16
+# bytes, weights 0-15 in the low nibbles, 16-31 in the high ones, a GGUF Q4 block's order) or
+# "torch" (torch's CPU kernel's tiles, which depend on the CPU's vector width). "groups" where
+# the kernels are built, so every path that reads the weight (runners, transformers' forward,
+# inspections) runs the same kernel.
+INT4_LAYOUTS = ("groups", "torch")
+
+
+def _kernels_for(x: torch.Tensor) -> cpu_kernels.CpuKernels | None:
+    """The fused kernels, when they can take x (a float32/bfloat16 CPU tensor) and are built."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    return cpu_kernels.load()
+
+
+def _to(out: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return out if dtype is None else out.to(dtype)
 
 
 @dataclass(frozen=True)
@@ -47,8 +68,13 @@ class Int8Weight:
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scales.nbytes
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int8pack_mm(x, self.codes, self.scales)  # (T, K) -> (T, N)
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """(T, K) -> (T, N) in `out_dtype` (None: x's): on the kernels each output is summed in
+        float32 and written once in out_dtype (the 8-bit output head writes float32 logits)."""
+        kernels = _kernels_for(x)
+        if kernels is None or self.scales.dtype not in (torch.float32, torch.bfloat16):
+            return _to(torch._weight_int8pack_mm(x, self.codes, self.scales), out_dtype)
+        return kernels.matmul(x, cpu_kernels.WEIGHT_INT8, self.codes, self.scales, None, out_dtype)
 
     def dequantize(self) -> torch.Tensor:
         return self.codes.float() * self.scales.float()[:, None]  # (N, K)
@@ -71,9 +97,10 @@ class Int4Weight:
     along the input): the convention of torch's int4 kernels, into which GGUF's Q4_0 (zero 0) and
     Q4_1 (zero = min + 8 * scale) map exactly."""
 
-    packed: torch.Tensor  # (N, K / 2) uint8, the kernel's layout (tiles of 64 rows)
+    packed: torch.Tensor  # (N, K / 2) uint8 in `layout` (INT4_LAYOUTS)
     scale_zeros: torch.Tensor  # (K / group_size, N, 2) in the activation dtype
     group_size: int = INT4_GROUP_SIZE
+    layout: str = "torch"
 
     bits = 4
 
@@ -97,14 +124,26 @@ class Int4Weight:
         return cls.from_blocks(codes.flatten(1).to(torch.int32), scale, zero, groups.shape[-1])
 
     @classmethod
-    def from_blocks(cls, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> Int4Weight:
-        """codes (N, K) in 0..15; scale and zero (N, K / group_size): pack as the kernel wants."""
+    def from_blocks(
+        cls, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int, layout: str | None = None
+    ) -> Int4Weight:
+        """codes (N, K) in 0..15; scale and zero (N, K / group_size): pack as the matmul wants
+        (`layout` None: "groups" where the fused kernels are built and the groups are of 32)."""
         n, k = codes.shape
         if k % group_size or n % 8:
             raise ValueError(f"an int4 weight needs K a multiple of {group_size} and N of 8, not {(n, k)}")
-        packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), INT4_INNER_K_TILES)
+        if layout is None:
+            usable = group_size == INT4_GROUP_SIZE and _kernels_for(scale.float()) is not None
+            layout = "groups" if usable else "torch"
+        if layout not in INT4_LAYOUTS or (layout == "groups" and group_size != INT4_GROUP_SIZE):
+            raise ValueError(f"layout={layout!r} is not one of {INT4_LAYOUTS} (groups: of {INT4_GROUP_SIZE})")
         scale_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()  # (G, N, 2)
-        return cls(packed, scale_zeros, group_size)
+        if layout == "groups":
+            halves = codes.to(torch.uint8).view(n, k // group_size, 2, group_size // 2)  # (N, G, low/high, 16)
+            packed = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+        else:
+            packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), INT4_INNER_K_TILES)
+        return cls(packed, scale_zeros, group_size, layout)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -114,29 +153,47 @@ class Int4Weight:
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scale_zeros.nbytes
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scale_zeros)
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """(T, K) -> (T, N) in `out_dtype` (None: x's)."""
+        if self.layout == "torch":
+            return _to(torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scale_zeros), out_dtype)
+        kernels = _kernels_for(x)
+        if kernels is None:  # only when the kernels stopped being usable after packing (switched off)
+            return _to(x @ self.dequantize().to(x.dtype).t(), out_dtype)
+        return kernels.matmul(x, cpu_kernels.WEIGHT_INT4, self.packed, self.scale_zeros, None, out_dtype)
 
     def dequantize(self) -> torch.Tensor:
+        """(N, K) float32: the matmul's own reading of the weights."""
         n, k = self.shape
-        eye = torch.eye(k, dtype=self.scale_zeros.dtype)
-        return self.matmul(eye).float().t().contiguous()  # (N, K): the kernel's own reading
+        if self.layout == "torch":
+            eye = torch.eye(k, dtype=self.scale_zeros.dtype)
+            return self.matmul(eye).float().t().contiguous()
+        groups = self.packed.view(n, k // self.group_size, self.group_size // 2)  # (N, G, 16) bytes
+        codes = torch.cat([groups & 15, groups >> 4], dim=-1).double() - 8  # (N, G, group): low nibbles first
+        scale, zero = (self.scale_zeros[..., i].float().t()[..., None] for i in (0, 1))  # (N, G, 1)
+        # (q - 8) * scale + zero rounded once, as the kernel computes it
+        return torch.addcmul(zero.double(), codes, scale.double()).float().reshape(n, k)
 
     def rows(self, start: int, end: int) -> Int4Weight:
-        if start % INT4_TILE_ROWS or (end % INT4_TILE_ROWS and end != self.shape[0]):
+        torch_tiles = self.layout == "torch"
+        if torch_tiles and (start % INT4_TILE_ROWS or (end % INT4_TILE_ROWS and end != self.shape[0])):
             raise ValueError(f"int4 rows {start}:{end} are not on {INT4_TILE_ROWS}-row tiles")
-        return Int4Weight(self.packed[start:end], self.scale_zeros[:, start:end].contiguous(), self.group_size)
+        scale_zeros = self.scale_zeros[:, start:end].contiguous()
+        return Int4Weight(self.packed[start:end], scale_zeros, self.group_size, self.layout)
 
     @staticmethod
     def can_join(parts: list[Int4Weight]) -> bool:
-        return all(p.shape[0] % INT4_TILE_ROWS == 0 for p in parts[:-1])
+        if len({p.layout for p in parts}) != 1:
+            return False
+        return parts[0].layout == "groups" or all(p.shape[0] % INT4_TILE_ROWS == 0 for p in parts[:-1])
 
     @staticmethod
     def join(parts: list[Int4Weight]) -> Int4Weight:
         if not Int4Weight.can_join(parts):
-            raise ValueError(f"int4 weights join only on {INT4_TILE_ROWS}-row tiles")
+            raise ValueError(f"int4 weights join only in one layout, torch's on {INT4_TILE_ROWS}-row tiles")
         packed = torch.cat([p.packed for p in parts])
-        return Int4Weight(packed, torch.cat([p.scale_zeros for p in parts], dim=1), parts[0].group_size)
+        scale_zeros = torch.cat([p.scale_zeros for p in parts], dim=1)
+        return Int4Weight(packed, scale_zeros, parts[0].group_size, parts[0].layout)
 
 
 @dataclass(frozen=True)
@@ -153,8 +210,8 @@ class Stacked:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([p.matmul(x) for p in self.parts], dim=-1)  # (T, sum of N)
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.cat([p.matmul(x, out_dtype) for p in self.parts], dim=-1)  # (T, sum of N)
 
 
 QuantizedWeight = Int8Weight | Int4Weight | Stacked
@@ -168,11 +225,17 @@ def quantize(weight: torch.Tensor, bits: int, dtype: torch.dtype) -> QuantizedWe
     raise ValueError(f"bits={bits} is not 8 or 4")
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (T, in) @ weight (out, in).T (+ bias) for a float or a quantized weight."""
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor | QuantizedWeight,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """x (T, in) @ weight (out, in).T (+ bias) for a float or a quantized weight, in `out_dtype`
+    (None: x's). Float weights go to torch (`models/matmul.py` has the batch-invariant kind)."""
     if isinstance(weight, torch.Tensor):
-        return F.linear(x, weight, bias)
-    out = weight.matmul(x)  # (T, out)
+        return _to(F.linear(x, weight, bias), out_dtype)
+    out = weight.matmul(x, out_dtype)  # (T, out)
     return out + bias if bias is not None else out
 
 

@@ -41,7 +41,7 @@ class ModelRunner:
         self.llama: BatchedLlamaRunner | None = None
         self.hf: HFBatchedRunner | None = None
         if config.runner == "auto" and llama.supports(self.model):
-            lean = llama.LlamaRunner(self.model, loaded.max_context)
+            lean = llama.LlamaRunner(self.model, loaded.max_context, config.batch_invariant)
             shape = (lean.num_kv_heads, lean.head_dim)
             num_blocks = _num_blocks(config, len(lean.layers), shape, shape, lean.dtype)
             self.pool = PagedKVPool(len(lean.layers), num_blocks, config.block_size, *shape, lean.dtype, self.device)
@@ -61,6 +61,13 @@ class ModelRunner:
     def kernels(self) -> str:
         """What runs between the matmuls: the fused CPU kernels, or torch's ops (GPU, no compiler)."""
         return "fused CPU kernels" if self.llama is not None and self.llama.lean.fused is not None else "torch ops"
+
+    @property
+    def is_batch_invariant(self) -> bool:
+        """Whether a token's numbers are the same whatever shares its step and however its prefix
+        was computed: the fused kernels' default, not their fast mode, torch ops or other runners."""
+        fused = self.llama.lean.fused if self.llama is not None else None
+        return fused is not None and fused.is_batch_invariant
 
     @property
     def bytes_per_token(self) -> int:

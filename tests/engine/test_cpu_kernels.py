@@ -20,6 +20,8 @@ import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 from inference import SamplingParams
 from inference.kernels import cpu as cpu_kernels
 from inference.kernels.cpu import KVAddress
+from inference.models.matmul import invariant_linear
+from inference.models.quant import Int4Weight, Int8Weight
 from tests.engine.engines import engine_for
 from tests.engine.test_batching import alone, run_all, tokens
 
@@ -116,34 +118,113 @@ def test_rope_write_kv_rotates_q_and_k_and_writes_k_and_v_to_their_slots(
     assert (stored[:, untouched] == 9).all() and (buffer[0] == 9).all()  # other slots and layers
 
 
+def reference_attention(q: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """torch's attention of one row q (H, D) over the paged pool's (layers, 2, S, KVH, D) `slots`."""
+    keys, values = (pool[0, i, slots].float().transpose(0, 1) for i in (0, 1))  # (KVH, L, D)
+    return F.scaled_dot_product_attention(q[:, None], keys, values, enable_gqa=True)[:, 0]  # (H, D)
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("head_dim", [64, 128, 16])
-def test_decode_attention_reads_each_sequence_from_its_own_slots(kernels, kv_dtype, head_dim: int) -> None:
+def test_attention_reads_each_row_from_its_own_slots(kernels, kv_dtype, head_dim: int) -> None:
+    """Decode rows (one per sequence) and a prompt chunk's rows (sharing its slots, each up to its
+    own position) in one call, each equal to torch's attention over its positions."""
     num_heads, num_kv_heads, num_slots = 6, 2, 64
     pool = rand(1, 2, num_slots, num_kv_heads, head_dim, seed=6).to(kv_dtype)  # paged: (layers, 2, S, KVH, D)
-    lengths = torch.tensor([5, 17, 1])
     perm = torch.randperm(num_slots, generator=torch.Generator().manual_seed(7))
-    context_slots = torch.zeros(3, 17, dtype=torch.long)  # padded with slot 0, never read
-    context_slots[0, :5], context_slots[1], context_slots[2, :1] = perm[:5], perm[5:22], perm[22:23]
-    q = rand(3, num_heads, head_dim, seed=8)
-    out = torch.empty(3, num_heads, head_dim, dtype=kv_dtype)
-    kv = KVAddress.layers(pool, slot_dim=2, head_dim=3)[0]
-    kernels.decode_attention(q, kv, num_kv_heads, lengths, context_slots, out)
-    for b, length in enumerate(lengths.tolist()):
-        keys, values = (pool[0, i, context_slots[b, :length]].float().transpose(0, 1) for i in (0, 1))  # (KVH, L, D)
-        want = F.scaled_dot_product_attention(q[b][:, None], keys, values, enable_gqa=True)[:, 0]  # (H, D)
+    # two decodes (5 and 1 positions), then a chunk of three prompt rows at positions 14, 15, 16
+    slots = torch.cat([perm[:5], perm[5:6], perm[6:23]])
+    starts, lengths = torch.tensor([0, 5, 6, 6, 6]), torch.tensor([5, 1, 15, 16, 17])
+    q = rand(5, num_heads, head_dim, seed=8)
+    out = torch.empty(5, num_heads, head_dim, dtype=kv_dtype)
+    kernels.attention(q, KVAddress.layers(pool, slot_dim=2, head_dim=3)[0], num_kv_heads, lengths, slots, starts, out)
+    for b, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
+        want = reference_attention(q[b], pool, slots[start : start + length])
         if kv_dtype == BF16:
             assert_bf16_close(out[b], want)
         else:
-            assert torch.allclose(out[b], want, rtol=1e-5, atol=1e-6), f"sequence {b}"
+            assert torch.allclose(out[b], want, rtol=1e-5, atol=1e-6), f"row {b}"
 
 
-def test_decode_attention_on_a_contiguous_cache_reads_positions_in_order(kernels) -> None:
+def test_attention_on_a_contiguous_cache_reads_positions_in_order(kernels) -> None:
     buffer = rand(3, 2, 2, 40, 64, seed=9)  # (layers, 2, KVH, capacity, D)
     q, out = rand(1, 4, 64, seed=10), torch.empty(1, 4, 64)
-    kernels.decode_attention(q, KVAddress.layers(buffer, 3, 2)[2], 2, torch.tensor([23]), None, out)
+    kernels.attention(q, KVAddress.layers(buffer, 3, 2)[2], 2, torch.tensor([23]), None, None, out)
     want = F.scaled_dot_product_attention(q[0][:, None], buffer[2, 0, :, :23], buffer[2, 1, :, :23], enable_gqa=True)
     assert torch.allclose(out[0], want[:, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_rows_attention_is_bitwise_the_same_whatever_else_is_in_the_call(kernels) -> None:
+    """A prompt row equals the same position attended as a decode row, alone or among others, on
+    one thread or several: the property the batch-invariant forward pass rests on."""
+    pool = rand(1, 2, 300, 3, 64, seed=11).to(BF16)
+    kv = KVAddress.layers(pool, slot_dim=2, head_dim=3)[0]
+    slots = torch.randperm(300, generator=torch.Generator().manual_seed(12))[:250]
+    q = rand(250, 9, 64, seed=13)
+    lengths = torch.arange(1, 251)
+    prompt = torch.empty(250, 9, 64, dtype=BF16)  # every row of a 250-token prompt in one call
+    kernels.attention(q, kv, 3, lengths, slots, torch.zeros(250, dtype=torch.long), prompt)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        for row in (0, 3, 101, 249):  # each as a lone decode row, on one thread
+            alone = torch.empty(1, 9, 64, dtype=BF16)
+            kernels.attention(
+                q[row : row + 1], kv, 3, lengths[row : row + 1], slots, torch.zeros(1, dtype=torch.long), alone
+            )
+            assert torch.equal(alone[0], prompt[row]), f"row {row}"
+    finally:
+        torch.set_num_threads(threads)
+
+
+def quantized_or_float(kind: str, num_outputs: int, num_inputs: int):
+    """(weight as the runners hold it, its float32 reading, the activations' dtype)."""
+    w = rand(num_outputs, num_inputs, seed=14) * 0.05
+    if kind == "float32":
+        return w, w, torch.float32
+    if kind == "bfloat16":
+        return w.to(BF16), w.to(BF16).float(), BF16
+    weight = Int8Weight.quantize(w, BF16) if kind == "int8" else Int4Weight.quantize(w, BF16)
+    return weight, weight.dequantize(), BF16
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8", "int4"])
+def test_matmul_gives_each_row_the_same_bits_whatever_rows_share_the_call(kernels, kind: str) -> None:
+    """The products equal x @ w.T, and a row's output is bitwise the same alone, among 2..40
+    rows (other tile shapes, int4's unpacked panels past 8 rows), on one thread or several.
+    torch's float32 matmul does not promise this (one row and several round differently)."""
+    num_inputs = 96 if kind == "int4" else 100  # 100: a tail past the vector width
+    weight, reference, dtype = quantized_or_float(kind, 104, num_inputs)  # 104 outputs: partial tiles
+    assert weight.layout == "groups" if kind == "int4" else True
+    x = rand(40, num_inputs, seed=15).to(dtype)  # 32 rows and more: int4 unpacks panels
+    full = invariant_linear(x, weight)
+    want = x.float() @ reference.t()
+    assert torch.allclose(
+        full.float(), want, rtol=2e-2 if dtype == BF16 else 1e-5, atol=1e-2 if dtype == BF16 else 1e-5
+    )
+    for num_rows in (1, 2, 3, 4, 5, 8, 9, 17, 31, 32):
+        assert torch.equal(invariant_linear(x[:num_rows], weight), full[:num_rows]), f"{num_rows} rows"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        for row in (0, 6, 39):
+            assert torch.equal(invariant_linear(x[row : row + 1], weight)[0], full[row]), f"row {row} alone"
+        assert torch.equal(invariant_linear(x, weight), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_matmul_adds_the_bias_and_writes_float32_logits_from_bfloat16(kernels) -> None:
+    weight, bias = rand(64, 96, seed=16).to(BF16), rand(64, seed=17).to(BF16)
+    x = rand(3, 96, seed=18).to(BF16)
+    got = invariant_linear(x, weight, bias, out_dtype=torch.float32)
+    assert got.dtype == torch.float32
+    want = x.float() @ weight.float().t() + bias.float()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)  # summed in float32, rounded once
+    head = Int8Weight.quantize(rand(64, 96, seed=19), BF16)  # int4 models' 8-bit output head
+    logits = head.matmul(x, torch.float32)
+    assert logits.dtype == torch.float32
+    assert torch.allclose(logits, x.float() @ head.dequantize().t(), rtol=1e-5, atol=1e-5)
 
 
 def test_top_k_keeps_torch_order_with_ties_in_id_order_and_minus_inf_last(kernels) -> None:

@@ -72,13 +72,38 @@ def test_joined_weights_compute_their_parts_and_slice_back_to_them(kind) -> None
     assert torch.equal(joined.rows(128, 192).matmul(x), parts[1].matmul(x))
 
 
-def test_int4_weights_off_the_64_row_tiles_are_stacked_not_joined() -> None:
-    parts = [Int4Weight.quantize(random_weight(n, 64, seed=n), BF16) for n in (32, 16, 16)]
+def torch_layout(weight: Int4Weight) -> Int4Weight:
+    """The same weight packed in torch's CPU int4 layout (where the kernels are built it is in theirs)."""
+    n, k = weight.shape
+    scale, zero = weight.scale_zeros[..., 0].t(), weight.scale_zeros[..., 1].t()  # (N, G)
+    repeated = [t.float().repeat_interleave(32, dim=1) for t in (scale, zero)]  # (N, K)
+    codes = torch.round((weight.dequantize() - repeated[1]) / repeated[0] + 8).to(torch.int32)
+    return Int4Weight.from_blocks(codes, scale, zero, 32, layout="torch")
+
+
+def test_int4_weights_off_torchs_64_row_tiles_are_stacked_not_joined() -> None:
+    parts = [torch_layout(Int4Weight.quantize(random_weight(n, 64, seed=n), BF16)) for n in (32, 16, 16)]
     assert not Int4Weight.can_join(parts)
     with pytest.raises(ValueError, match="64-row tiles"):
         Int4Weight.join(parts)
     x = torch.randn(2, 64, dtype=BF16)
     assert torch.equal(Stacked(tuple(parts)).matmul(x), torch.cat([p.matmul(x) for p in parts], dim=-1))
+
+
+def test_int4_in_the_kernels_layout_joins_and_slices_on_any_row_and_reads_as_torchs() -> None:
+    """The kernels' packing (groups of 32 per row) has no tiles: any parts join, any rows slice;
+    both layouts dequantize to the same weights and compute the same products within rounding."""
+    parts = [Int4Weight.quantize(random_weight(n, 64, seed=n), BF16) for n in (32, 16, 16)]
+    if parts[0].layout != "groups":
+        pytest.skip("no C compiler here: int4 is packed in torch's layout")
+    joined = Int4Weight.join(parts)
+    x = torch.randn(3, 64, dtype=BF16)
+    assert torch.equal(joined.rows(32, 48).matmul(x), parts[1].matmul(x))
+    assert torch.equal(joined.matmul(x), torch.cat([p.matmul(x) for p in parts], dim=-1))
+    theirs = torch_layout(joined)  # torch reads its layout through its matmul: bfloat16-rounded weights
+    assert torch.allclose(theirs.dequantize(), joined.dequantize(), rtol=2**-8, atol=0)
+    close_to_reference(theirs, x)
+    close_to_reference(joined, x)
 
 
 def test_quantized_linear_takes_any_leading_shape_and_adds_its_bias() -> None:

@@ -1,0 +1,148 @@
+/* Vector types and helpers shared by the CPU kernels (cpu_kernels.c, matmul.c).
+ *
+ * GCC/Clang vector extensions, so the same source compiles to AVX-512, AVX2 or NEON under
+ * -march=native. The library is built without -fassociative-math: every float sum here is
+ * added in the order the source writes it. A reduction over many elements keeps PG_VL
+ * partial sums (lane l adds elements l, l + PG_VL, ... in order) and adds the lanes in one
+ * fixed tree (`vsum`). So a result depends on the numbers and their count only, never on
+ * which other rows share a call, how rows are tiled, or which thread ran it: that is what
+ * makes the forward pass batch-invariant. The library is also built with -ffp-contract=off: a
+ * fused multiply-add happens only where `vfma`/`sfma` say so (the compiler would otherwise fuse
+ * some `a * b + c` and not others, depending on how it compiled each copy of a loop).
+ */
+#ifndef PG_SIMD_H
+#define PG_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define PG_VL 16
+#else
+#define PG_VL 8
+#endif
+
+typedef float vf __attribute__((vector_size(PG_VL * 4)));
+typedef int32_t vi32 __attribute__((vector_size(PG_VL * 4)));
+typedef uint32_t vu32 __attribute__((vector_size(PG_VL * 4)));
+typedef uint16_t vu16 __attribute__((vector_size(PG_VL * 2)));
+typedef int8_t vi8 __attribute__((vector_size(PG_VL)));
+typedef uint8_t vu8 __attribute__((vector_size(PG_VL)));
+
+#define PG_INLINE static inline __attribute__((always_inline))
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#if defined(__AVX512F__) || (defined(__AVX__) && defined(__FMA__))
+#define PG_HAS_FMA 1
+#endif
+
+/* a * b + c rounded once where the CPU has FMA (x86 AVX2/AVX-512), else a product then a sum:
+ * either way the same for every call on one machine. */
+PG_INLINE vf vfma(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+    return _mm512_fmadd_ps(a, b, c);
+#elif defined(PG_HAS_FMA)
+    return _mm256_fmadd_ps(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+PG_INLINE float sfma(float a, float b, float c) {
+#if defined(PG_HAS_FMA)
+    return __builtin_fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+PG_INLINE vf vzero(void) { return (vf){0}; }
+
+PG_INLINE vf vsplat(float x) { return vzero() + x; }
+
+PG_INLINE vf vload(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+PG_INLINE void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+/* PG_VL bfloat16 values widened to float32 (exact: the bf16 bits are a float32's top half). */
+PG_INLINE vf vload_bf16(const uint16_t *p) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)p)), 16));
+#elif defined(__AVX2__)
+    return (vf)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)p)), 16));
+#else
+    vu16 h;
+    memcpy(&h, p, sizeof h);
+    vu32 w = __builtin_convertvector(h, vu32) << 16;
+    vf v;
+    memcpy(&v, &w, sizeof v);
+    return v;
+#endif
+}
+
+/* PG_VL int8 values widened to 32-bit lanes. (x86 has one instruction for each of these
+ * widenings; GCC does not find it for __builtin_convertvector.) */
+PG_INLINE vi32 vload_i8_i32(const int8_t *p) {
+#if defined(__AVX512F__)
+    return (vi32)_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)p));
+#elif defined(__AVX2__)
+    return (vi32)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const void *)p));
+#else
+    vi8 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, vi32);
+#endif
+}
+
+/* PG_VL int8 values as float32 (exact). */
+PG_INLINE vf vload_i8(const int8_t *p) { return __builtin_convertvector(vload_i8_i32(p), vf); }
+
+/* PG_VL bytes widened to 32-bit lanes (their nibbles are picked out by the caller). */
+PG_INLINE vi32 vload_u8(const uint8_t *p) {
+#if defined(__AVX512F__)
+    return (vi32)_mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)p));
+#elif defined(__AVX2__)
+    return (vi32)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)p));
+#else
+    vu8 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, vi32);
+#endif
+}
+
+/* The lanes of v added in one fixed pairwise tree. */
+PG_INLINE float vsum(vf v) {
+    float a[PG_VL];
+    memcpy(a, &v, sizeof a);
+    for (int width = PG_VL / 2; width > 0; width /= 2)
+        for (int i = 0; i < width; i++) a[i] += a[i + width];
+    return a[0];
+}
+
+/* sum of x[i] * y[i] for i < n: PG_VL lanes in order, then `vsum`, then the tail in order. */
+PG_INLINE float dot(const float *x, const float *y, int64_t n) {
+    vf acc = vzero();
+    int64_t i = 0;
+    for (; i + PG_VL <= n; i += PG_VL) acc = vfma(vload(x + i), vload(y + i), acc);
+    float total = vsum(acc);
+    for (; i < n; i++) total = sfma(x[i], y[i], total);
+    return total;
+}
+
+/* sum of x[i] for i < n, in the same fixed order. */
+PG_INLINE float sum(const float *x, int64_t n) {
+    vf acc = vzero();
+    int64_t i = 0;
+    for (; i + PG_VL <= n; i += PG_VL) acc += vload(x + i);
+    float total = vsum(acc);
+    for (; i < n; i++) total += x[i];
+    return total;
+}
+
+#endif
