@@ -28,6 +28,7 @@ from playground.models import (
     SamplingPreset,
     resolve_source,
 )
+from playground.web import owners
 
 
 def _pre(value: Any) -> str:
@@ -151,10 +152,17 @@ class ChatTemplateAdmin(_PlaygroundAdmin):
             return format_html("<strong>This template fails:</strong> {}", str(exc))
 
 
-def session_ref(session_key: str) -> str:
-    """What staff see instead of a session key (the cookie value, which would let them act as
-    that browser): a short hash, equal for all records of one session."""
-    return "session " + hashlib.sha256(session_key.encode()).hexdigest()[:12] if session_key else "-"
+def owner_ref(owner: str) -> str:
+    """What staff see for a record's owner: the API key's name, the keyless local client, or a
+    short hash of a browser's owner id (equal for all records of one browser; the id itself is
+    no credential, but there is nothing to gain from showing it)."""
+    if owner == owners.LOCAL_API_OWNER:
+        return "local API client (no key)"
+    key_id = owners.api_key_id(owner)
+    if key_id is not None:
+        key = ApiKey.objects.filter(pk=key_id).first()
+        return f"API key {key.name!r}" if key else f"API key #{key_id} (deleted)"
+    return "browser " + hashlib.sha256(owner.encode()).hexdigest()[:12] if owner else "-"
 
 
 class MessageInline(admin.TabularInline):
@@ -167,16 +175,16 @@ class MessageInline(admin.TabularInline):
 
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "model", "preset", "session", "created_at", "updated_at")
+    list_display = ("__str__", "model", "preset", "owned_by", "created_at", "updated_at")
     list_filter = ("model", "preset")
     search_fields = ("title", "system_prompt")
     inlines = (MessageInline,)
-    exclude = ("session_key",)
-    readonly_fields = ("session",)
+    exclude = ("owner",)
+    readonly_fields = ("owned_by",)
 
-    @admin.display(description="session (hashed)")
-    def session(self, conversation: Conversation) -> str:
-        return session_ref(conversation.session_key)
+    @admin.display(description="owner")
+    def owned_by(self, conversation: Conversation) -> str:
+        return owner_ref(conversation.owner)
 
 
 @admin.register(Message)
@@ -210,7 +218,7 @@ class GenerationAdmin(_PlaygroundAdmin):
     search_fields = ("=id", "prompt_text", "text", "error_message", "worker")
     date_hierarchy = "created_at"
     fieldsets = (
-        (None, {"fields": ("status", "kind", "model", "chat_template", "conversation", "session")}),
+        (None, {"fields": ("status", "kind", "model", "chat_template", "conversation", "owned_by")}),
         ("Outcome", {"fields": ("finish_reason", "error_code", "error_message", "text")}),
         (
             "Timings",
@@ -238,9 +246,9 @@ class GenerationAdmin(_PlaygroundAdmin):
     def has_add_permission(self, request: Any) -> bool:
         return False
 
-    @admin.display(description="session (hashed)")
-    def session(self, generation: Generation) -> str:
-        return session_ref(generation.session_key)
+    @admin.display(description="owner")
+    def owned_by(self, generation: Generation) -> str:
+        return owner_ref(generation.owner)
 
     @admin.display(description="params")
     def params_display(self, generation: Generation) -> str:

@@ -39,10 +39,10 @@ def check_params(params: SamplingParams) -> None:
         )
 
 
-def check_concurrency(session_key: str, limit: int | None = None) -> None:
+def check_concurrency(owner: str, limit: int | None = None) -> None:
     """At most `limit` (default `PLAYGROUND_MAX_CONCURRENT_PER_CLIENT`) queued or running
-    generations per session (or API client)."""
-    active = Generation.objects.filter(session_key=session_key, status__in=Generation.ACTIVE_STATUSES)
+    generations per owner (a browser session or an API client)."""
+    active = Generation.objects.filter(owner=owner, status__in=Generation.ACTIVE_STATUSES)
     liveness.reconcile(active.all())  # a dead worker's generations must not block the client forever
     limit = limit or settings.PLAYGROUND_MAX_CONCURRENT_PER_CLIENT
     num_active = active.count()  # a fresh query: reconcile may have ended some

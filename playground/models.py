@@ -276,8 +276,14 @@ class SamplingPreset(DefaultFlagModel):
             raise ValidationError(errors)
 
 
+OWNER_HELP = (
+    "Who may read it: a browser's session owner, an API key's record or the local API client "
+    "(playground/web/owners.py)."
+)
+
+
 class Conversation(models.Model):
-    session_key = models.CharField(max_length=40, db_index=True)
+    owner = models.CharField(max_length=40, db_index=True, help_text=OWNER_HELP)
     title = models.CharField(max_length=200, blank=True)
     system_prompt = models.TextField(blank=True)
     model = models.ForeignKey(LanguageModel, null=True, blank=True, on_delete=models.SET_NULL)
@@ -314,7 +320,7 @@ class Generation(models.Model):
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
-    session_key = models.CharField(max_length=40, db_index=True)
+    owner = models.CharField(max_length=40, db_index=True, help_text=OWNER_HELP)
     conversation = models.ForeignKey(
         Conversation, null=True, blank=True, on_delete=models.CASCADE, related_name="generations"
     )
@@ -425,8 +431,3 @@ class ApiKey(models.Model):
         key = self.PREFIX + secrets.token_urlsafe(24)
         self.key_hash, self.key_prefix = self.hash(key), key[:10]
         return key
-
-    @property
-    def client_name(self) -> str:
-        """What the key's generations carry as their session key."""
-        return f"api-key-{self.pk}"

@@ -38,6 +38,9 @@ ERROR_CODES = (
     "unsupported_image_type",
     "too_many_images",
     "images_not_supported",
+    "no_session",
+    "session_changed",
+    "service_unavailable",
 )
 TERMINAL_TYPES = ("generation.finished", "generation.error")
 

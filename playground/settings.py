@@ -133,7 +133,6 @@ MIDDLEWARE = [
     "playground.web.middleware.ApiNotFoundMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "playground.web.middleware.EnsureSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -231,6 +230,18 @@ PLAYGROUND_CSP = os.environ.get(
     "frame-ancestors 'none'",
 )
 SESSION_COOKIE_AGE = 60 * 60 * 24 * 365  # conversations belong to the session: keep it a year
+# The session cookie: never readable by scripts, not sent with cross-site subrequests or posts
+# (Lax keeps it on a link followed from elsewhere, so the browser keeps its conversations).
+# PLAYGROUND_HTTPS=1 when the site is served over HTTPS (itself, or by a proxy that sets
+# X-Forwarded-Proto: https and strips a client's own): the cookies then only travel over TLS,
+# and Django believes the proxy's header about the scheme.
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"  # not HttpOnly: the page's scripts send its value as X-CSRFToken
+PLAYGROUND_HTTPS = env_bool("PLAYGROUND_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = PLAYGROUND_HTTPS
+if PLAYGROUND_HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 LOGGING = {
     "version": 1,

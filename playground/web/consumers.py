@@ -1,8 +1,10 @@
 """The generation WebSocket (`/ws/generate/`): a thin adapter between the browser and the
 channel-layer groups the workers publish to.
 
-Owns: command parsing and refusal, following the generations this socket started (group
-membership, the worker watchdog) and delivering exactly one terminal event for each.
+Owns: command parsing and refusal, whose records the socket may touch (the owner of its
+browser session, checked against its page's token: `owners`), following the generations this
+socket started (group membership, the worker watchdog) and delivering exactly one terminal
+event for each.
 The record keeping lives in `submit`, the wire shapes in `protocol`. Must not import torch
 or the engine.
 """
@@ -21,7 +23,7 @@ from playground import dispatch, protocol
 from playground.coord import liveness
 from playground.models import Generation
 from playground.protocol import CommandError, get_field
-from playground.web import frames, submit
+from playground.web import frames, owners, submit
 
 logger = logging.getLogger(__name__)
 
@@ -29,15 +31,22 @@ WATCH_INTERVAL_S = 1.0
 # The watchdog reports an ended generation from the DB only after seeing it ended this many
 # times in a row: the worker's own terminal event may still be on its way.
 NUM_ENDED_CHECKS = 2
+SESSION_CHANGED_CLOSE_CODE = 4409
 
 
 class GenerationConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
-        # A client that never loaded a page has no session: it gets one with its first
-        # generating command, not here (a socket that does nothing creates no row).
-        self.session_key: str | None = self.scope["session"].session_key
+        # The owner of the page's browser session. A client without one (a script that loaded no
+        # page) gets an owner of its own with its first generating command, held by this socket
+        # only: no session row, and nobody else can read its records.
+        self.owner: str | None = await database_sync_to_async(owners.browser_owner)(self.scope["session"])
         self.watchdogs: dict[int, asyncio.Task[None]] = {}  # the generations this socket follows
         await self.accept()
+        try:
+            owners.check_page_token(self.owner, owners.scope_page_token(self.scope))
+        except CommandError as exc:  # the cookie changed under the page: it reloads on this code
+            await self.send_json(protocol.error(exc.code, exc.message, None))
+            await self.close(code=SESSION_CHANGED_CLOSE_CODE)
 
     async def disconnect(self, code: int) -> None:
         # The generations go on (their answers are saved); this socket just stops following.
@@ -79,11 +88,9 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
     async def _start(self, command: str, content: dict[str, Any], request_id: str | None) -> None:
         pd_requested = dispatch.pd_requested(content)  # checked before anything is written
         await database_sync_to_async(dispatch.check_servable)(pd_requested)
-        if self.session_key is None:
-            session = self.scope["session"]
-            await database_sync_to_async(session.save)()
-            self.session_key = session.session_key
-        queued = await database_sync_to_async(submit.submit)(command, self.session_key, content)
+        if self.owner is None:
+            self.owner = owners.new_browser_owner()
+        queued = await database_sync_to_async(submit.submit)(command, self.owner, content)
         generation_id = queued.generation_id
         # Join the group before the task exists, so no event of the worker can be missed; they
         # wait in this consumer's queue until `generation.queued` has gone out.
@@ -105,22 +112,22 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
             await self._deliver(await database_sync_to_async(ended.terminal_event)())
 
     async def _stop(self, content: dict[str, Any]) -> None:
-        ended = await database_sync_to_async(submit.stop)(self.session_key, content)
+        ended = await database_sync_to_async(submit.stop)(self.owner or "", content)
         generation_id = content["generation_id"]  # submit.stop checked it
         if generation_id not in self.watchdogs and (ended is not None or await _is_active(generation_id)):
-            # Started by another socket of this session (e.g. before a reload): follow it, so
+            # Started by another socket of this owner (e.g. before a reload): follow it, so
             # its one terminal event reaches the socket that stopped it.
             await self._follow(generation_id)
         if ended is not None:  # it was still queued: no worker will report it
             await self._deliver(await database_sync_to_async(ended.terminal_event)())
 
     async def _attach(self, content: dict[str, Any], request_id: str | None) -> None:
-        """Follows a generation this session started on another socket (a reload): what was
+        """Follows a generation this owner started on another socket (a reload): what was
         saved so far, then its live events, then its one terminal event."""
-        generation = await database_sync_to_async(submit.attach)(self.session_key, content)
+        generation = await database_sync_to_async(submit.attach)(self.owner, content)
         if generation.is_active and generation.pk not in self.watchdogs:
             await self._follow(generation.pk)  # before the snapshot: nothing between is missed
-            generation = await database_sync_to_async(submit.attach)(self.session_key, content)
+            generation = await database_sync_to_async(submit.attach)(self.owner, content)
         await self.send_json(await database_sync_to_async(_attached_event)(generation, request_id))
         if not generation.is_active:
             if generation.pk not in self.watchdogs:

@@ -58,44 +58,40 @@ def run(generation_id: int, engine: Any) -> list[dict[str, Any]]:
         ([{"data": png_b64(size=(300, 300))}], "image_too_many_pixels"),
     ],
 )
-def test_bad_images_are_refused_before_anything_is_written(
-    session_key: str, settings: Any, images: list, code: str
-) -> None:
+def test_bad_images_are_refused_before_anything_is_written(owner: str, settings: Any, images: list, code: str) -> None:
     settings.PLAYGROUND_MAX_IMAGE_PIXELS = 200 * 200
     with pytest.raises(CommandError) as caught:
-        submit.generate(session_key, {"content": "What is this?", "images": images})
+        submit.generate(owner, {"content": "What is this?", "images": images})
     assert caught.value.code == code
     assert not Message.objects.exists() and not Generation.objects.exists()
 
 
-def test_a_too_large_image_is_refused(session_key: str, settings: Any) -> None:
+def test_a_too_large_image_is_refused(owner: str, settings: Any) -> None:
     settings.PLAYGROUND_MAX_IMAGE_BYTES = 100
     with pytest.raises(CommandError) as caught:
-        submit.complete(session_key, {"text": "x", "images": [{"data": "data:image/png;base64," + png_b64()}]})
+        submit.complete(owner, {"text": "x", "images": [{"data": "data:image/png;base64," + png_b64()}]})
     assert caught.value.code == "image_too_large"
 
 
-def test_images_are_stored_with_the_message_and_kept_by_an_edit(session_key: str) -> None:
-    queued = submit.generate(session_key, {"content": "What is this?", "images": [{"data": png_b64()}]})
+def test_images_are_stored_with_the_message_and_kept_by_an_edit(owner: str) -> None:
+    queued = submit.generate(owner, {"content": "What is this?", "images": [{"data": png_b64()}]})
     stored = Message.objects.get(pk=queued.user_message_id).images
     assert [(i["media_type"], i["width"], i["height"]) for i in stored] == [("image/png", 40, 30)]
     assert base64.b64decode(stored[0]["data"]) == base64.b64decode(png_b64()) and len(stored[0]["content_hash"]) == 64
     Generation.objects.update(status=Generation.Status.FINISHED)
-    edited = submit.edit(session_key, {"message_id": queued.user_message_id, "content": "And now?"})
+    edited = submit.edit(owner, {"message_id": queued.user_message_id, "content": "And now?"})
     assert Message.objects.get(pk=edited.user_message_id).images == stored
 
 
-def test_a_text_model_refuses_images(session_key: str) -> None:
-    queued = submit.generate(session_key, {"content": "What is this?", "images": [{"data": png_b64()}]})
+def test_a_text_model_refuses_images(owner: str) -> None:
+    queued = submit.generate(owner, {"content": "What is this?", "images": [{"data": png_b64()}]})
     events = run(queued.generation_id, FakeEngine("ok"))
     assert events[-1]["type"] == "generation.error" and events[-1]["code"] == "images_not_supported"
 
 
-def test_the_demo_vl_model_answers_and_the_prompt_shows_the_image_block(session_key: str, vl_engine: Engine) -> None:
+def test_the_demo_vl_model_answers_and_the_prompt_shows_the_image_block(owner: str, vl_engine: Engine) -> None:
     images = [{"data": png_b64()}, {"data": png_b64((10, 10, 240))}]
-    queued = submit.generate(
-        session_key, {"content": "Compare them.", "images": images, "overrides": {"max_new_tokens": 3}}
-    )
+    queued = submit.generate(owner, {"content": "Compare them.", "images": images, "overrides": {"max_new_tokens": 3}})
     events = run(queued.generation_id, vl_engine)
     started, finished = events[0], events[-1]
     assert finished["type"] == "generation.finished", finished
@@ -111,13 +107,13 @@ def test_the_demo_vl_model_answers_and_the_prompt_shows_the_image_block(session_
     assert finished["stats"]["num_prompt_tokens"] == len(ids)
 
 
-def test_an_images_kv_goes_from_a_prefill_worker_to_a_decode_worker(session_key: str, vl_engine: Engine) -> None:
+def test_an_images_kv_goes_from_a_prefill_worker_to_a_decode_worker(owner: str, vl_engine: Engine) -> None:
     from .test_pd import GREEDY, run_decode, run_prefill
 
     engines = {role: Engine(vl_engine.loaded, vl_engine.config) for role in ("prefill", "decode")}
     command = {"text": "Describe it:", "images": [{"data": png_b64()}], "overrides": GREEDY}
-    colocated = run(submit.complete(session_key, command).generation_id, Engine(vl_engine.loaded, vl_engine.config))
-    queued = submit.complete(session_key, command)
+    colocated = run(submit.complete(owner, command).generation_id, Engine(vl_engine.loaded, vl_engine.config))
+    queued = submit.complete(owner, command)
     events: list[dict[str, Any]] = []
     (task,) = run_prefill(queued.generation_id, engines, events)
     run_decode(task, engines, events)

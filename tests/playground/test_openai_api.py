@@ -82,7 +82,7 @@ async def test_chat_completion_answers_in_openai_shape(engine: FakeEngine) -> No
     # The worker rendered the request's messages, and the answer is on record like a chat's.
     assert engine.rendered[-1][0] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     row = await sync_to_async(Generation.objects.get)(pk=int(body["id"].split("-")[1]))
-    assert (row.session_key, row.status, row.text) == ("api-local", "finished", "Hi you")
+    assert (row.owner, row.status, row.text) == ("api:local", "finished", "Hi you")
 
 
 async def test_logprobs_come_from_the_step_records(engine: FakeEngine) -> None:
@@ -281,7 +281,7 @@ async def test_keys_authenticate_and_limit_concurrency(settings: Any, engine: Fa
     assert key.key_hash != secret and secret not in key.key_hash  # hashed at rest
     response = await post("/v1/chat/completions", body, Authorization=f"Bearer {secret}")
     assert response.status_code == 200
-    assert (await sync_to_async(Generation.objects.get)()).session_key == key.client_name
+    assert (await sync_to_async(Generation.objects.get)()).owner == f"api-key:{key.pk}"
     # One generation already active for this key: the next one is refused with 429.
     await sync_to_async(Generation.objects.update)(status="running", started_at=timezone.now())
     response = await post("/v1/chat/completions", body, Authorization=f"Bearer {secret}")

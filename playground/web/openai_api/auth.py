@@ -2,8 +2,9 @@
 (setting `PLAYGROUND_API_KEYLESS_LOCALHOST`, on by default for `make run`) a local client
 without one.
 
-Owns: the key check (hashed lookup, revoked keys refused), the client name a generation is
-filed under (its "session key"), and the per-key concurrency limit. On localhost without a
+Owns: the key check (hashed lookup, revoked keys refused), the owner a generation is filed
+under (the key's record, or the keyless local client's: `playground.web.owners`, never a value
+the client sends), and the per-key concurrency limit. On localhost without a
 key requirement, a bearer token that is not one of ours (no `pg-` prefix, e.g. the "none"
 that clients insist on sending) is ignored; a `pg-` token that does not match is refused.
 """
@@ -17,15 +18,15 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from playground.models import ApiKey
+from playground.web import owners
 from playground.web.openai_api.errors import ApiError
 
-LOCAL_CLIENT = "api-local"
 _LOCAL_ADDRESSES = ("127.0.0.1", "::1", "localhost")
 
 
 @dataclass(frozen=True)
 class Client:
-    name: str  # the generations' session key
+    owner: str  # the generations' owner
     max_concurrent: int | None  # None: PLAYGROUND_MAX_CONCURRENT_PER_CLIENT
 
 
@@ -33,14 +34,14 @@ def authenticate(request: HttpRequest) -> Client:
     token = _bearer_token(request)
     keyless = settings.PLAYGROUND_API_KEYLESS_LOCALHOST and request.META.get("REMOTE_ADDR") in _LOCAL_ADDRESSES
     if keyless and (token is None or not token.startswith(ApiKey.PREFIX)):
-        return Client(LOCAL_CLIENT, None)
+        return Client(owners.LOCAL_API_OWNER, None)
     if token is None:
         raise _unauthorized("no API key: send the header 'Authorization: Bearer <key>' (keys are made in the admin)")
     key = ApiKey.objects.filter(key_hash=ApiKey.hash(token), is_active=True).first()
     if key is None:
         raise _unauthorized(f"incorrect or revoked API key {token[:10]}...")
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
-    return Client(key.client_name, key.max_concurrent)
+    return Client(owners.api_key_owner(key.pk), key.max_concurrent)
 
 
 def _bearer_token(request: HttpRequest) -> str | None:

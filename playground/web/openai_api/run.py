@@ -42,8 +42,8 @@ def sse(data: dict[str, Any]) -> bytes:
 
 
 class ApiRun:
-    def __init__(self, request: ApiRequest, client: str, max_concurrent: int | None, is_chat: bool) -> None:
-        self.request, self.client, self.max_concurrent, self.is_chat = request, client, max_concurrent, is_chat
+    def __init__(self, request: ApiRequest, owner: str, max_concurrent: int | None, is_chat: bool) -> None:
+        self.request, self.owner, self.max_concurrent, self.is_chat = request, owner, max_concurrent, is_chat
         self.created = int(time.time())
         self.submitted_at = time.monotonic()
         self.queue_ms: float | None = None
@@ -98,9 +98,9 @@ class ApiRun:
             content["preset_id"] = preset.pk
         try:
             if self.is_chat:
-                return submit.api_chat(self.client, content, request.messages, self.max_concurrent)
+                return submit.api_chat(self.owner, content, request.messages, self.max_concurrent)
             content.update(text=request.prompt_text, token_ids=request.prompt_token_ids)
-            return submit.api_complete(self.client, content, self.max_concurrent)
+            return submit.api_complete(self.owner, content, self.max_concurrent)
         except CommandError as exc:
             raise from_command_error(exc) from exc
 

@@ -69,7 +69,7 @@ async def completions(request: HttpRequest, client: auth.Client) -> HttpResponse
 
 
 async def _answer(api_request: ApiRequest, client: auth.Client, is_chat: bool) -> HttpResponse:
-    run = ApiRun(api_request, client.name, client.max_concurrent, is_chat)
+    run = ApiRun(api_request, client.owner, client.max_concurrent, is_chat)
     is_streaming = False
     try:
         await run.start()
