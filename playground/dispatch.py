@@ -58,7 +58,7 @@ def enqueue(generation_id: int, pd_requested: bool | None = None, conversation_i
     the private queue of the worker that holds the conversation's prefix in its KV cache when
     that worker is alive and idle (`worker_routing`), else on the shared "gpu" queue."""
     if is_disaggregated(pd_requested):
-        transaction.on_commit(lambda: tasks.run_prefill.delay(generation_id))
+        transaction.on_commit(lambda: _send_prefill(generation_id))
         return
     transaction.on_commit(
         lambda: _send(generation_id, worker_routing.route(store.client(), generation_id, conversation_id))
@@ -77,4 +77,10 @@ def enqueue_decode(generation_id: int, blob_key: str) -> None:
 
 
 def _send(generation_id: int, queue: str) -> None:
+    worker_routing.record_sent(store.client(), generation_id)
     tasks.run_generation.apply_async((generation_id,), queue=queue)
+
+
+def _send_prefill(generation_id: int) -> None:
+    worker_routing.record_sent(store.client(), generation_id)
+    tasks.run_prefill.delay(generation_id)

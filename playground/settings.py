@@ -182,6 +182,9 @@ CHANNEL_LAYERS = {
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker whose Redis is gone keeps trying to reconnect (Celery's default gives up after 100
+# tries and the worker exits); see also scripts/worker.py's RECONNECT_OPTIONS.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TASK_IGNORE_RESULT = True  # results travel over the channel layer and the DB
 CELERY_TASK_ROUTES = {
     "playground.tasks.run_generation": {"queue": "gpu"},

@@ -2,12 +2,16 @@
 
 Owns: starting the queued row, building the prompt from the records, the cancel check,
 streaming events to the generation's group, saving the partial answer, and the single
-terminal event (a `finally` path). Must not know: sockets. The engine comes from
-`engines` (loaded lazily), so importing this module stays cheap.
+terminal event (a `finally` path). A generation that can no longer be published (Redis is
+gone) ends as `service_unavailable` with its partial answer saved, and its request leaves the
+engine's batch (`cancel.cancel_here`: nobody reads its events any more); the task itself
+survives the outage. Must not know: sockets. The engine comes from `engines` (loaded lazily),
+so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -62,14 +66,42 @@ def run_generation(
                 return
             GenerationRun(generation, send).execute(load_engine)
         if generation.conversation_id is not None and generation.params.get("use_prefix_cache", True):
-            worker_routing.record_owner(r, generation.conversation_id, worker)  # its KV is here now
+            with _unless_redis_is_gone("record where its KV is"):
+                worker_routing.record_owner(r, generation.conversation_id, worker)  # its KV is here now
     finally:
         _count_active(r, worker, -1)
-    cancel.clear(generation_id)
+    with _unless_redis_is_gone("clear its stop flag"):
+        cancel.clear(generation_id)
+
+
+@contextlib.contextmanager
+def _unless_redis_is_gone(what: str) -> Iterator[None]:
+    """Bookkeeping in Redis after a generation: skipped (with one line in the log) in an outage."""
+    try:
+        yield
+    except store.OUTAGE_ERRORS as exc:
+        logger.warning("could not %s: Redis is unreachable (%s)", what, exc)
 
 
 _active_lock = threading.Lock()
 _num_active = 0
+_running: set[int] = set()  # the generations this process is running (GenerationRun.execute), under _active_lock
+_stopping = threading.Event()  # set once, at the worker's shutdown
+WORKER_STOPPED_MESSAGE = (
+    "the worker running this generation was stopped (it shut down or restarted); the answer so far was kept"
+)
+
+
+def stop_for_shutdown() -> None:
+    """The worker shuts down (SIGTERM, Ctrl-C): each generation of this process ends at its next
+    step as `worker_lost`, with its partial answer saved and its terminal event sent, instead of
+    running on until the shutdown's grace period ends in a kill that leaves its row `running`."""
+    _stopping.set()
+    with _active_lock:
+        generation_ids = list(_running)
+    for generation_id in generation_ids:
+        cancel.cancel_here(generation_id)
+    logger.info("shutting down: stopping %d running generation(s)", len(generation_ids))
 
 
 def _count_active(r: Any, worker: str, delta: int) -> None:
@@ -79,7 +111,8 @@ def _count_active(r: Any, worker: str, delta: int) -> None:
     with _active_lock:
         _num_active += delta
         is_busy = _num_active >= settings.PLAYGROUND_WORKER_SLOTS
-    worker_routing.set_busy(r, worker, is_busy)
+    with _unless_redis_is_gone("say whether this worker is busy"):
+        worker_routing.set_busy(r, worker, is_busy)
 
 
 def start_queued(generation_id: int, worker: str) -> Generation | None:
@@ -100,7 +133,7 @@ class GenerationRun:
 
     def __init__(self, generation: Generation, send: Callable[[dict[str, Any]], None]) -> None:
         self.generation = generation
-        self.send = send
+        self.send = _unavailable_on_outage(send)
         self.engine: Engine | None = None
         self.loop: ServeLoop | None = None  # the worker's engine loop: every engine call goes through it
         self.answer_id: int | None = None  # the assistant message (chat only)
@@ -115,6 +148,11 @@ class GenerationRun:
 
     def execute(self, load_engine: Callable[[LanguageModel], Engine]) -> None:
         outcome: Finished | CommandError = CommandError("internal_error", "the worker was interrupted")
+        generation_id = self.generation.pk
+        with _active_lock:
+            _running.add(generation_id)
+        if _stopping.is_set():  # started while the worker shuts down: it ends at its first step
+            cancel.cancel_here(generation_id)
         try:
             outcome = self._generate(load_engine)
         except CommandError as exc:
@@ -123,6 +161,10 @@ class GenerationRun:
             logger.exception("generation %s failed", self.generation.pk)
             outcome = CommandError("internal_error", f"{type(exc).__name__}: {exc}")
         finally:
+            with _active_lock:
+                _running.discard(generation_id)
+            if isinstance(outcome, CommandError):  # failed: its events will not be read, out of the batch
+                cancel.cancel_here(generation_id)
             self._end(outcome)
 
     # ---- the generation ----------------------------------------------------------------
@@ -301,6 +343,8 @@ class GenerationRun:
             logger.exception("generation %s: could not send the last steps", generation_id)
         if isinstance(outcome, Finished) and outcome.finish_reason == "error":
             outcome = CommandError("internal_error", outcome.error or "the engine failed")
+        if isinstance(outcome, Finished) and outcome.finish_reason == "cancelled" and _stopping.is_set():
+            outcome = CommandError("worker_lost", WORKER_STOPPED_MESSAGE)
         if isinstance(outcome, Finished):
             stats = self._stats(outcome)
             fields = self._finished_fields(outcome, stats)
@@ -323,6 +367,8 @@ class GenerationRun:
             logger.exception("generation %s: could not save its outcome", generation_id)
         try:
             self.send(event)
+        except CommandError as exc:  # Redis is gone: the followers read the saved row instead
+            logger.warning("generation %s: could not send its terminal event: %s", generation_id, exc.message)
         except Exception:
             logger.exception("generation %s: could not send its terminal event", generation_id)
 
@@ -355,6 +401,20 @@ class GenerationRun:
     def _save_answer(self, text: str) -> None:
         if self.answer_id is not None:
             Message.objects.filter(pk=self.answer_id).update(content=text)
+
+
+def _unavailable_on_outage(send: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """`send`, with losing Redis (the channel layer) raised as the generation's clear error
+    rather than a raw connection error."""
+
+    def send_or_fail(event: dict[str, Any]) -> None:
+        try:
+            send(event)
+        except store.OUTAGE_ERRORS as exc:
+            logger.warning("generation %s: cannot publish, Redis is unreachable: %s", event["generation_id"], exc)
+            raise CommandError("service_unavailable", store.OUTAGE_MESSAGE) from exc
+
+    return send_or_fail
 
 
 def _with_placeholders(engine: Engine, text: str, image_records: list[dict[str, Any]]) -> str:

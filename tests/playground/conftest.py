@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.contrib.sessions.backends.db import SessionStore
 
-from playground.coord import store
+from playground.coord import cancel, store
 from playground.models import Generation, LanguageModel
 from playground.web import owners
 
@@ -21,6 +21,7 @@ def app_settings(settings: Any, redis_url: str) -> Iterator[Any]:
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.REDIS_URL = redis_url
     store.client().flushdb()
+    cancel._cancelled_here.clear()  # a worker's own stops: ids repeat from test to test
     yield settings
 
 

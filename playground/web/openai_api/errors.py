@@ -24,6 +24,7 @@ _BY_CODE = {
     "not_found": (404, "invalid_request_error"),
     "too_many_generations": (429, "rate_limit_error"),
     "server_busy": (503, "server_error"),
+    "service_unavailable": (503, "server_error"),
     "model_unavailable": (503, "server_error"),
     "worker_lost": (503, "server_error"),
     "kv_handoff_failed": (500, "server_error"),

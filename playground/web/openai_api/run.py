@@ -19,6 +19,7 @@ from channels.db import database_sync_to_async
 
 from inference.text.reasoning import prompt_opens_reasoning
 from playground import dispatch
+from playground.coord.store import OUTAGE_ERRORS, OUTAGE_MESSAGE
 from playground.models import LanguageModel, SamplingPreset
 from playground.protocol import CommandError
 from playground.web import submit
@@ -64,9 +65,12 @@ class ApiRun:
         """Creates the row, joins its group, queues it, and waits until a worker started it."""
         queued = await database_sync_to_async(self._submit)()
         self.follower = Follower(queued.generation_id)
-        await self.follower.join()
         try:
+            await self.follower.join()
             await database_sync_to_async(dispatch.enqueue)(queued.generation_id, None, queued.conversation_id)
+        except OUTAGE_ERRORS as exc:
+            await database_sync_to_async(submit.fail)(queued.generation_id, "service_unavailable", OUTAGE_MESSAGE)
+            raise ApiError(OUTAGE_MESSAGE, code="service_unavailable", status=503) from exc
         except Exception as exc:
             logger.exception("generation %s could not be queued", queued.generation_id)
             await database_sync_to_async(submit.fail)(
