@@ -31,6 +31,17 @@ def check_prompt_tokens(num_tokens: int, max_context: int) -> None:
         )
 
 
+def prompt_fits(num_tokens: int, max_context: int) -> bool:
+    """What `check_prompt_tokens` accepts."""
+    return num_tokens <= settings.PLAYGROUND_MAX_PROMPT_TOKENS and num_tokens < max_context
+
+
+def history_budget(max_context: int, max_new_tokens: int) -> int:
+    """The prompt tokens a chat that outgrew the limits is shortened to: within them, with room
+    left for the answer (`max_new_tokens`, at most a quarter of the context)."""
+    return min(settings.PLAYGROUND_MAX_PROMPT_TOKENS, max_context - min(max_new_tokens, max_context // 4))
+
+
 def check_params(params: SamplingParams) -> None:
     limit = settings.PLAYGROUND_MAX_NEW_TOKENS
     if params.max_new_tokens > limit:

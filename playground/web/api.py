@@ -138,6 +138,7 @@ def generation_json(generation: Generation) -> dict[str, Any]:
         saved.get("tokens", []),
         saved.get("images", []),
         saved.get("dropped_reasoning", []),
+        saved.get("num_dropped_messages", 0),
     )
     error = (
         {"code": generation.error_code, "message": generation.error_message}

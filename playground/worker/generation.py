@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -199,7 +200,9 @@ class GenerationRun:
         self.starts_in_reasoning = prompt_opens_reasoning(prompt["text"])
         self._save(
             prompt_text=prompt["text"],
-            prompt={key: prompt[key] for key in ("spans", "tokens", "images", "dropped_reasoning")},
+            prompt={
+                key: prompt[key] for key in ("spans", "tokens", "images", "dropped_reasoning", "num_dropped_messages")
+            },
             num_prompt_tokens=len(prompt_ids),
         )
         self.send(
@@ -238,20 +241,54 @@ class GenerationRun:
         raise RuntimeError("the engine ended without a Finished record")
 
     def _prompt(self, engine: Engine, max_context: int) -> tuple[list[int], dict[str, Any]]:
-        """The prompt's token ids and its record ({text, spans, tokens}), within the limits."""
+        """The prompt's token ids and its record ({text, spans, tokens}), within the limits. A
+        chat that outgrew them leaves out its oldest turns (`_shortened`), not the new one."""
         generation = self.generation
         template = generation.chat_template.source if generation.chat_template else None
         inputs = generation.inputs
-        image_records = [] if generation.kind == Generation.Kind.CHAT else inputs.get("images", [])
+        num_dropped = 0
         if generation.kind == Generation.Kind.CHAT:
-            messages, image_records = self._chat_messages(engine)
-        elif inputs.get("chat"):
-            messages = [{"role": "user", "content": _with_placeholders(engine, inputs["text"], image_records)}]
-        else:  # raw completion: the text as it is (after its images' placeholders)
-            messages = None
+            system, history = self._chat_history(engine)
+
+            def build(first: int) -> _Built:
+                kept = history[first:]
+                images = [image for _, message_images in kept for image in message_images]
+                return self._build(engine, template, system + [message for message, _ in kept], images, [])
+
+            built = build(0)
+            if not limits.prompt_fits(len(built.tokens), max_context):
+                built, num_dropped = self._shortened(build, history, max_context)
+        else:
+            image_records = inputs.get("images", [])
+            if inputs.get("chat"):
+                messages = [{"role": "user", "content": _with_placeholders(engine, inputs["text"], image_records)}]
+            else:  # raw completion: the text as it is (after its images' placeholders)
+                messages = None
+            built = self._build(engine, template, messages, image_records, inputs.get("token_ids", []))
+        limits.check_prompt_tokens(len(built.tokens), max_context)
+        record = protocol.prompt_record(
+            built.text,
+            built.spans,
+            [t.to_dict() for t in built.tokens],
+            built.image_blocks,
+            built.dropped_reasoning,
+            num_dropped_messages=num_dropped,
+        )
+        return [t.id for t in built.tokens], record
+
+    def _build(
+        self,
+        engine: Engine,
+        template: str | None,
+        messages: list[dict[str, str]] | None,
+        image_records: list[dict[str, Any]],
+        token_ids: list[int],
+    ) -> _Built:
+        """Renders `messages` (None: a raw completion of the inputs' text), tokenizes, appends
+        `token_ids` and expands the images."""
         dropped_reasoning: list[int] = []
         if messages is None:
-            text = _with_placeholders(engine, inputs["text"], image_records)
+            text = _with_placeholders(engine, self.generation.inputs["text"], image_records)
             spans = [{"start": 0, "end": len(text), "kind": "content", "role": None}] if text else []
         else:
             try:
@@ -261,15 +298,34 @@ class GenerationRun:
             text, spans = rendered.text, [span.to_dict() for span in rendered.spans]
             dropped_reasoning = list(rendered.dropped_reasoning)
         vocab_size = engine.model_info().get("vocab_size")
-        bad = [i for i in inputs.get("token_ids", []) if vocab_size and not 0 <= i < vocab_size]
+        bad = [i for i in token_ids if vocab_size and not 0 <= i < vocab_size]
         if bad:
             raise CommandError("invalid_params", f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
         # On the loop thread: the tokenizer is not safe to share between threads.
-        tokens = self.loop.call(lambda: engine.tokenize(text) + engine.token_infos(inputs.get("token_ids", [])))
+        tokens = self.loop.call(lambda: engine.tokenize(text) + engine.token_infos(token_ids))
         tokens, image_blocks = self._expand_images(engine, tokens, image_records)
-        limits.check_prompt_tokens(len(tokens), max_context)
-        record = protocol.prompt_record(text, spans, [t.to_dict() for t in tokens], image_blocks, dropped_reasoning)
-        return [t.id for t in tokens], record
+        return _Built(text, spans, tokens, image_blocks, dropped_reasoning)
+
+    def _shortened(
+        self, build: Callable[[int], _Built], history: list[tuple[dict[str, str], list[Any]]], max_context: int
+    ) -> tuple[_Built, int]:
+        """The chat without its oldest turns (whole turns: each cut is at a user message), as few
+        as leave room for an answer (`limits.history_budget`); at most all but the new message.
+        A binary search: a few renders, whatever the length of the conversation."""
+        cuts = [i for i in range(1, len(history)) if history[i][0]["role"] == Message.Role.USER]
+        if not cuts:
+            return build(0), 0
+        budget = limits.history_budget(max_context, self.params.max_new_tokens)
+        low, high = 0, len(cuts) - 1  # the answer is the first cut that fits, else the last one
+        best: tuple[_Built, int] | None = None
+        while low <= high:
+            middle = (low + high) // 2
+            built = build(cuts[middle])
+            if len(built.tokens) <= budget:
+                best, high = (built, cuts[middle]), middle - 1
+            else:
+                low = middle + 1
+        return best or (build(cuts[-1]), cuts[-1])
 
     def _expand_images(
         self, engine: Engine, tokens: list[Any], image_records: list[dict[str, Any]]
@@ -297,21 +353,27 @@ class GenerationRun:
         ]
         return expanded, blocks
 
-    def _chat_messages(self, engine: Engine) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
-        """System prompt first, then the active messages before this generation's answer (each
-        user message's images as placeholders before its text), and those images in order."""
+    def _chat_history(
+        self, engine: Engine
+    ) -> tuple[list[dict[str, str]], list[tuple[dict[str, str], list[dict[str, Any]]]]]:
+        """The system prompt (as a list of 0 or 1 message), then each active message before this
+        generation's answer with its images (placeholders before its text). A turn whose answer
+        was refused as too long never reached the model: it is left out, so it cannot make
+        every later turn too long as well."""
         conversation = self.generation.conversation
         answer = Message.objects.get(pk=self.answer_id)
-        messages = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
-        images: list[dict[str, Any]] = []
-        for message in conversation.active_messages().filter(position__lt=answer.position):
+        system = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
+        history: list[tuple[dict[str, str], list[dict[str, Any]]]] = []
+        before = conversation.active_messages().filter(position__lt=answer.position).select_related("generation")
+        for message in before:
             if message.role == Message.Role.ASSISTANT and not message.content:
+                refused = message.generation is not None and message.generation.error_code == "prompt_too_long"
+                if refused and history and history[-1][0]["role"] == Message.Role.USER:
+                    history.pop()
                 continue  # an answer that failed before its first token: an empty turn confuses templates
-            messages.append(
-                {"role": message.role, "content": _with_placeholders(engine, message.content, message.images)}
-            )
-            images += message.images
-        return messages, images
+            content = _with_placeholders(engine, message.content, message.images)
+            history.append(({"role": message.role, "content": content}, message.images))
+        return system, history
 
     def _on_step(self, event: Step | BeamStep) -> None:
         step = protocol.json_safe(event.to_dict())
@@ -401,6 +463,17 @@ class GenerationRun:
     def _save_answer(self, text: str) -> None:
         if self.answer_id is not None:
             Message.objects.filter(pk=self.answer_id).update(content=text)
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A prompt as the model will see it (before the limits are checked)."""
+
+    text: str
+    spans: list[dict[str, Any]]
+    tokens: list[Any]  # TokenInfo
+    image_blocks: list[dict[str, Any]]
+    dropped_reasoning: list[int]
 
 
 def _unavailable_on_outage(send: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
