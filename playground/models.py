@@ -104,7 +104,14 @@ def resolve_source(source: str) -> str:
         return str(path)
     under_data = Path(settings.PLAYGROUND_DATA_DIR) / path
     is_path = source.lower().endswith(".gguf") or source.startswith(".") or source.count("/") > 1
-    return str(under_data.resolve()) if is_path or under_data.exists() else source
+    return str(under_data.resolve()) if is_path or _exists(under_data) else source
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # e.g. a name longer than the file system allows: no such file here
+        return False
 
 
 class LanguageModel(DefaultFlagModel):
@@ -188,15 +195,29 @@ class LanguageModel(DefaultFlagModel):
 
     def _check_source(self, source: str) -> None:
         """What the web host can check: the file or folder exists and looks like a model (the
-        workers must see the same paths). Hub ids are checked by a test load."""
+        workers must see the same paths); a hub id is spelled as one (it is loaded by a test load)."""
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
+
         from inference.sources import SourceError, check_local_source
 
-        if source == BUNDLED_MODEL or not Path(source).is_absolute():
+        if source == BUNDLED_MODEL:
+            return
+        if not Path(source).is_absolute():
+            try:
+                validate_repo_id(source)
+            except HFValidationError as exc:
+                raise ValidationError(
+                    {"source": f"{source[:100]!r} is not a model folder, a .gguf file or a Hugging Face id: {exc}"}
+                ) from exc
             return
         try:
             check_local_source(Path(source), trust_remote_code=self.trust_remote_code)
         except SourceError as exc:
             raise ValidationError({"source": f"{exc} (checked on the web host)"}) from exc
+        except OSError as exc:  # e.g. a name longer than the file system allows
+            message = f"{source[:100]!r} cannot be a path on this host: {exc.strerror}"
+            raise ValidationError({"source": message}) from exc
 
 
 class SamplingPreset(DefaultFlagModel):

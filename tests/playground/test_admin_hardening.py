@@ -109,3 +109,30 @@ def test_the_api_refuses_a_title_longer_than_the_field() -> None:
     patched = send(client, "patch", f"/api/conversations/{created.json()['id']}/", {"title": "x" * 201}, **headers)
     assert patched.status_code == 400
     assert Conversation.objects.get().title == "t" * 200
+
+
+HOSTILE_SOURCES = ["bundled; rm -rf /", "a" * 499, "/" + "a" * 498, "org/" + "b" * 300, "x" * 120]
+
+
+@pytest.mark.parametrize("source", HOSTILE_SOURCES)
+def test_a_source_that_is_no_model_is_a_form_error_not_a_500(staff_client: Client, source: str) -> None:
+    response = staff_client.post(
+        "/admin/playground/languagemodel/add/",
+        {"name": "hostile", "source": source, "dtype": "auto", "device": "auto", "max_context": "", "is_enabled": "on"},
+    )
+    assert response.status_code == 200
+    errors = " ".join(response.context["adminform"].form.errors["source"])
+    assert "not a model folder" in errors or "cannot be a path" in errors or "does not exist" in errors, errors
+    assert not LanguageModel.objects.filter(name="hostile").exists()
+
+
+def test_a_record_with_a_source_that_is_no_model_does_not_break_the_model_list(client: Client) -> None:
+    """Saved past the form (an older version, the shell): every visitor still gets the list."""
+    for number, source in enumerate(HOSTILE_SOURCES):
+        LanguageModel.objects.create(name=f"hostile-{number}", source=source)
+    response = client.get("/api/models/")
+    assert response.status_code == 200
+    listed = {m["name"]: m["default_system_prompt"] for m in response.json()}
+    assert all(listed[f"hostile-{number}"] is None for number in range(len(HOSTILE_SOURCES)))
+    hostile = LanguageModel.objects.get(name="hostile-0")
+    assert client.get(f"/api/models/{hostile.pk}/architecture/").status_code < 500
