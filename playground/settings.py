@@ -67,7 +67,8 @@ PLAYGROUND_MAX_IMAGES = env_int("PLAYGROUND_MAX_IMAGES", 4)
 PLAYGROUND_MAX_IMAGE_BYTES = env_int("PLAYGROUND_MAX_IMAGE_BYTES", 1024 * 1024)
 PLAYGROUND_MAX_IMAGE_PIXELS = env_int("PLAYGROUND_MAX_IMAGE_PIXELS", 4096 * 4096)
 # One WebSocket message; larger ones are refused (`message_too_large`) and the socket stays
-# open. Keep it below daphne's --websocket-max-message-size (16 MiB in scripts/run.py), which drops the connection.
+# open. Keep it below daphne's --websocket-max-message-size and --websocket-max-frame-size (16 MiB in
+# scripts/run.py, docker-compose.yml and the Dockerfile), past which daphne drops the connection.
 # The default leaves room for the images' base64 (4/3 of their bytes) beside 512 KiB of text.
 PLAYGROUND_MAX_MESSAGE_BYTES = env_int(
     "PLAYGROUND_MAX_MESSAGE_BYTES", 512 * 1024 + PLAYGROUND_MAX_IMAGES * PLAYGROUND_MAX_IMAGE_BYTES * 4 // 3 + 4096
