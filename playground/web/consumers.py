@@ -46,10 +46,12 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         # only: no session row, and nobody else can read its records.
         self.owner: str | None = await database_sync_to_async(owners.browser_owner)(self.scope["session"])
         self.watchdogs: dict[int, asyncio.Task[None]] = {}  # the generations this socket follows
+        self.is_refused = False
         await self.accept()
         try:
             owners.check_page_token(self.owner, owners.scope_page_token(self.scope))
         except CommandError as exc:  # the cookie changed under the page: it reloads on this code
+            self.owner, self.is_refused = None, True  # nothing it sends until the close is read
             await self.send_json(protocol.error(exc.code, exc.message, None))
             await self.close(code=SESSION_CHANGED_CLOSE_CODE)
 
@@ -61,6 +63,8 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
     # ---- commands ------------------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        if self.is_refused:
+            return
         try:
             content = frames.parse(text_data, bytes_data)
         except frames.FrameError as exc:

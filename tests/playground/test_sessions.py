@@ -170,6 +170,8 @@ async def test_a_socket_whose_cookie_was_swapped_under_its_page_is_told_to_reloa
     refusal = await ws.receive_json_from(timeout=TIMEOUT_S)
     assert (refusal["type"], refusal["code"]) == ("error", "session_changed")
     assert (await ws.receive_output(timeout=TIMEOUT_S))["code"] == consumers.SESSION_CHANGED_CLOSE_CODE
+    await ws.send_json_to({"command": "complete", "text": "sent before the close was read"})
+    assert await ws.receive_nothing(timeout=0.5)
     assert not await Generation.objects.aexists()
 
 
