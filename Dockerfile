@@ -39,4 +39,5 @@ RUN useradd --create-home --uid 1000 app && mkdir -p /data && chown app:app /dat
 USER app
 
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "playground.asgi:application"]
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "--websocket-max-message-size", "16777216", \
+     "--websocket-max-frame-size", "16777216", "playground.asgi:application"]

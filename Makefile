@@ -90,7 +90,7 @@ messages: $(RUN_STAMP)
 
 QUEUES ?= gpu,celery
 worker: $(RUN_STAMP)
-	$(PY) -m celery -A playground worker -Q $(QUEUES) -P threads --concurrency $${PLAYGROUND_WORKER_SLOTS:-16} -n $(firstword $(subst $(comma), ,$(QUEUES)))@%h --loglevel=info
+	$(PY) -m celery -A playground worker -Q $(QUEUES) -P threads --concurrency $${PLAYGROUND_WORKER_SLOTS:-16} -n $(firstword $(subst $(comma), ,$(QUEUES)))@%h --without-gossip --without-mingle --without-heartbeat --loglevel=info
 
 clean-venv:
 	rm -rf $(VENV)

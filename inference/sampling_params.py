@@ -14,14 +14,25 @@ from typing import Any
 from inference.config import MAX_NUM_ALTERNATIVES
 
 MAX_STOP_STRINGS = 8
+# Below this a temperature is greedy (stored as 0.0): the tempered distribution is one-hot to
+# float32 anyway, and dividing logits by 1e-40 overflows them to inf, whose softmax is NaN
+# (vLLM's threshold, `_SAMPLING_EPS`, is the same).
+MIN_TEMPERATURE = 1e-5
+MAX_TEMPERATURE = 100.0
+# The repetition penalty multiplies or divides logits: 1e-300 overflowed them to inf (a NaN
+# distribution, which ended every request of the worker's batch). Values past these bounds only
+# make the model repeat one token forever, or never again.
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token.
 
-    Greedy (argmax) when `greedy` is true or `temperature == 0`; otherwise random sampling
-    from the processed distribution. Processor order (see `inference.sampling.logits`):
+    Greedy (argmax) when `greedy` is true or `temperature == 0` (a temperature below
+    `MIN_TEMPERATURE` is stored as 0); otherwise random sampling from the processed
+    distribution. Processor order (see `inference.sampling.logits`):
     repetition penalty -> temperature -> top-k -> top-p -> min-p.
     `top_k=0`, `top_p=1.0`, `min_p=0.0` and `repetition_penalty=1.0` mean "off".
     `num_beams > 1` selects beam search (deterministic; sampling knobs then do not apply).
@@ -57,11 +68,13 @@ class SamplingParams:
         if isinstance(self.stop, (list, str)):
             object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         _check_int("max_new_tokens", self.max_new_tokens, 1, 1_000_000)
-        _check_float("temperature", self.temperature, 0.0, 100.0)
+        _check_float("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        if self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
         _check_int("top_k", self.top_k, 0, 10_000_000)
         _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _check_float("min_p", self.min_p, 0.0, 1.0, high_open=True)
-        _check_float("repetition_penalty", self.repetition_penalty, 0.0, 100.0, low_open=True)
+        _check_float("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
         if self.seed is not None:
             _check_int("seed", self.seed, 0, 2**63 - 1)
         _check_int("num_alternatives", self.num_alternatives, 0, MAX_NUM_ALTERNATIVES)

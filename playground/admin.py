@@ -31,6 +31,7 @@ from playground.models import (
     SamplingPreset,
     resolve_source,
 )
+from playground.web import owners
 
 # Texts of Django's own admin templates (app_list.html's headers for screen readers) that
 # Django's zh_Hans catalog leaves untranslated: marked here so our catalog (LOCALE_PATHS, read
@@ -181,14 +182,21 @@ class ChatTemplateAdmin(_PlaygroundAdmin):
             return format_html("<strong>{}</strong> {}", gettext("This template fails:"), str(exc))
 
 
-def session_ref(session_key: str) -> str:
-    """What staff see instead of a session key (the cookie value, which would let them act as
-    that browser): a short hash, equal for all records of one session."""
-    return (
-        gettext("session %(hash)s") % {"hash": hashlib.sha256(session_key.encode()).hexdigest()[:12]}
-        if session_key
-        else "-"
-    )
+def owner_ref(owner: str) -> str:
+    """What staff see for a record's owner: the API key's name, the keyless local client, or a
+    short hash of a browser's owner id (equal for all records of one browser; the id itself is
+    no credential, but there is nothing to gain from showing it)."""
+    if owner == owners.LOCAL_API_OWNER:
+        return gettext("local API client (no key)")
+    key_id = owners.api_key_id(owner)
+    if key_id is not None:
+        key = ApiKey.objects.filter(pk=key_id).first()
+        if key is None:
+            return gettext("API key #%(id)s (deleted)") % {"id": key_id}
+        return gettext("API key %(name)r") % {"name": key.name}
+    if not owner:
+        return "-"
+    return gettext("browser %(hash)s") % {"hash": hashlib.sha256(owner.encode()).hexdigest()[:12]}
 
 
 class MessageInline(admin.TabularInline):
@@ -201,16 +209,16 @@ class MessageInline(admin.TabularInline):
 
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "model", "preset", "session", "created_at", "updated_at")
+    list_display = ("__str__", "model", "preset", "owned_by", "created_at", "updated_at")
     list_filter = ("model", "preset")
     search_fields = ("title", "system_prompt")
     inlines = (MessageInline,)
-    exclude = ("session_key",)
-    readonly_fields = ("session",)
+    exclude = ("owner",)
+    readonly_fields = ("owned_by",)
 
-    @admin.display(description=_("session (hashed)"))
-    def session(self, conversation: Conversation) -> str:
-        return session_ref(conversation.session_key)
+    @admin.display(description=_("owner"))
+    def owned_by(self, conversation: Conversation) -> str:
+        return owner_ref(conversation.owner)
 
 
 @admin.register(Message)
@@ -244,7 +252,7 @@ class GenerationAdmin(_PlaygroundAdmin):
     search_fields = ("=id", "prompt_text", "text", "error_message", "worker")
     date_hierarchy = "created_at"
     fieldsets = (
-        (None, {"fields": ("status", "kind", "model", "chat_template", "conversation", "session")}),
+        (None, {"fields": ("status", "kind", "model", "chat_template", "conversation", "owned_by")}),
         (_("Outcome"), {"fields": ("finish_reason", "error_code", "error_message", "text")}),
         (
             _("Timings"),
@@ -272,9 +280,9 @@ class GenerationAdmin(_PlaygroundAdmin):
     def has_add_permission(self, request: Any) -> bool:
         return False
 
-    @admin.display(description=_("session (hashed)"))
-    def session(self, generation: Generation) -> str:
-        return session_ref(generation.session_key)
+    @admin.display(description=_("owner"))
+    def owned_by(self, generation: Generation) -> str:
+        return owner_ref(generation.owner)
 
     @admin.display(description=_("params"))
     def params_display(self, generation: Generation) -> str:

@@ -63,7 +63,7 @@ def enqueue(generation_id: int, pd_requested: bool | None = None, conversation_i
     the private queue of the worker that holds the conversation's prefix in its KV cache when
     that worker is alive and idle (`worker_routing`), else on the shared "gpu" queue."""
     if is_disaggregated(pd_requested):
-        transaction.on_commit(lambda: send(task_names.RUN_PREFILL, generation_id))
+        transaction.on_commit(lambda: _send_prefill(generation_id))
         return
     transaction.on_commit(
         lambda: _send(generation_id, worker_routing.route(store.client(), generation_id, conversation_id))
@@ -78,9 +78,7 @@ def enqueue_choices(generation_ids: list[int], pd_requested: bool | None = None)
         for generation_id in generation_ids:
             enqueue(generation_id, pd_requested)
         return
-    transaction.on_commit(
-        lambda: send(task_names.RUN_CHOICES, list(generation_ids), queue=worker_routing.SHARED_QUEUE)
-    )
+    transaction.on_commit(lambda: send(task_names.RUN_CHOICES, list(generation_ids), queue=worker_routing.SHARED_QUEUE))
 
 
 def reroute_if_stranded(generation_id: int) -> bool:
@@ -95,7 +93,13 @@ def enqueue_decode(generation_id: int, blob_key: str) -> None:
 
 
 def _send(generation_id: int, queue: str) -> None:
+    worker_routing.record_sent(store.client(), generation_id)
     send(task_names.RUN_GENERATION, generation_id, queue=queue)
+
+
+def _send_prefill(generation_id: int) -> None:
+    worker_routing.record_sent(store.client(), generation_id)
+    send(task_names.RUN_PREFILL, generation_id)
 
 
 def send(task_name: str, *args: Any, queue: str | None = None) -> None:

@@ -42,6 +42,17 @@ def check_prompt_tokens(num_tokens: int, max_context: int) -> None:
         )
 
 
+def prompt_fits(num_tokens: int, max_context: int) -> bool:
+    """What `check_prompt_tokens` accepts."""
+    return num_tokens <= settings.PLAYGROUND_MAX_PROMPT_TOKENS and num_tokens < max_context
+
+
+def history_budget(max_context: int, max_new_tokens: int) -> int:
+    """The prompt tokens a chat that outgrew the limits is shortened to: within them, with room
+    left for the answer (`max_new_tokens`, at most a quarter of the context)."""
+    return min(settings.PLAYGROUND_MAX_PROMPT_TOKENS, max_context - min(max_new_tokens, max_context // 4))
+
+
 def check_params(params: SamplingParams) -> None:
     limit = settings.PLAYGROUND_MAX_NEW_TOKENS
     if params.max_new_tokens > limit:
@@ -52,10 +63,10 @@ def check_params(params: SamplingParams) -> None:
         )
 
 
-def check_concurrency(session_key: str, limit: int | None = None) -> None:
+def check_concurrency(owner: str, limit: int | None = None) -> None:
     """At most `limit` (default `PLAYGROUND_MAX_CONCURRENT_PER_CLIENT`) queued or running
-    generations per session (or API client)."""
-    active = Generation.objects.filter(session_key=session_key, status__in=Generation.ACTIVE_STATUSES)
+    generations per owner (a browser session or an API client)."""
+    active = Generation.objects.filter(owner=owner, status__in=Generation.ACTIVE_STATUSES)
     liveness.reconcile(active.all())  # a dead worker's generations must not block the client forever
     limit = limit or settings.PLAYGROUND_MAX_CONCURRENT_PER_CLIENT
     num_active = active.count()  # a fresh query: reconcile may have ended some
@@ -101,7 +112,7 @@ def check_api_backlog(owner: str, num_new: int, max_concurrent: int) -> None:
     """An API client's generations beyond its concurrency wait for their turn
     (`web/openai_api/turns.py`) rather than fail, up to `max_api_backlog` in all; and the
     server's queue bound holds."""
-    active = Generation.objects.filter(session_key=owner, status__in=Generation.ACTIVE_STATUSES)
+    active = Generation.objects.filter(owner=owner, status__in=Generation.ACTIVE_STATUSES)
     limit = max_api_backlog(max_concurrent)
     if active.count() + num_new > limit:
         liveness.reconcile(active.all())  # a dead worker's generations must not block the client forever

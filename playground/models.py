@@ -109,7 +109,14 @@ def resolve_source(source: str) -> str:
         return str(path)
     under_data = Path(settings.PLAYGROUND_DATA_DIR) / path
     is_path = source.lower().endswith(".gguf") or source.startswith(".") or source.count("/") > 1
-    return str(under_data.resolve()) if is_path or under_data.exists() else source
+    return str(under_data.resolve()) if is_path or _exists(under_data) else source
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # e.g. a name longer than the file system allows: no such file here
+        return False
 
 
 class LanguageModel(DefaultFlagModel):
@@ -219,10 +226,21 @@ class LanguageModel(DefaultFlagModel):
 
     def _check_source(self, source: str) -> None:
         """What the web host can check: the file or folder exists and looks like a model (the
-        workers must see the same paths). Hub ids are checked by a test load."""
+        workers must see the same paths); a hub id is spelled as one (it is loaded by a test load)."""
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
+
         from inference.sources import SourceError, check_local_source
 
-        if source == BUNDLED_MODEL or not Path(source).is_absolute():
+        if source == BUNDLED_MODEL:
+            return
+        if not Path(source).is_absolute():
+            try:
+                validate_repo_id(source)
+            except HFValidationError as exc:
+                raise ValidationError(
+                    {"source": f"{source[:100]!r} is not a model folder, a .gguf file or a Hugging Face id: {exc}"}
+                ) from exc
             return
         try:
             check_local_source(Path(source), trust_remote_code=self.trust_remote_code)
@@ -230,6 +248,12 @@ class LanguageModel(DefaultFlagModel):
             raise ValidationError(
                 {"source": gettext("%(reason)s (checked on the web host)") % {"reason": exc}}
             ) from exc
+        except OSError as exc:  # e.g. a name longer than the file system allows
+            message = gettext("%(source)s cannot be a path on this host: %(reason)s") % {
+                "source": repr(source[:100]),
+                "reason": exc.strerror,
+            }
+            raise ValidationError({"source": message}) from exc
 
 
 class SamplingPreset(DefaultFlagModel):
@@ -331,8 +355,14 @@ class SamplingPreset(DefaultFlagModel):
             raise ValidationError(errors)
 
 
+OWNER_HELP = _(
+    "Who may read it: a browser's session owner, an API key's record or the local API client "
+    "(playground/web/owners.py)."
+)
+
+
 class Conversation(models.Model):
-    session_key = models.CharField(_("session key"), max_length=40, db_index=True)
+    owner = models.CharField(_("owner"), max_length=40, db_index=True, help_text=OWNER_HELP)
     title = models.CharField(_("title"), max_length=200, blank=True)
     system_prompt = models.TextField(_("system prompt"), blank=True)
     model = models.ForeignKey(LanguageModel, verbose_name=_("model"), null=True, blank=True, on_delete=models.SET_NULL)
@@ -378,7 +408,7 @@ class Generation(models.Model):
 
     status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     kind = models.CharField(_("kind"), max_length=16, choices=Kind.choices, default=Kind.CHAT)
-    session_key = models.CharField(_("session key"), max_length=40, db_index=True)
+    owner = models.CharField(_("owner"), max_length=40, db_index=True, help_text=OWNER_HELP)
     conversation = models.ForeignKey(
         Conversation,
         verbose_name=_("conversation"),
@@ -526,11 +556,6 @@ class ApiKey(models.Model):
         key = self.PREFIX + secrets.token_urlsafe(24)
         self.key_hash, self.key_prefix = self.hash(key), key[:10]
         return key
-
-    @property
-    def client_name(self) -> str:
-        """What the key's generations carry as their session key."""
-        return f"api-key-{self.pk}"
 
 
 class UserLanguage(models.Model):

@@ -38,6 +38,9 @@ ERROR_CODES = (
     "unsupported_image_type",
     "too_many_images",
     "images_not_supported",
+    "no_session",
+    "session_changed",
+    "service_unavailable",
 )
 TERMINAL_TYPES = ("generation.finished", "generation.error")
 
@@ -164,16 +167,19 @@ def prompt_record(
     tokens: list[dict[str, Any]],
     images: list[dict[str, Any]] | None = None,
     dropped_reasoning: list[int] | None = None,
+    num_dropped_messages: int = 0,
 ) -> dict[str, Any]:
     """`tokens` are `inference.text.tokenization.TokenInfo.to_dict()`s: {id, piece, bytes (hex), ...};
     `images` the blocks of image tokens among them (`image_block`); `dropped_reasoning`: the
-    messages whose reasoning the template left out (`RenderedPrompt`)."""
+    messages whose reasoning the template left out (`RenderedPrompt`); `num_dropped_messages`:
+    the oldest messages of a chat left out because it no longer fits the limits."""
     return {
         "text": text,
         "spans": spans,
         "tokens": tokens,
         "images": images or [],
         "dropped_reasoning": dropped_reasoning or [],
+        "num_dropped_messages": num_dropped_messages,
     }
 
 

@@ -67,7 +67,8 @@ PLAYGROUND_MAX_IMAGES = env_int("PLAYGROUND_MAX_IMAGES", 4)
 PLAYGROUND_MAX_IMAGE_BYTES = env_int("PLAYGROUND_MAX_IMAGE_BYTES", 1024 * 1024)
 PLAYGROUND_MAX_IMAGE_PIXELS = env_int("PLAYGROUND_MAX_IMAGE_PIXELS", 4096 * 4096)
 # One WebSocket message; larger ones are refused (`message_too_large`) and the socket stays
-# open. Keep it below daphne's --websocket-max-message-size (16 MiB in scripts/run.py), which drops the connection.
+# open. Keep it below daphne's --websocket-max-message-size and --websocket-max-frame-size (16 MiB in
+# scripts/run.py, docker-compose.yml and the Dockerfile), past which daphne drops the connection.
 # The default leaves room for the images' base64 (4/3 of their bytes) beside 512 KiB of text.
 PLAYGROUND_MAX_MESSAGE_BYTES = env_int(
     "PLAYGROUND_MAX_MESSAGE_BYTES", 512 * 1024 + PLAYGROUND_MAX_IMAGES * PLAYGROUND_MAX_IMAGE_BYTES * 4 // 3 + 4096
@@ -142,7 +143,6 @@ MIDDLEWARE = [
     "playground.web.middleware.ApiNotFoundMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "playground.web.middleware.EnsureSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -195,6 +195,9 @@ CHANNEL_LAYERS = {
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker whose Redis is gone keeps trying to reconnect (Celery's default gives up after 100
+# tries and the worker exits); see also scripts/worker.py's RECONNECT_OPTIONS.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TASK_IGNORE_RESULT = True  # results travel over the channel layer and the DB
 CELERY_TASK_ROUTES = {
     "playground.tasks.run_generation": {"queue": "gpu"},
@@ -251,6 +254,18 @@ PLAYGROUND_CSP = os.environ.get(
     "frame-ancestors 'none'",
 )
 SESSION_COOKIE_AGE = 60 * 60 * 24 * 365  # conversations belong to the session: keep it a year
+# The session cookie: never readable by scripts, not sent with cross-site subrequests or posts
+# (Lax keeps it on a link followed from elsewhere, so the browser keeps its conversations).
+# PLAYGROUND_HTTPS=1 when the site is served over HTTPS (itself, or by a proxy that sets
+# X-Forwarded-Proto: https and strips a client's own): the cookies then only travel over TLS,
+# and Django believes the proxy's header about the scheme.
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"  # not HttpOnly: the page's scripts send its value as X-CSRFToken
+PLAYGROUND_HTTPS = env_bool("PLAYGROUND_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = PLAYGROUND_HTTPS
+if PLAYGROUND_HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 LOGGING = {
     "version": 1,

@@ -11,7 +11,7 @@ import socket
 from typing import Any
 
 from celery import shared_task
-from celery.signals import celeryd_after_setup
+from celery.signals import celeryd_after_setup, worker_shutting_down
 
 from playground import task_names
 from playground.coord import liveness, worker_routing
@@ -65,6 +65,15 @@ def _announce_worker(sender: str, instance: Any = None, **kwargs: Any) -> None:
     observer.set_worker_name(sender)
     if instance is not None:
         liveness.start_queue_heartbeat(sender, list(instance.app.amqp.queues.consume_from))
+
+
+@worker_shutting_down.connect
+def _stop_generations(**kwargs: Any) -> None:
+    """SIGTERM or Ctrl-C: the running generations end now, each with its terminal event and its
+    row saved, so the shutdown neither waits for them nor leaves rows `running`."""
+    from playground.worker import generation
+
+    generation.stop_for_shutdown()
 
 
 @shared_task(bind=True, name=task_names.RUN_TEST_LOAD)

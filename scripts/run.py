@@ -115,9 +115,18 @@ def child_env(redis_url: str, data_dir: Path) -> dict[str, str]:
     }
 
 
-# Frames up to 16 MiB reach the consumer, which refuses those over PLAYGROUND_MAX_MESSAGE_BYTES
-# with `message_too_large` and keeps the socket; daphne's own 1 MiB limit would drop it.
-DAPHNE_OPTIONS = ["--websocket-max-message-size", str(16 * 1024 * 1024)]
+# Messages up to 16 MiB reach the consumer, which refuses those over PLAYGROUND_MAX_MESSAGE_BYTES
+# with `message_too_large` and keeps the socket; daphne's own 1 MiB limits would drop the
+# connection without a close frame. Both limits: a client that does not fragment sends a
+# message as one frame, and the frame limit is checked first. (docker-compose.yml and the
+# Dockerfile pass the same.)
+WEBSOCKET_LIMIT_BYTES = 16 * 1024 * 1024
+DAPHNE_OPTIONS = [
+    "--websocket-max-message-size",
+    str(WEBSOCKET_LIMIT_BYTES),
+    "--websocket-max-frame-size",
+    str(WEBSOCKET_LIMIT_BYTES),
+]
 
 
 def web_argv(host: str, port: int) -> list[str]:

@@ -11,6 +11,11 @@ import os
 import sys
 
 DEFAULT_SLOTS = 16
+# Celery's gossip, mingle and event heartbeats are not used here (liveness has its own keys), and
+# after a lost broker connection they fail to restart (AttributeError in the Gossip step) and can
+# leave the worker connected but consuming nothing (celery/celery#8030): a worker without them
+# reconnects to a restarted Redis and goes on.
+RECONNECT_OPTIONS = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
 
 
 def worker_slots() -> int:
@@ -34,5 +39,6 @@ def worker_argv(queues: str, name: str, python: str = sys.executable) -> list[st
         str(worker_slots()),
         "-n",
         name,
+        *RECONNECT_OPTIONS,
         "--loglevel=info",
     ]

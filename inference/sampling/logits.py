@@ -14,6 +14,12 @@ commute except on ties at the top-k boundary.
 
 Every processor returns a new tensor and never modifies its input; a filtered token gets
 `-inf`. Shapes: `logits` (B, V) float, `context_ids` (B, T) = prompt + generated so far.
+
+No valid `SamplingParams` can empty a row or fill it with NaN (tests/engine/test_sampling_fuzz.py):
+the filters always keep the most likely token, and the two processors that scale logits cap
+what overflows at the dtype's largest value (`_capped`) instead of letting it become `inf`,
+whose softmax is NaN; `SamplingParams` keeps the scale factors in a range where that only
+happens to absurd logits.
 """
 
 from __future__ import annotations
@@ -32,6 +38,12 @@ FILTERED = -math.inf
 
 class LogitsProcessor(Protocol):
     def __call__(self, logits: torch.Tensor, context_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+def _capped(logits: torch.Tensor) -> torch.Tensor:
+    """`+inf` from an overflow becomes the dtype's largest value (the token stays the most likely);
+    `-inf` (a filtered or masked token) stays."""
+    return logits.clamp(max=torch.finfo(logits.dtype).max)
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -66,7 +78,7 @@ class RepetitionPenalty:
         context_ids = context_ids.clamp(max=vocab_size)
         padded = torch.nn.functional.pad(logits, (0, 1))
         seen = torch.gather(padded, 1, context_ids)
-        penalized = torch.where(seen < 0, seen * self.penalty, seen / self.penalty)
+        penalized = _capped(torch.where(seen < 0, seen * self.penalty, seen / self.penalty))
         return padded.scatter(1, context_ids, penalized)[..., :vocab_size]
 
 
@@ -80,7 +92,7 @@ class Temperature:
         _check_positive("temperature", self.temperature)
 
     def __call__(self, logits: torch.Tensor, context_ids: torch.Tensor) -> torch.Tensor:
-        return logits / self.temperature
+        return _capped(logits / self.temperature)
 
 
 @dataclass(frozen=True)

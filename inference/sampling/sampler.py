@@ -60,7 +60,18 @@ class Sampler:
             token_ids = processed.argmax(dim=-1)
         else:
             token_ids = _draw(logprobs.exp(), self.generator)
+        _check_drawn(token_ids, logprobs)
         return SampleOutput(token_ids=token_ids, logprobs=logprobs, raw_logprobs=raw_logprobs)
+
+
+def _check_drawn(token_ids: torch.Tensor, logprobs: torch.Tensor) -> None:
+    """A clear error for a distribution with nothing to draw (NaN logits from the model, or every
+    token filtered), instead of an index past the vocabulary further on. O(B): it reads the
+    chosen tokens only (argmax picks a NaN; inverse-CDF sampling over NaN gives index V)."""
+    vocab_size = logprobs.shape[-1]
+    chosen = logprobs.gather(-1, token_ids.clamp(max=vocab_size - 1)[:, None])
+    if bool((token_ids >= vocab_size).any()) or not bool(torch.isfinite(chosen).all()):
+        raise ValueError("the sampling distribution is empty or not a number (NaN logits, or every token filtered)")
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -40,6 +40,12 @@ def generation_claimed(generation_id: int | str) -> str:
     return f"{PREFIX}generation:{generation_id}:claimed"
 
 
+def generation_sent(generation_id: int | str) -> str:
+    """Set by whoever sends a generation's task (dispatch); a queued generation without it was
+    lost with Redis' data (liveness reads it)."""
+    return f"{PREFIX}generation:{generation_id}:sent"
+
+
 def generation_route(generation_id: int | str) -> str:
     """Which private queue a generation was sent to, and when (for the re-send of a stranded one)."""
     return f"{PREFIX}generation:{generation_id}:route"

@@ -4,7 +4,10 @@ declares a generation lost.
 A worker process refreshes `playground:worker:<name>` while it lives, and
 `playground:generation:<id>` while it runs that generation; both keys expire on their own,
 so a killed worker simply stops refreshing them. The rule (`mark_lost_if_stale`) is shared
-by the consumer's watchdog, the concurrency limit and the HTTP loads.
+by the consumer's watchdog, the concurrency limit and the HTTP loads. It also ends a queued
+generation whose task message Redis lost (it restarted without its data): no worker will ever
+get it, and it would hold one of its owner's slots. `end_queued_for_outage` ends a queued
+generation that its follower can no longer follow (Redis is gone).
 """
 
 from __future__ import annotations
@@ -45,11 +48,25 @@ class Heartbeat(threading.Thread):
         self.key, self.ttl_ms, self.interval_s = key, int(ttl_s * 1000), interval_s
         self.stopped = threading.Event()
 
+    is_failing = False  # one warning per outage, not one per beat
+
     def beat(self) -> None:
         try:
             store.client().set(self.key, 1, px=self.ttl_ms)
         except redis.RedisError as exc:  # keep beating: Redis may come back
-            logger.warning("heartbeat %s failed: %s", self.key, exc)
+            self._failed(exc)
+        else:
+            self._answered()
+
+    def _failed(self, exc: Exception) -> None:
+        if not self.is_failing:
+            logger.warning("heartbeat %s failed (retrying every %.1f s): %s", self.key, self.interval_s, exc)
+        self.is_failing = True
+
+    def _answered(self) -> None:
+        if self.is_failing:
+            logger.info("heartbeat %s: Redis answers again", self.key)
+        self.is_failing = False
 
     def start(self) -> None:
         self.beat()  # the key exists as soon as start() returns
@@ -101,7 +118,9 @@ class _QueueHeartbeat(Heartbeat):
                     pipe.set(key, 1, px=self.ttl_ms)
                 pipe.execute()
         except redis.RedisError as exc:
-            logger.warning("queue heartbeat %s failed: %s", self.queue_keys, exc)
+            self._failed(exc)
+        else:
+            self._answered()
 
     def stop(self) -> None:
         self.stopped.set()
@@ -132,55 +151,87 @@ def queue_has_consumer(queue: str) -> bool:
     return next(store.client().scan_iter(match=keys.queue_consumer(queue, "*"), count=1000), None) is not None
 
 
-def _is_stale(generation: Generation) -> bool:
+# A queued generation's task is sent just after its row is written; one that Redis has no
+# trace of after this long was lost with Redis' data.
+TASK_SENT_WITHIN_S = 10
+_NO_WORKER_MESSAGE = (
+    "no worker picked up this generation; is a worker running (celery -A playground worker -Q gpu -P threads)?"
+)
+_WORKER_GONE_MESSAGE = "the worker running this generation stopped responding; the partial answer was kept"
+_TASK_LOST_MESSAGE = "the task queue lost this request when Redis restarted, so no worker will run it; send it again"
+
+
+def _why_lost(generation: Generation) -> tuple[str, str] | None:
+    """(error code, message) when the generation can never end on its own, else None."""
     now = timezone.now()
+    r = store.client()
     if generation.status == Generation.Status.RUNNING:
         # The beat starts before `started_at` is stamped, so once the TTL has passed since
         # then a missing key means the worker stopped refreshing it (or finished, which
         # the conditional update in `mark_lost_if_stale` tells apart).
         ttl = timedelta(seconds=settings.PLAYGROUND_HEARTBEAT_TTL_S)
-        return (
+        if (
             generation.started_at is not None
             and generation.started_at < now - ttl
-            and not store.client().exists(generation_key(generation.pk))
-        )
-    if generation.status == Generation.Status.QUEUED:
-        timeout = timedelta(seconds=settings.PLAYGROUND_QUEUE_TIMEOUT_S)
-        return (
-            generation.created_at < now - timeout
-            and next(store.client().scan_iter(match=worker_routing.alive_key("*"), count=100), None) is None
-        )
-    return False
+            and not r.exists(generation_key(generation.pk))
+        ):
+            return "worker_lost", _WORKER_GONE_MESSAGE
+    elif generation.status == Generation.Status.QUEUED:
+        if generation.created_at < now - timedelta(seconds=settings.PLAYGROUND_QUEUE_TIMEOUT_S) and (
+            next(r.scan_iter(match=worker_routing.alive_key("*"), count=100), None) is None
+        ):
+            return "worker_lost", _NO_WORKER_MESSAGE
+        if generation.created_at < now - timedelta(seconds=TASK_SENT_WITHIN_S) and worker_routing.is_task_lost(
+            r, generation.pk
+        ):
+            return "service_unavailable", _TASK_LOST_MESSAGE
+    return None
 
 
 def mark_lost_if_stale(generation: Generation) -> bool:
-    """Marks an active generation whose worker is gone as `error`/`worker_lost`.
+    """Marks an active generation that can never end on its own as `error`: `worker_lost` when
+    its worker is gone (or no worker lives to take a queued one), `service_unavailable` when
+    Redis lost its queued task.
 
     True when this call marked it (so exactly one caller reports it). The update is
     conditional on the status read, so a worker that finished meanwhile wins.
     """
     try:
-        if not _is_stale(generation):
-            return False
+        why = _why_lost(generation)
     except redis.RedisError as exc:  # cannot tell: assume alive rather than kill it
-        logger.warning("liveness check for generation %s failed: %s", generation.pk, exc)
+        logger.debug("liveness check for generation %s failed: %s", generation.pk, exc)
         return False
-    was_queued = generation.status == Generation.Status.QUEUED
-    message = (
-        "no worker picked up this generation; is a worker running (celery -A playground worker -Q gpu -P threads)?"
-        if was_queued
-        else "the worker running this generation stopped responding; the partial answer was kept"
-    )
+    if why is None:
+        return False
+    code, message = why
     num_updated = Generation.objects.filter(pk=generation.pk, status=generation.status).update(
         status=Generation.Status.ERROR,
         finish_reason="error",
-        error_code="worker_lost",
+        error_code=code,
         error_message=message,
         finished_at=timezone.now(),
     )
     if num_updated:
         logger.warning("generation %s lost: %s", generation.pk, message)
     return bool(num_updated)
+
+
+def end_queued_for_outage(generation_id: int) -> dict[str, Any] | None:
+    """Ends a queued generation whose follower lost Redis (`service_unavailable`): its task may
+    be gone, and nobody could be told when it runs. Returns its terminal event when it has
+    ended (by this call or before), None while it is running (its worker ends it: it cannot
+    publish either)."""
+    Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
+        status=Generation.Status.ERROR,
+        finish_reason="error",
+        error_code="service_unavailable",
+        error_message=store.OUTAGE_MESSAGE,
+        finished_at=timezone.now(),
+    )
+    generation = Generation.objects.filter(pk=generation_id).first()
+    if generation is None:
+        return protocol.generation_error(generation_id, "not_found", f"generation {generation_id} was deleted")
+    return None if generation.is_active else generation.terminal_event()
 
 
 def reconcile(generations: Iterable[Generation]) -> None:

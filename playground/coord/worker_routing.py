@@ -1,8 +1,8 @@
 """Cache-aware routing: send a conversation's next turn to the worker that holds its prefix.
 
 Owns: the Redis keys that say which worker last served a conversation, which workers are
-busy, which queue a generation was sent to and who claimed it; the routing rule; the
-exactly-once claim; and the re-send of a request stranded on a dead worker's queue.
+busy, that a generation's task was sent (and to which queue) and who claimed it; the routing
+rule; the exactly-once claim; and the re-send of a request stranded on a dead worker's queue.
 Must not know: Django, Celery, the engine. Every function takes a `redis.Redis` client, so
 this module is unit-tested against a real Redis without either.
 
@@ -54,6 +54,10 @@ def _claim_key(generation_id: int | str) -> str:
     return keys.generation_claimed(generation_id)
 
 
+def _sent_key(generation_id: int | str) -> str:
+    return keys.generation_sent(generation_id)
+
+
 def _route_key(generation_id: int | str) -> str:
     return keys.generation_route(generation_id)
 
@@ -84,6 +88,21 @@ def owner_of(r: redis.Redis, conversation_id: int | str) -> str | None:
 
 
 # ---- the sender's side -----------------------------------------------------------------
+
+
+def record_sent(r: redis.Redis, generation_id: int | str) -> None:
+    """Call just before sending a generation's task (any queue)."""
+    r.set(_sent_key(generation_id), 1, ex=CLAIM_TTL_S)
+
+
+def is_task_lost(r: redis.Redis, generation_id: int | str) -> bool:
+    """Neither sent nor claimed as far as Redis knows: the task message went with Redis' data
+    (a restart without persistence), so no worker will ever run it. Ask only about a generation
+    that has been queued for a while (its task is sent just after its row is written)."""
+    with r.pipeline(transaction=False) as pipe:
+        pipe.exists(_sent_key(generation_id))
+        pipe.exists(_claim_key(generation_id))
+        return not any(pipe.execute())
 
 
 def choose_queue(r: redis.Redis, conversation_id: int | str | None) -> str:

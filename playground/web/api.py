@@ -1,8 +1,9 @@
 """The HTTP JSON endpoints of docs/protocol.md: models, presets, conversations, generations.
 
-Owns: request parsing, session ownership and the JSON shapes of the records. Errors answer
-`{"error": {"code", "message"}}` with a 4xx status. Mutations go through Django's CSRF
-middleware (header `X-CSRFToken`).
+Owns: request parsing and the JSON shapes of the records; every record is looked up through
+the request's owner (`owners.request_owner`: the browser session's, never a value the client
+sends). Errors answer `{"error": {"code", "message"}}` with a 4xx status. Mutations go through
+Django's CSRF middleware (header `X-CSRFToken`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,17 @@ from playground import limits
 from playground.coord import cancel, liveness
 from playground.models import Conversation, Generation, LanguageModel, Message, SamplingPreset
 from playground.protocol import CommandError, get_field, prompt_record
+from playground.web import owners
 from playground.web.submit import owned_conversation, owned_generation, resolve_model, resolve_preset
 
-_STATUS_BY_CODE = {"not_found": 404, "too_many_generations": 429, "server_busy": 503}
+_STATUS_BY_CODE = {
+    "not_found": 404,
+    "no_session": 403,
+    "session_changed": 409,
+    "too_many_generations": 429,
+    "server_busy": 503,
+    "service_unavailable": 503,
+}
 
 View = Callable[..., HttpResponse]
 
@@ -61,6 +70,11 @@ def endpoint(*methods: str) -> Callable[[View], View]:
         return wrapper
 
     return decorate
+
+
+def owned_by(request: HttpRequest) -> str:
+    """The request's owner for a lookup by id: "" (which owns nothing) when it has none."""
+    return owners.request_owner(request) or ""
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
@@ -125,6 +139,7 @@ def generation_json(generation: Generation) -> dict[str, Any]:
         saved.get("tokens", []),
         saved.get("images", []),
         saved.get("dropped_reasoning", []),
+        saved.get("num_dropped_messages", 0),
     )
     error = (
         {"code": generation.error_code, "message": generation.error_message}
@@ -205,13 +220,17 @@ def _apply_fields(conversation: Conversation, body: dict[str, Any]) -> None:
 
 @endpoint("GET", "POST")
 def conversation_list(request: HttpRequest) -> HttpResponse:
-    session_key = request.session.session_key
+    owner = owners.request_owner(request)
     if request.method == "POST":
-        conversation = Conversation(session_key=session_key)
+        if owner is None:
+            raise CommandError(
+                "no_session", "conversations belong to a browser session: load a page of this site first"
+            )
+        conversation = Conversation(owner=owner)
         _apply_fields(conversation, _body(request))
         conversation.save()
         return JsonResponse(conversation_json(conversation, []), status=201)
-    rows = Conversation.objects.filter(session_key=session_key).order_by("-updated_at")
+    rows = Conversation.objects.filter(owner=owner).order_by("-updated_at") if owner else Conversation.objects.none()
     return JsonResponse(
         [{"id": c.pk, "title": c.title, "updated_at": c.updated_at.isoformat()} for c in rows], safe=False
     )
@@ -219,7 +238,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
 
 @endpoint("GET", "PATCH", "DELETE")
 def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpResponse:
-    row = owned_conversation(request.session.session_key, conversation_id)
+    row = owned_conversation(owned_by(request), conversation_id)
     if request.method == "DELETE":
         active = row.generations.filter(status__in=Generation.ACTIVE_STATUSES)
         for generation_id in active.values_list("pk", flat=True):
@@ -236,7 +255,7 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
 
 @endpoint("GET")
 def generation_detail(request: HttpRequest, generation_id: int) -> HttpResponse:
-    row = owned_generation(request.session.session_key, generation_id)
+    row = owned_generation(owned_by(request), generation_id)
     if row.is_active and liveness.mark_lost_if_stale(row):
         row.refresh_from_db()
     return JsonResponse(generation_json(row))

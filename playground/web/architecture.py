@@ -54,11 +54,14 @@ def config_path(source: str) -> Path | None:
     if source == BUNDLED_MODEL:
         return Path(settings.PLAYGROUND_DATA_DIR) / BUNDLED_FOLDER / "config.json"
     path = Path(source)
-    if path.is_absolute():
-        return path / "config.json" if path.is_dir() else None
-    from huggingface_hub import try_to_load_from_cache
+    try:
+        if path.is_absolute():
+            return path / "config.json" if path.is_dir() else None
+        from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(source, "config.json")
+        cached = try_to_load_from_cache(source, "config.json")
+    except (ValueError, OSError):  # not a hub id (HFValidationError), or not a path this host can have
+        return None
     return Path(cached) if isinstance(cached, str) else None
 
 

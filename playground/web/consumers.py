@@ -1,8 +1,12 @@
 """The generation WebSocket (`/ws/generate/`): a thin adapter between the browser and the
 channel-layer groups the workers publish to.
 
-Owns: command parsing and refusal, following the generations this socket started (group
-membership, the worker watchdog) and delivering exactly one terminal event for each.
+Owns: command parsing and refusal, whose records the socket may touch (the owner of its
+browser session, checked against its page's token: `owners`), following the generations this
+socket started (group membership, the worker watchdog) and delivering exactly one terminal
+event for each, Redis outages included (`layer_outage`: the socket stays open, a queued
+generation ends as `service_unavailable` at once, a running one when its worker, which cannot
+publish either, has saved it so).
 The record keeping lives in `submit`, the wire shapes in `protocol`. Must not import torch
 or the engine.
 """
@@ -10,6 +14,7 @@ or the engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -21,9 +26,11 @@ from django.utils.translation import gettext
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
 from playground import dispatch, protocol
 from playground.coord import liveness, recent_steps
+from playground.coord.store import OUTAGE_ERRORS, OUTAGE_MESSAGE
 from playground.models import Generation
 from playground.protocol import CommandError, get_field
-from playground.web import frames, language, submit
+from playground.web import frames, language, owners, submit
+from playground.web.layer_outage import SurvivesLayerOutage
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +38,26 @@ WATCH_INTERVAL_S = 1.0
 # The watchdog reports an ended generation from the DB only after seeing it ended this many
 # times in a row: the worker's own terminal event may still be on its way.
 NUM_ENDED_CHECKS = 2
+SESSION_CHANGED_CLOSE_CODE = 4409
 
 
-class GenerationConsumer(AsyncJsonWebsocketConsumer):
+class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
-        # A client that never loaded a page has no session: it gets one with its first
-        # generating command, not here (a socket that does nothing creates no row).
-        self.session_key: str | None = self.scope["session"].session_key
+        # The owner of the page's browser session. A client without one (a script that loaded no
+        # page) gets an owner of its own with its first generating command, held by this socket
+        # only: no session row, and nobody else can read its records.
+        self.owner: str | None = await database_sync_to_async(owners.browser_owner)(self.scope["session"])
         self.watchdogs: dict[int, asyncio.Task[None]] = {}  # the generations this socket follows
+        self.is_refused = False
         # Refusals are worded in the page's language (the session's choice, else the browser's).
         self.language = await database_sync_to_async(language.scope_language)(self.scope)
         await self.accept()
+        try:
+            owners.check_page_token(self.owner, owners.scope_page_token(self.scope))
+        except CommandError as exc:  # the cookie changed under the page: it reloads on this code
+            self.owner, self.is_refused = None, True  # nothing it sends until the close is read
+            await self.send_json(protocol.error(exc.code, exc.message, None))
+            await self.close(code=SESSION_CHANGED_CLOSE_CODE)
 
     async def disconnect(self, code: int) -> None:
         # The generations go on (their answers are saved); this socket just stops following.
@@ -51,6 +67,8 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
     # ---- commands ------------------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        if self.is_refused:
+            return
         with translation.override(self.language):
             await self._receive(text_data, bytes_data)
 
@@ -80,6 +98,9 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
                 )
         except CommandError as exc:
             await self.send_json(protocol.error(exc.code, exc.message, request_id))
+        except OUTAGE_ERRORS as exc:  # e.g. a stop flag that cannot be written
+            logger.warning("command %r failed: Redis is unreachable: %s", content.get("command"), exc)
+            await self.send_json(protocol.error("service_unavailable", OUTAGE_MESSAGE, request_id))
         except Exception:
             logger.exception("command %r failed", content.get("command"))
             await self.send_json(
@@ -88,23 +109,27 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
 
     async def _start(self, command: str, content: dict[str, Any], request_id: str | None) -> None:
         pd_requested = dispatch.pd_requested(content)  # checked before anything is written
+        if self.is_layer_down:  # nothing could reach a worker, nor come back
+            raise CommandError("service_unavailable", OUTAGE_MESSAGE)
         await database_sync_to_async(dispatch.check_servable)(pd_requested)
-        if self.session_key is None:
-            session = self.scope["session"]
-            await database_sync_to_async(session.save)()
-            self.session_key = session.session_key
-        queued = await database_sync_to_async(submit.submit)(command, self.session_key, content)
+        if self.owner is None:
+            self.owner = owners.new_browser_owner()
+        queued = await database_sync_to_async(submit.submit)(command, self.owner, content)
         generation_id = queued.generation_id
         # Join the group before the task exists, so no event of the worker can be missed; they
         # wait in this consumer's queue until `generation.queued` has gone out.
-        await self._follow(generation_id)
+        await self._follow(generation_id, join=False)
         try:
+            await self._join(generation_id)
             await database_sync_to_async(dispatch.enqueue)(generation_id, pd_requested, queued.conversation_id)
             ended = None
+        except OUTAGE_ERRORS as exc:
+            logger.warning("generation %s could not be queued: Redis is unreachable: %s", generation_id, exc)
+            ended = await database_sync_to_async(submit.fail)(generation_id, "service_unavailable", OUTAGE_MESSAGE)
         except Exception as exc:
             logger.exception("generation %s could not be queued", generation_id)
             ended = await database_sync_to_async(submit.fail)(
-                generation_id, "internal_error", f"the task queue is unreachable: {exc}"
+                generation_id, "internal_error", f"the task could not be queued: {exc}"
             )
         await self.send_json(
             protocol.generation_queued(
@@ -115,25 +140,25 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
             await self._deliver(await database_sync_to_async(ended.terminal_event)())
 
     async def _stop(self, content: dict[str, Any]) -> None:
-        ended = await database_sync_to_async(submit.stop)(self.session_key, content)
+        ended = await database_sync_to_async(submit.stop)(self.owner or "", content)
         generation_id = content["generation_id"]  # submit.stop checked it
         if generation_id not in self.watchdogs and (ended is not None or await _is_active(generation_id)):
-            # Started by another socket of this session (e.g. before a reload): follow it, so
+            # Started by another socket of this owner (e.g. before a reload): follow it, so
             # its one terminal event reaches the socket that stopped it.
             await self._follow(generation_id)
         if ended is not None:  # it was still queued: no worker will report it
             await self._deliver(await database_sync_to_async(ended.terminal_event)())
 
     async def _attach(self, content: dict[str, Any], request_id: str | None) -> None:
-        """Follows a generation this session started on another socket (a reload): every step
+        """Follows a generation this owner started on another socket (a reload): every step
         so far, then its live events, then its one terminal event."""
-        generation = await database_sync_to_async(submit.attach)(self.session_key, content)
+        generation = await database_sync_to_async(submit.attach)(self.owner, content)
         if generation.is_active and generation.pk not in self.watchdogs:
             await self._follow(generation.pk)  # first: every step published from now on comes live
         # Then the steps published since the row's last save, then the row (the worker saves
         # before it trims that tail): together they reach the live ones (coord/recent_steps.py).
         tail = await database_sync_to_async(recent_steps.read)(generation.pk)
-        generation = await database_sync_to_async(submit.attach)(self.session_key, content)
+        generation = await database_sync_to_async(submit.attach)(self.owner, content)
         await self.send_json(await database_sync_to_async(_attached_event)(generation, tail, request_id))
         if not generation.is_active:
             if generation.pk not in self.watchdogs:
@@ -155,23 +180,44 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
     generation_started = generation_prefilled = generation_tokens = generation_beams = _deliver
     generation_handoff = generation_finished = generation_error = generation_waiting = _deliver
 
-    async def _follow(self, generation_id: int) -> None:
-        await self.channel_layer.group_add(protocol.group_name(generation_id), self.channel_name)
+    async def layer_lost(self, message: dict[str, Any]) -> None:
+        """Redis is gone (`layer_outage`): no worker's event can reach this socket now. A followed
+        generation still queued ends here; a running one is ended by its worker (it cannot
+        publish either) and reported by its watchdog from the database."""
+        for generation_id in list(self.watchdogs):
+            event = await database_sync_to_async(liveness.end_queued_for_outage)(generation_id)
+            if event is not None:
+                await self._deliver(event)
+
+    async def layer_back(self, message: dict[str, Any]) -> None:
+        for generation_id in list(self.watchdogs):  # a restarted Redis has forgotten the groups
+            with contextlib.suppress(*OUTAGE_ERRORS):  # gone again: the next layer.back joins
+                await self._join(generation_id)
+
+    async def _follow(self, generation_id: int, *, join: bool = True) -> None:
+        """Watches the generation (from the database too) and joins its group."""
         self.watchdogs[generation_id] = asyncio.create_task(self._watch(generation_id))
+        if join:
+            await self._join(generation_id)
+
+    async def _join(self, generation_id: int) -> None:
+        await self.channel_layer.group_add(protocol.group_name(generation_id), self.channel_name)
 
     async def _unfollow(self, generation_id: int) -> None:
         watchdog = self.watchdogs.pop(generation_id)
         if watchdog is not asyncio.current_task():
             watchdog.cancel()
-        await self.channel_layer.group_discard(protocol.group_name(generation_id), self.channel_name)
+        with contextlib.suppress(*OUTAGE_ERRORS):  # a group Redis forgot (or will) needs no leaving
+            await self.channel_layer.group_discard(protocol.group_name(generation_id), self.channel_name)
 
     async def _watch(self, generation_id: int) -> None:
-        """Reports a generation whose worker died (or whose terminal event got lost)."""
+        """Reports a generation whose worker died (or whose terminal event got lost, e.g. with Redis)."""
         num_ended_checks = 0
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            try:
+            with contextlib.suppress(*OUTAGE_ERRORS):  # routing needs Redis; the database check below does not
                 await database_sync_to_async(dispatch.reroute_if_stranded)(generation_id)
+            try:
                 event = await database_sync_to_async(liveness.ended_event)(generation_id)
             except Exception:
                 logger.exception("watchdog of generation %s failed; retrying", generation_id)

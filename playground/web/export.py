@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from playground.coord import liveness
 from playground.models import Generation
 from playground.protocol import CommandError
-from playground.web.api import endpoint
+from playground.web.api import endpoint, owned_by
 from playground.web.submit import owned_generation
 
 FORMATS = ("json", "csv")
@@ -29,7 +29,7 @@ FORMATS = ("json", "csv")
 def generation_steps(request: HttpRequest, generation_id: int, fmt: str) -> HttpResponse:
     if fmt not in FORMATS:
         raise CommandError("invalid_field", f"format {fmt!r} must be one of {', '.join(FORMATS)}")
-    row = owned_generation(request.session.session_key, generation_id)
+    row = owned_generation(owned_by(request), generation_id)
     if row.is_active and liveness.mark_lost_if_stale(row):  # a dead worker's steps are final too
         row.refresh_from_db()
     if row.is_active:

@@ -1,7 +1,7 @@
 """`POST /api/generations/<id>/inspect/`: a question about a finished generation, answered
 by a worker (docs/inside.md).
 
-Owns: the session check, the request's validation (`playground.inspection`), sending the
+Owns: the owner check, the request's validation (`playground.inspection`), sending the
 inspection task with a fresh reply channel and waiting for the one answer on it (with a
 timeout, so a page never hangs on a missing worker). The web process runs no model: the
 worker recomputes what it is asked. Must not import torch or the worker package.
@@ -23,12 +23,19 @@ from playground import dispatch, inspection, task_names
 from playground.coord import worker_routing
 from playground.models import Generation
 from playground.protocol import CommandError
-from playground.web.api import error_response
+from playground.web.api import error_response, owned_by
 from playground.web.submit import owned_generation
 
 logger = logging.getLogger(__name__)
 
-_STATUS_BY_CODE = {"not_found": 404, "inspection_timeout": 504, "model_unavailable": 503, "internal_error": 500}
+_STATUS_BY_CODE = {
+    "not_found": 404,
+    "session_changed": 409,
+    "inspection_timeout": 504,
+    "model_unavailable": 503,
+    "service_unavailable": 503,
+    "internal_error": 500,
+}
 
 
 async def inspect_generation(request: HttpRequest, generation_id: int) -> HttpResponse:
@@ -45,19 +52,19 @@ async def _inspect(request: HttpRequest, generation_id: int) -> dict[str, Any]:
         content = json.loads(request.body or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:
         raise CommandError("bad_json", f"the body is not JSON: {exc}") from exc
-    session_key = await sync_to_async(lambda: request.session.session_key)() or ""
-    row = await sync_to_async(_finished)(session_key, generation_id)
+    owner = await sync_to_async(owned_by)(request)
+    row = await sync_to_async(_finished)(owner, generation_id)
     # A run that gave no seed drew one, reported in its stats: what-ifs replay with it.
     seed = row.params.get("seed")
     params = {**row.params, "seed": seed if seed is not None else (row.stats or {}).get("seed")}
     checked = inspection.parse(content, params)
-    if checked["other_generation_id"] is not None:  # the "ab" view's side B: this session's too
-        await sync_to_async(_finished)(session_key, checked["other_generation_id"])
+    if checked["other_generation_id"] is not None:  # the "ab" view's side B: this owner's too
+        await sync_to_async(_finished)(owner, checked["other_generation_id"])
     return await ask_worker(generation_id, checked)
 
 
-def _finished(session_key: str, generation_id: int) -> Generation:
-    row = owned_generation(session_key, generation_id)
+def _finished(owner: str, generation_id: int) -> Generation:
+    row = owned_generation(owner, generation_id)
     if row.is_active:
         raise CommandError(
             "invalid_params",

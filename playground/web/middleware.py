@@ -1,5 +1,6 @@
-"""HTTP middleware: a session for every browser, the Content-Security-Policy on every page,
-and JSON (never Django's HTML or debug page) for an unknown `/api/` URL.
+"""HTTP middleware: the Content-Security-Policy on every page, and JSON (never Django's HTML or
+debug page) for an unknown `/api/` URL. (Sessions are made by the pages that need one:
+`pages.owner_page`; API calls and `/metrics` make none.)
 
 Owns: these response-wide rules. Must not know: the views behind them.
 """
@@ -10,20 +11,6 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from playground.web.api import error_response
-
-
-class EnsureSessionMiddleware:
-    """Conversations belong to the session, and the WebSocket cannot set a cookie, so the
-    session must exist (and its cookie be set) before the page opens its socket."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        if not request.session.session_key:
-            request.session.save()
-            request.session.modified = True  # so SessionMiddleware sets the cookie
-        return self.get_response(request)
 
 
 class ContentSecurityPolicyMiddleware:

@@ -1,5 +1,5 @@
-"""Which pages may open the generation WebSocket: the Origin check against cross-site
-WebSocket hijacking.
+"""Which pages may open the generation WebSocket (the Origin check against cross-site WebSocket
+hijacking) or call `/v1/` from a browser.
 
 Owns: the allow list (scheme, host and port, compared exactly) and the refusal. The session
 cookie rides along with any WebSocket a browser opens, whatever page opens it, so a page on
@@ -7,7 +7,9 @@ another port or scheme of the same host (`http://127.0.0.1:9999`, `https://127.0
 must be refused just like another site. Allowed: the origins in `PLAYGROUND_ALLOWED_ORIGINS`
 when it is set (a deployment behind a proxy names its public origin there), else exactly
 the origin the socket itself was opened at (its scheme and `Host` header), provided that
-host is one of `ALLOWED_HOSTS`. Must not know: the consumer or the protocol.
+host is one of `ALLOWED_HOSTS`. An HTTP request without an Origin header is no browser's
+cross-origin request and passes (`http_origin_allowed`). Must not know: the consumer or the
+protocol.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from urllib.parse import urlparse
 
 from channels.security.websocket import OriginValidator, WebsocketDenier
 from django.conf import settings
+from django.http import HttpRequest
 from django.http.request import split_domain_port, validate_host
 
 logger = logging.getLogger(__name__)
@@ -52,6 +55,23 @@ def allowed_origins(scope: dict[str, Any]) -> list[str]:
     return [origin] if origin else []
 
 
+def is_allowed(origin: str | None, allowed: list[str]) -> bool:
+    """Channels' comparison (scheme, host and port; default ports filled in) against `allowed`."""
+    parsed = urlparse(origin) if origin else None
+    return parsed is not None and any(_MATCHER.match_allowed_origin(parsed, pattern) for pattern in allowed)
+
+
+def http_origin_allowed(request: HttpRequest) -> bool:
+    """An HTTP request carries no Origin (not a browser's cross-origin call) or an allowed one;
+    its own origin is its scheme (`request.scheme`, which trusts a TLS proxy's header only with
+    PLAYGROUND_HTTPS) and Host."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    scope = {"scheme": request.scheme, "headers": [(b"host", request.META.get("HTTP_HOST", "").encode("latin1"))]}
+    return is_allowed(origin, allowed_origins(scope))
+
+
 class SameOriginValidator(OriginValidator):
     """Channels' `OriginValidator` (scheme, host and port must all match; default ports
     filled in) with the allow list of `allowed_origins`, computed per connection."""
@@ -64,8 +84,10 @@ class SameOriginValidator(OriginValidator):
             raise ValueError("SameOriginValidator guards WebSocket connections only")
         origin = _header(scope, b"origin")
         allowed = allowed_origins(scope)
-        parsed = urlparse(origin) if origin else None
-        if parsed is not None and any(self.match_allowed_origin(parsed, pattern) for pattern in allowed):
+        if is_allowed(origin, allowed):
             return await self.application(scope, receive, send)
         logger.warning("refused a WebSocket from origin %r; allowed: %s", origin, allowed or "none")
         return await WebsocketDenier()(scope, receive, send)
+
+
+_MATCHER = OriginValidator(None, [])  # only its comparison is used

@@ -40,33 +40,33 @@ class Queued:
     message_id: int | None = None
 
 
-def submit(command: str, session_key: str, content: dict[str, Any]) -> Queued:
+def submit(command: str, owner: str, content: dict[str, Any]) -> Queued:
     """Runs one of the generating commands (see COMMANDS)."""
-    return COMMANDS[command](session_key, content)
+    return COMMANDS[command](owner, content)
 
 
 # Lookups ---------------------------------------------------------------------------------
 
 
-def owned_conversation(session_key: str, conversation_id: int) -> Conversation:
-    conversation = Conversation.objects.filter(pk=conversation_id, session_key=session_key).first()
+def owned_conversation(owner: str, conversation_id: int) -> Conversation:
+    conversation = Conversation.objects.filter(pk=conversation_id, owner=owner).first()
     if conversation is None:
         raise CommandError("not_found", gettext("conversation %(id)s does not exist") % {"id": conversation_id})
     return conversation
 
 
-def owned_generation(session_key: str, generation_id: int) -> Generation:
-    generation = Generation.objects.filter(pk=generation_id, session_key=session_key).first()
+def owned_generation(owner: str, generation_id: int) -> Generation:
+    generation = Generation.objects.filter(pk=generation_id, owner=owner).first()
     if generation is None:
         raise CommandError("not_found", gettext("generation %(id)s does not exist") % {"id": generation_id})
     return generation
 
 
-def _active_message(session_key: str, content: dict[str, Any], role: str) -> Message:
+def _active_message(owner: str, content: dict[str, Any], role: str) -> Message:
     message_id = get_field(content, "message_id", int, required=True)
     message = (
         Message.objects.select_related("conversation")
-        .filter(pk=message_id, conversation__session_key=session_key, is_active=True)
+        .filter(pk=message_id, conversation__owner=owner, is_active=True)
         .first()
     )
     if message is None:
@@ -180,7 +180,7 @@ def _supersede(conversation: Conversation, from_position: int) -> None:
 
 
 def _queue_answer(
-    session_key: str,
+    owner: str,
     conversation: Conversation,
     position: int,
     model: LanguageModel,
@@ -193,7 +193,7 @@ def _queue_answer(
     transaction after its limit check, so a refusal writes nothing."""
     generation = Generation.objects.create(
         kind=Generation.Kind.CHAT,
-        session_key=session_key,
+        owner=owner,
         conversation=conversation,
         model=model,
         chat_template=_template(model, conversation),
@@ -213,7 +213,7 @@ def _queue_answer(
 # Commands --------------------------------------------------------------------------------
 
 
-def generate(session_key: str, content: dict[str, Any]) -> Queued:
+def generate(owner: str, content: dict[str, Any]) -> Queued:
     """Appends a user message to a conversation (a new one without `conversation_id`) and answers it."""
     text = _text(content, "content")
     images = parse_images(content)
@@ -221,9 +221,9 @@ def generate(session_key: str, content: dict[str, Any]) -> Queued:
     system_prompt = get_field(content, "system_prompt", str)
     with transaction.atomic():
         if conversation_id is None:
-            conversation = Conversation(session_key=session_key, title=text.strip()[:_TITLE_CHARS])
+            conversation = Conversation(owner=owner, title=text.strip()[:_TITLE_CHARS])
         else:
-            conversation = owned_conversation(session_key, conversation_id)
+            conversation = owned_conversation(owner, conversation_id)
         if system_prompt is not None:
             conversation.system_prompt = system_prompt
         model, preset, params = _choices(content, conversation)
@@ -237,31 +237,31 @@ def generate(session_key: str, content: dict[str, Any]) -> Queued:
         user_message = Message.objects.create(
             conversation=conversation, role=Message.Role.USER, content=text, images=images, position=position
         )
-        limits.check_concurrency(session_key)
-        return _queue_answer(session_key, conversation, position + 1, model, params, user_message)
+        limits.check_concurrency(owner)
+        return _queue_answer(owner, conversation, position + 1, model, params, user_message)
 
 
-def regenerate(session_key: str, content: dict[str, Any]) -> Queued:
+def regenerate(owner: str, content: dict[str, Any]) -> Queued:
     """Answers the user message before an assistant message again; the old answer stays on record
     (under a greedy preset, sampled: see `_choices`)."""
     with transaction.atomic():
-        old_answer = _active_message(session_key, content, Message.Role.ASSISTANT)
+        old_answer = _active_message(owner, content, Message.Role.ASSISTANT)
         conversation = old_answer.conversation
         model, _, params = _choices(content, conversation, is_regenerate=True)
         _check_images(model, None, conversation, old_answer.position)
         _check_chars(conversation, old_answer.position, conversation.system_prompt)
         _supersede(conversation, old_answer.position)
-        limits.check_concurrency(session_key)
-        return _queue_answer(session_key, conversation, old_answer.position, model, params, None)
+        limits.check_concurrency(owner)
+        return _queue_answer(owner, conversation, old_answer.position, model, params, None)
 
 
-def edit(session_key: str, content: dict[str, Any]) -> Queued:
+def edit(owner: str, content: dict[str, Any]) -> Queued:
     """Rewrites a user message, drops what came after it, and answers it (with the images sent
     along, or, when the command names none, the old message's)."""
     text = _text(content, "content")
     images = parse_images(content) if "images" in content else None
     with transaction.atomic():
-        old_question = _active_message(session_key, content, Message.Role.USER)
+        old_question = _active_message(owner, content, Message.Role.USER)
         conversation = old_question.conversation
         model, _, params = _choices(content, conversation)
         _check_images(model, old_question.images if images is None else images, conversation, old_question.position)
@@ -274,11 +274,11 @@ def edit(session_key: str, content: dict[str, Any]) -> Queued:
             images=old_question.images if images is None else images,
             position=old_question.position,
         )
-        limits.check_concurrency(session_key)
-        return _queue_answer(session_key, conversation, old_question.position + 1, model, params, user_message)
+        limits.check_concurrency(owner)
+        return _queue_answer(owner, conversation, old_question.position + 1, model, params, user_message)
 
 
-def complete(session_key: str, content: dict[str, Any]) -> Queued:
+def complete(owner: str, content: dict[str, Any]) -> Queued:
     """A raw completion for the explorer: no conversation, no messages."""
     text = get_field(content, "text", str, required=True)
     is_chat = get_field(content, "chat", bool, default=False)
@@ -290,12 +290,12 @@ def complete(session_key: str, content: dict[str, Any]) -> Queued:
     model, _, params = _choices(content)
     _check_images(model, images)
     with transaction.atomic():
-        limits.check_concurrency(session_key)
-        return _queue_completion(session_key, model, params, text, token_ids, is_chat, images)
+        limits.check_concurrency(owner)
+        return _queue_completion(owner, model, params, text, token_ids, is_chat, images)
 
 
 def _queue_completion(
-    session_key: str,
+    owner: str,
     model: LanguageModel,
     params: SamplingParams,
     text: str,
@@ -307,7 +307,7 @@ def _queue_completion(
     (playground/images.py's records). Runs inside the command's transaction after its limit check."""
     generation = Generation.objects.create(
         kind=Generation.Kind.COMPLETE,
-        session_key=session_key,
+        owner=owner,
         model=model,
         chat_template=_template(model),
         params=params.to_dict(),
@@ -316,9 +316,9 @@ def _queue_completion(
     return Queued(generation.pk)
 
 
-def stop(session_key: str, content: dict[str, Any]) -> Generation | None:
+def stop(owner: str, content: dict[str, Any]) -> Generation | None:
     """Asks the worker to stop; a generation still in the queue ends here (returned, ended)."""
-    generation = owned_generation(session_key, get_field(content, "generation_id", int, required=True))
+    generation = owned_generation(owner, get_field(content, "generation_id", int, required=True))
     if not generation.is_active:
         return None
     cancel.request_cancel(generation.pk)
@@ -331,13 +331,13 @@ def stop(session_key: str, content: dict[str, Any]) -> Generation | None:
     return generation
 
 
-def attach(session_key: str | None, content: dict[str, Any]) -> Generation:
-    """The session's own generation that a reloaded page wants to follow (after the lost rule
+def attach(owner: str | None, content: dict[str, Any]) -> Generation:
+    """The owner's own generation that a reloaded page wants to follow (after the lost rule
     has been applied, so a dead worker's generation reads as ended)."""
     generation_id = get_field(content, "generation_id", int, required=True)
-    if session_key is None:
+    if owner is None:
         raise CommandError("not_found", f"generation {generation_id} does not exist")
-    generation = owned_generation(session_key, generation_id)
+    generation = owned_generation(owner, generation_id)
     liveness.reconcile([generation])
     generation.refresh_from_db()
     return generation
@@ -360,9 +360,9 @@ COMMANDS = {"generate": generate, "regenerate": regenerate, "edit": edit, "compl
 
 # The OpenAI-compatible API (web/openai_api) -----------------------------------------------
 #
-# An API client has no browser session: its owner name (e.g. "api-key-3", from
-# `openai_api.auth.Client.owner`) stands in for the session key, so the limits and the admin's
-# records work as for the browser. A chat becomes a conversation of its own whose messages are
+# An API client has no browser session: its owner id (its key's record, or the local client's;
+# playground/web/owners.py, via `openai_api.auth.Client.owner`) files its rows, so the limits and
+# the admin's records work as for the browser. A chat becomes a conversation of its own whose messages are
 # the request's, which the worker renders like any other chat (no worker change), and each
 # answer is saved as its assistant message. `num_choices` (`n`) makes that many generations of
 # one prompt, a unit (choice i samples with `choices.choice_params`); a unit's choices are
@@ -379,7 +379,7 @@ def api_chat(
         raise CommandError("invalid_field", "messages must not be empty")
     first_user = next((m["content"] for m in messages if m["role"] == Message.Role.USER), "")
     with transaction.atomic():
-        conversation = Conversation(session_key=owner, title=first_user.strip()[:_TITLE_CHARS] or "API chat")
+        conversation = Conversation(owner=owner, title=first_user.strip()[:_TITLE_CHARS] or "API chat")
         model, preset, params = _choices(content)
         _check_choices(params, num_choices)
         _check_chars(conversation, None, *(m["content"] for m in messages))

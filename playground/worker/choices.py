@@ -102,7 +102,7 @@ class UnitRun:
                 params,
                 [run.generation.pk for run in self.runs],
                 images=leader.images,
-                client=leader.generation.session_key,
+                client=leader.generation.owner,
             )
         except ValueError as exc:  # the engine refused the request (e.g. it could never fit the KV pool)
             raise CommandError("invalid_params", str(exc)) from exc

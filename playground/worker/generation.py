@@ -2,16 +2,21 @@
 
 Owns: starting the queued row, building the prompt from the records, the cancel check,
 streaming events to the generation's group, saving the partial answer, and the single
-terminal event (a `finally` path). Must not know: sockets. The engine comes from
-`engines` (loaded lazily), so importing this module stays cheap.
+terminal event (a `finally` path). A generation that can no longer be published (Redis is
+gone) ends as `service_unavailable` with its partial answer saved, and its request leaves the
+engine's batch (`cancel.cancel_here`: nobody reads its events any more); the task itself
+survives the outage. Must not know: sockets. The engine comes from `engines` (loaded lazily),
+so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -63,14 +68,42 @@ def run_generation(
                 return
             GenerationRun(generation, send).execute(load_engine)
         if generation.conversation_id is not None and generation.params.get("use_prefix_cache", True):
-            worker_routing.record_owner(r, generation.conversation_id, worker)  # its KV is here now
+            with _unless_redis_is_gone("record where its KV is"):
+                worker_routing.record_owner(r, generation.conversation_id, worker)  # its KV is here now
     finally:
         count_active(r, worker, -1)
-    cancel.clear(generation_id)
+    with _unless_redis_is_gone("clear its stop flag"):
+        cancel.clear(generation_id)
+
+
+@contextlib.contextmanager
+def _unless_redis_is_gone(what: str) -> Iterator[None]:
+    """Bookkeeping in Redis after a generation: skipped (with one line in the log) in an outage."""
+    try:
+        yield
+    except store.OUTAGE_ERRORS as exc:
+        logger.warning("could not %s: Redis is unreachable (%s)", what, exc)
 
 
 _active_lock = threading.Lock()
 _num_active = 0
+_running: set[int] = set()  # the generations this process is running (GenerationRun.execute), under _active_lock
+_stopping = threading.Event()  # set once, at the worker's shutdown
+WORKER_STOPPED_MESSAGE = (
+    "the worker running this generation was stopped (it shut down or restarted); the answer so far was kept"
+)
+
+
+def stop_for_shutdown() -> None:
+    """The worker shuts down (SIGTERM, Ctrl-C): each generation of this process ends at its next
+    step as `worker_lost`, with its partial answer saved and its terminal event sent, instead of
+    running on until the shutdown's grace period ends in a kill that leaves its row `running`."""
+    _stopping.set()
+    with _active_lock:
+        generation_ids = list(_running)
+    for generation_id in generation_ids:
+        cancel.cancel_here(generation_id)
+    logger.info("shutting down: stopping %d running generation(s)", len(generation_ids))
 
 
 def count_active(r: Any, worker: str, delta: int) -> None:
@@ -80,7 +113,8 @@ def count_active(r: Any, worker: str, delta: int) -> None:
     with _active_lock:
         _num_active += delta
         is_busy = _num_active >= settings.PLAYGROUND_WORKER_SLOTS
-    worker_routing.set_busy(r, worker, is_busy)
+    with _unless_redis_is_gone("say whether this worker is busy"):
+        worker_routing.set_busy(r, worker, is_busy)
 
 
 def start_queued(generation_id: int, worker: str) -> Generation | None:
@@ -101,7 +135,7 @@ class GenerationRun:
 
     def __init__(self, generation: Generation, send: Callable[[dict[str, Any]], None]) -> None:
         self.generation = generation
-        self.send = send
+        self.send = _unavailable_on_outage(send)
         self.engine: Engine | None = None
         self.loop: ServeLoop | None = None  # the worker's engine loop: every engine call goes through it
         self.answer_id: int | None = None  # the assistant message (chat only)
@@ -130,6 +164,11 @@ class GenerationRun:
     def run_to_end(self, produce: Callable[[], Finished]) -> None:
         """Runs `produce` and ends the generation with its outcome, whatever it raised."""
         outcome: Finished | CommandError = CommandError("internal_error", "the worker was interrupted")
+        generation_id = self.generation.pk
+        with _active_lock:
+            _running.add(generation_id)
+        if _stopping.is_set():  # started while the worker shuts down: it ends at its first step
+            cancel.cancel_here(generation_id)
         try:
             outcome = produce()
         except CommandError as exc:
@@ -138,6 +177,10 @@ class GenerationRun:
             logger.exception("generation %s failed", self.generation.pk)
             outcome = CommandError("internal_error", f"{type(exc).__name__}: {exc}")
         finally:
+            with _active_lock:
+                _running.discard(generation_id)
+            if isinstance(outcome, CommandError):  # failed: its events will not be read, out of the batch
+                cancel.cancel_here(generation_id)
             self._end(outcome)
 
     # ---- the generation ----------------------------------------------------------------
@@ -158,7 +201,7 @@ class GenerationRun:
                 handoff=handoff,
                 prefill_only=prefill_only,
                 images=images,
-                client=self.generation.session_key,
+                client=self.generation.owner,
             )
         except ValueError as exc:  # the engine refused the request (e.g. it could never fit the KV pool)
             raise CommandError("invalid_params", str(exc)) from exc
@@ -194,7 +237,9 @@ class GenerationRun:
         self.starts_in_reasoning = prompt_opens_reasoning(prompt["text"])
         self._save(
             prompt_text=prompt["text"],
-            prompt={key: prompt[key] for key in ("spans", "tokens", "images", "dropped_reasoning")},
+            prompt={
+                key: prompt[key] for key in ("spans", "tokens", "images", "dropped_reasoning", "num_dropped_messages")
+            },
             num_prompt_tokens=num_prompt_tokens,
         )
         info = protocol.json_safe(self.engine.model_info())
@@ -229,40 +274,37 @@ class GenerationRun:
         raise RuntimeError("the engine ended without a Finished record")
 
     def _prompt(self, engine: Engine, max_context: int) -> tuple[list[int], dict[str, Any]]:
-        """The prompt's token ids and its record ({text, spans, tokens, images}), within the limits."""
+        """The prompt's token ids and its record ({text, spans, tokens, images}), within the limits.
+        A chat that outgrew them leaves out its oldest turns (`_shortened`), not the new one."""
         generation = self.generation
         template = generation.chat_template.source if generation.chat_template else None
         inputs = generation.inputs
-        image_records = [] if generation.kind == Generation.Kind.CHAT else inputs.get("images", [])
-        text = ""
+        num_dropped = 0
         if generation.kind == Generation.Kind.CHAT:
-            messages, image_records = self._chat_messages(engine)
-        elif inputs.get("chat"):
-            messages = [{"role": "user", "content": _with_placeholders(engine, inputs["text"], image_records)}]
-        else:  # raw completion: the text as it is (after its images' placeholders)
-            messages, text = None, _with_placeholders(engine, inputs["text"], image_records)
-        if image_records and engine.vision is None:
-            raise CommandError("images_not_supported", f"model {generation.model.name!r} takes no images")
-        self.images = prompt_images(image_records) if image_records else []
+            system, history = self._chat_history(engine)
 
-        def build() -> Prompt:  # on the loop thread: the tokenizer is not safe to share between threads
-            return engine.prompts.build(
-                messages=messages,
-                text=text,
-                template=template,
-                extra_token_ids=inputs.get("token_ids", []),
-                images=self.images,
-            )
+            def build(first: int) -> _Built:
+                kept = history[first:]
+                image_records = [image for _, message_images in kept for image in message_images]
+                return self._build(engine, template, system + [message for message, _ in kept], "", [], image_records)
 
-        try:
-            prompt = self.loop.call(build)
-        except PromptError as exc:
-            raise CommandError(exc.code, str(exc)) from exc
+            built = build(0)
+            if not limits.prompt_fits(len(built.prompt.tokens), max_context):
+                built, num_dropped = self._shortened(build, history, max_context)
+        else:
+            image_records = inputs.get("images", [])
+            text = _with_placeholders(engine, inputs["text"], image_records)
+            if inputs.get("chat"):
+                built = self._build(engine, template, [{"role": "user", "content": text}], "", [], image_records)
+            else:  # raw completion: the text as it is (after its images' placeholders)
+                built = self._build(engine, template, None, text, inputs.get("token_ids", []), image_records)
+        prompt = built.prompt
         limits.check_prompt_tokens(len(prompt.tokens), max_context)
+        self.images = list(prompt.images)
         kv_bytes_per_token = engine.info.kv_bytes_per_token
         blocks = [
             protocol.image_block(span.to_dict(), engine.vision.grid, record, span.num_tokens * kv_bytes_per_token)
-            for span, record in zip(prompt.image_spans, image_records)
+            for span, record in zip(prompt.image_spans, built.image_records)
         ]
         record = protocol.prompt_record(
             prompt.text,
@@ -270,24 +312,77 @@ class GenerationRun:
             [t.to_dict() for t in prompt.tokens],
             blocks,
             list(prompt.dropped_reasoning),
+            num_dropped_messages=num_dropped,
         )
         return prompt.token_ids, record
 
-    def _chat_messages(self, engine: Engine) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
-        """System prompt first, then the active messages before this generation's answer (each
-        user message's images as placeholders before its text), and those images in order."""
+    def _build(
+        self,
+        engine: Engine,
+        template: str | None,
+        messages: list[dict[str, str]] | None,
+        text: str,
+        token_ids: list[int],
+        image_records: list[dict[str, Any]],
+    ) -> _Built:
+        """Chat `messages` rendered (None: the raw `text`), tokenized, then `token_ids`, with
+        each image's block of tokens (`engine.prompts.build`); checked there."""
+        if image_records and engine.vision is None:
+            raise CommandError("images_not_supported", f"model {self.generation.model.name!r} takes no images")
+        images = prompt_images(image_records) if image_records else []
+
+        def build() -> Prompt:  # on the loop thread: the tokenizer is not safe to share between threads
+            return engine.prompts.build(
+                messages=messages, text=text, template=template, extra_token_ids=token_ids, images=images
+            )
+
+        try:
+            return _Built(self.loop.call(build), image_records)
+        except PromptError as exc:
+            raise CommandError(exc.code, str(exc)) from exc
+
+    def _shortened(
+        self, build: Callable[[int], _Built], history: list[tuple[dict[str, str], list[Any]]], max_context: int
+    ) -> tuple[_Built, int]:
+        """The chat without its oldest turns (whole turns: each cut is at a user message), as few
+        as leave room for an answer (`limits.history_budget`); at most all but the new message.
+        A binary search: a few renders, whatever the length of the conversation."""
+        cuts = [i for i in range(1, len(history)) if history[i][0]["role"] == Message.Role.USER]
+        if not cuts:
+            return build(0), 0
+        budget = limits.history_budget(max_context, self.params.max_new_tokens)
+        low, high = 0, len(cuts) - 1  # the answer is the first cut that fits, else the last one
+        best: tuple[_Built, int] | None = None
+        while low <= high:
+            middle = (low + high) // 2
+            built = build(cuts[middle])
+            if len(built.prompt.tokens) <= budget:
+                best, high = (built, cuts[middle]), middle - 1
+            else:
+                low = middle + 1
+        return best or (build(cuts[-1]), cuts[-1])
+
+    def _chat_history(
+        self, engine: Engine
+    ) -> tuple[list[dict[str, str]], list[tuple[dict[str, str], list[dict[str, Any]]]]]:
+        """The system prompt (as a list of 0 or 1 message), then each active message before this
+        generation's answer with its images (placeholders before its text). A turn whose answer
+        was refused as too long never reached the model: it is left out, so it cannot make
+        every later turn too long as well."""
         conversation = self.generation.conversation
         answer = Message.objects.get(pk=self.answer_id)
-        messages = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
-        images: list[dict[str, Any]] = []
-        for message in conversation.active_messages().filter(position__lt=answer.position):
+        system = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
+        history: list[tuple[dict[str, str], list[dict[str, Any]]]] = []
+        before = conversation.active_messages().filter(position__lt=answer.position).select_related("generation")
+        for message in before:
             if message.role == Message.Role.ASSISTANT and not message.content:
+                refused = message.generation is not None and message.generation.error_code == "prompt_too_long"
+                if refused and history and history[-1][0]["role"] == Message.Role.USER:
+                    history.pop()
                 continue  # an answer that failed before its first token: an empty turn confuses templates
-            messages.append(
-                {"role": message.role, "content": _with_placeholders(engine, message.content, message.images)}
-            )
-            images += message.images
-        return messages, images
+            content = _with_placeholders(engine, message.content, message.images)
+            history.append(({"role": message.role, "content": content}, message.images))
+        return system, history
 
     def _on_step(self, event: Step | BeamStep) -> None:
         self.last_token_at = time.perf_counter()
@@ -329,6 +424,8 @@ class GenerationRun:
             logger.exception("generation %s: could not send the last steps", generation_id)
         if isinstance(outcome, Finished) and outcome.finish_reason == "error":
             outcome = CommandError("internal_error", outcome.error or "the engine failed")
+        if isinstance(outcome, Finished) and outcome.finish_reason == "cancelled" and _stopping.is_set():
+            outcome = CommandError("worker_lost", WORKER_STOPPED_MESSAGE)
         if isinstance(outcome, Finished):
             stats = self._stats(outcome)
             fields = self._finished_fields(outcome, stats)
@@ -355,6 +452,8 @@ class GenerationRun:
             logger.warning("generation %s: its recent steps expire on their own", generation_id, exc_info=True)
         try:
             self.send(event)
+        except CommandError as exc:  # Redis is gone: the followers read the saved row instead
+            logger.warning("generation %s: could not send its terminal event: %s", generation_id, exc.message)
         except Exception:
             logger.exception("generation %s: could not send its terminal event", generation_id)
 
@@ -406,6 +505,29 @@ class GenerationRun:
     def _save_answer(self, text: str) -> None:
         if self.answer_id is not None:
             Message.objects.filter(pk=self.answer_id).update(content=text)
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A prompt as the model will see it (before the limits are checked), with the records of
+    its images in order."""
+
+    prompt: Prompt
+    image_records: list[dict[str, Any]]
+
+
+def _unavailable_on_outage(send: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """`send`, with losing Redis (the channel layer) raised as the generation's clear error
+    rather than a raw connection error."""
+
+    def send_or_fail(event: dict[str, Any]) -> None:
+        try:
+            send(event)
+        except store.OUTAGE_ERRORS as exc:
+            logger.warning("generation %s: cannot publish, Redis is unreachable: %s", event["generation_id"], exc)
+            raise CommandError("service_unavailable", store.OUTAGE_MESSAGE) from exc
+
+    return send_or_fail
 
 
 def _with_placeholders(engine: Engine, text: str, image_records: list[dict[str, Any]]) -> str:

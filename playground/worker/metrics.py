@@ -123,5 +123,7 @@ class WorkerMetrics:
             store.client().set(
                 keys.worker_metrics(self.worker), json.dumps(self.snapshot(engine, num_requests)), ex=SNAPSHOT_TTL_S
             )
+        except store.OUTAGE_ERRORS as exc:
+            logger.warning("could not write the metrics snapshot: Redis is unreachable (%s)", exc)
         except Exception:
             logger.warning("could not write the metrics snapshot", exc_info=True)

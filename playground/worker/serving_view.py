@@ -15,6 +15,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from playground import protocol
+from playground.coord.store import OUTAGE_ERRORS
 
 if TYPE_CHECKING:
     from inference.engine_core import BatchStep
@@ -36,6 +37,8 @@ def publish(step: BatchStep, generation_of: dict[int, int], worker: str) -> None
     _state["num_skipped"] = 0
     try:
         async_to_sync(get_channel_layer().group_send)(protocol.SERVING_GROUP, message)
+    except OUTAGE_ERRORS as exc:
+        logger.warning("could not publish the serving view: Redis is unreachable (%s)", exc)
     except Exception:  # the view is a nicety: never let it stop the engine loop
         logger.warning("could not publish the serving view", exc_info=True)
 

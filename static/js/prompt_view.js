@@ -85,11 +85,21 @@ export function droppedReasoningNote(prompt) {
       "The chat template dropped the reasoning of %(n)s earlier answers from the history (as DeepSeek-R1's template requires): the model does not see it, only the answers.", n), { n }));
 }
 
-/** The whole view: legend, what the template dropped, text, tokens. */
+/** A chat that outgrew the limits: its oldest messages were left out of this prompt, or null. */
+export function droppedMessagesNote(prompt) {
+  const n = prompt.num_dropped_messages ?? 0;
+  if (!n) return null;
+  return h("p", { class: "hint small dropped-messages" },
+    `The conversation no longer fits the model's context: its ${n} oldest message${n === 1 ? " was" : "s were"} `
+    + "left out of this prompt, so the model does not see them.");
+}
+
+/** The whole view: legend, what was left out, text, tokens. */
 export function promptView(prompt, numCachedTokens = 0) {
   const tokens = prompt.tokens || [];
   return h("div", { class: "prompt-view" },
     legend(tokens.length, numCachedTokens),
+    droppedMessagesNote(prompt),
     droppedReasoningNote(prompt),
     promptText(prompt),
     h("p", { class: "panel-title" }, interpolate(gettext("Tokens (%(n)s)"), { n: tokens.length })),

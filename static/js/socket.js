@@ -3,7 +3,10 @@
 // `GenerationHandle` per command and never parse routing fields themselves.
 import { gettext, interpolate } from "./i18n.js";
 
+import { pageToken, reloadForNewSession } from "./api.js";
+
 const RECONNECT_MAX_MS = 8000;
+const SESSION_CHANGED_CLOSE_CODE = 4409;  // the server's, after a `session_changed` error
 // The server's PLAYGROUND_MAX_MESSAGE_BYTES default (512 KiB of text plus room for 4 images of
 // 1 MiB as base64): a bigger message is refused here, with a clear message, instead of being
 // sent (past daphne's 16 MiB the server would drop the connection).
@@ -42,7 +45,9 @@ export class GenerationHandle {
 
 export class GenerationSocket {
   constructor({ path = "/ws/generate/", onStatus = () => {} } = {}) {
-    this.url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${path}`;
+    // The page token binds the socket to the session the page was rendered for (docs/protocol.md).
+    const query = pageToken() ? `?page_token=${encodeURIComponent(pageToken())}` : "";
+    this.url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${path}${query}`;
     this.onStatus = onStatus;
     this.byRequest = new Map();
     this.byGeneration = new Map();
@@ -62,7 +67,8 @@ export class GenerationSocket {
       for (const message of this.outbox.splice(0)) ws.send(JSON.stringify(message));
     });
     ws.addEventListener("message", (msg) => this.dispatch(msg.data));
-    ws.addEventListener("close", () => {
+    ws.addEventListener("close", (closing) => {
+      if (closing.code === SESSION_CHANGED_CLOSE_CODE && reloadForNewSession()) return;
       this.onStatus("closed");
       this.failAll("connection_lost", gettext("The connection to the server was lost. The answer so far is kept."));
       setTimeout(() => this.connect(), this.retryMs);

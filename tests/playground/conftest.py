@@ -1,16 +1,18 @@
 """Fixtures for the app's tests: the in-memory channel layer, a private Redis for the
-flags (`redis_url` from tests/conftest.py), sessions and records."""
+flags (`redis_url` from tests/conftest.py), browser sessions with their owners, and records."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from django.contrib.sessions.backends.db import SessionStore
 
-from playground.coord import store
+from playground.coord import cancel, store
 from playground.models import Generation, LanguageModel
+from playground.web import owners
 
 
 @pytest.fixture(autouse=True)
@@ -19,14 +21,43 @@ def app_settings(settings: Any, redis_url: str) -> Iterator[Any]:
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.REDIS_URL = redis_url
     store.client().flushdb()
+    cancel._cancelled_here.clear()  # a worker's own stops: ids repeat from test to test
     yield settings
 
 
-@pytest.fixture
-def session_key(db: None) -> str:
+@dataclass(frozen=True)
+class Browser:
+    """A browser that loaded a page: its live session (the `sessionid` cookie) and the owner id
+    kept inside it (what its records are filed under)."""
+
+    session_key: str
+    owner: str
+
+    @property
+    def page_token(self) -> str:
+        return owners.page_token(self.owner)
+
+
+def new_browser() -> Browser:
     session = SessionStore()
+    owner = session[owners.OWNER_FIELD] = owners.new_browser_owner()
     session.create()
-    return session.session_key
+    return Browser(session.session_key, owner)
+
+
+@pytest.fixture
+def browser_session(db: None) -> Browser:
+    return new_browser()
+
+
+@pytest.fixture
+def session_key(browser_session: Browser) -> str:
+    return browser_session.session_key
+
+
+@pytest.fixture
+def owner(browser_session: Browser) -> str:
+    return browser_session.owner
 
 
 @pytest.fixture
@@ -35,7 +66,7 @@ def bundled_model(db: None) -> LanguageModel:
     return LanguageModel.objects.get(source="bundled")
 
 
-def make_generation(session_key: str, **fields: Any) -> Generation:
+def make_generation(owner: str, **fields: Any) -> Generation:
     fields.setdefault("model", LanguageModel.default())
     fields.setdefault("params", {"max_new_tokens": 8})
-    return Generation.objects.create(session_key=session_key, **fields)
+    return Generation.objects.create(owner=owner, **fields)

@@ -1,4 +1,4 @@
-"""The HTTP JSON endpoints: conversations CRUD, session ownership, CSRF, errors as JSON."""
+"""The HTTP JSON endpoints: conversations CRUD, ownership, CSRF, errors as JSON."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from playground.coord import cancel
 from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, SamplingPreset
-from playground.web import submit
+from playground.web import owners, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -26,8 +26,15 @@ def send(client: Client, method: str, path: str, body: Any = None, **extra: Any)
 def browser() -> Client:
     """A browser that loaded a page: it has its session and CSRF cookies."""
     client = Client(enforce_csrf_checks=True)
-    client.get("/api/models/")
+    client.get("/")
     return client
+
+
+def owner_of(client: Client) -> str:
+    """The owner id inside a test client's session (what its records are filed under)."""
+    owner = owners.browser_owner(client.session)
+    assert owner is not None
+    return owner
 
 
 def csrf(client: Client) -> dict[str, str]:
@@ -41,12 +48,6 @@ def test_models_and_presets_list_what_the_admin_configured(browser: Client) -> N
     presets = {p["name"]: p for p in browser.get("/api/presets/").json()}
     assert presets["Greedy"]["is_default"] and presets["Balanced"]["params"]["top_p"] == 0.9
     assert presets["Beam search"]["params"]["num_beams"] == 4
-
-
-def test_the_first_request_gets_a_session_cookie() -> None:
-    client = Client()
-    client.get("/api/conversations/")
-    assert client.cookies["sessionid"].value
 
 
 def test_conversations_crud(browser: Client) -> None:
@@ -82,7 +83,7 @@ def test_conversations_crud(browser: Client) -> None:
 
 
 def test_a_conversation_shows_its_active_messages_with_their_generation(browser: Client) -> None:
-    queued = submit.generate(browser.session.session_key, {"content": "Hi!"})
+    queued = submit.generate(owner_of(browser), {"content": "Hi!"})
     messages = browser.get(f"/api/conversations/{queued.conversation_id}/").json()["messages"]
     assert [(m["id"], m["role"], m["content"]) for m in messages] == [
         (queued.user_message_id, "user", "Hi!"),
@@ -92,9 +93,9 @@ def test_a_conversation_shows_its_active_messages_with_their_generation(browser:
 
 
 def test_another_session_gets_404_for_my_records(browser: Client) -> None:
-    queued = submit.generate(browser.session.session_key, {"content": "Secret"})
+    queued = submit.generate(owner_of(browser), {"content": "Secret"})
     stranger = Client()
-    stranger.get("/api/models/")
+    stranger.get("/")
     assert stranger.get(f"/api/conversations/{queued.conversation_id}/").status_code == 404
     assert stranger.get(f"/api/generations/{queued.generation_id}/").status_code == 404
     assert send(stranger, "delete", f"/api/conversations/{queued.conversation_id}/").status_code == 404
@@ -131,7 +132,7 @@ def test_an_unsupported_method_is_a_json_405(browser: Client) -> None:
 
 
 def test_a_generation_whose_worker_died_reads_as_worker_lost(browser: Client) -> None:
-    queued = submit.generate(browser.session.session_key, {"content": "Hi!"})
+    queued = submit.generate(owner_of(browser), {"content": "Hi!"})
     long_ago = timezone.now() - timedelta(minutes=1)
     Generation.objects.filter(pk=queued.generation_id).update(status="running", started_at=long_ago, text="Par")
 
@@ -142,7 +143,7 @@ def test_a_generation_whose_worker_died_reads_as_worker_lost(browser: Client) ->
 
 
 def test_deleting_a_conversation_stops_its_running_generation(browser: Client) -> None:
-    queued = submit.generate(browser.session.session_key, {"content": "Hi!"})
+    queued = submit.generate(owner_of(browser), {"content": "Hi!"})
     response = send(browser, "delete", f"/api/conversations/{queued.conversation_id}/", **csrf(browser))
     assert response.status_code == 204
     assert cancel.is_cancel_requested(queued.generation_id)

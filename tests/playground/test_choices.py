@@ -10,7 +10,7 @@ import pytest
 from playground.coord import cancel
 from playground.models import Generation
 from playground.protocol import is_terminal
-from playground.web import submit
+from playground.web import owners, submit
 from playground.worker import choices
 
 from .fake_engine import FakeEngine
@@ -23,7 +23,10 @@ MESSAGES = [{"role": "user", "content": "Hi!"}]
 
 def queue_choices(num_choices: int, **overrides: Any) -> list[int]:
     content = {"overrides": {"max_new_tokens": 8, "seed": 5, "temperature": 0.7, **overrides}}
-    return [q.generation_id for q in submit.api_chat("api-local", content, MESSAGES, num_choices, max_concurrent=4)]
+    return [
+        q.generation_id
+        for q in submit.api_chat(owners.LOCAL_API_OWNER, content, MESSAGES, num_choices, max_concurrent=4)
+    ]
 
 
 def run(generation_ids: list[int], engine: FakeEngine) -> dict[int, list[dict[str, Any]]]:

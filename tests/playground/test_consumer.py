@@ -258,19 +258,25 @@ async def test_a_worker_terminal_event_is_not_repeated_by_the_watchdog(
     assert await ws.receive_nothing(timeout=0.3)
 
 
-async def test_an_unreachable_queue_ends_the_generation_with_an_error(
+async def test_an_unreachable_queue_ends_the_generation_with_a_clear_error(
     session_key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broker_down(args: tuple[int], **options: Any) -> None:
-        raise ConnectionError("broker down")
+        raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
     on_task(monkeypatch, "run_generation", apply_async=broker_down)
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
     queued = await command(ws, "generate", content="hi")
     error = await ws.receive_json_from(timeout=TIMEOUT_S)
-    assert (queued["type"], error["type"], error["code"]) == ("generation.queued", "generation.error", "internal_error")
-    assert "broker down" in error["message"]
+    assert (queued["type"], error["type"], error["code"]) == (
+        "generation.queued",
+        "generation.error",
+        "service_unavailable",
+    )
+    assert "Redis" in error["message"] and "Error 111" not in error["message"]
+    row = await sync_to_async(Generation.objects.get)(pk=queued["generation_id"])
+    assert (row.status, row.error_code) == ("error", "service_unavailable")
     await ws.disconnect()
 
 

@@ -1,5 +1,5 @@
-"""A crowd: a bound on all queued work (`server_busy`), and sockets that do nothing cost no
-session rows."""
+"""A crowd: a bound on all queued work (`server_busy`), and cookie-less sockets cost no session
+rows."""
 
 from __future__ import annotations
 
@@ -35,29 +35,34 @@ async def test_sockets_that_do_nothing_create_no_sessions() -> None:
     assert await sync_to_async(Session.objects.count)() == before
 
 
-async def test_a_cookieless_socket_gets_a_session_with_its_first_generation() -> None:
+async def test_a_cookieless_socket_owns_what_it_starts_without_a_session_row() -> None:
     before = await sync_to_async(Session.objects.count)()
     ws = connect()
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
-    await assert_refused(ws, "not_found", "stop", generation_id=1)  # no session: nothing is its own
+    await assert_refused(ws, "not_found", "stop", generation_id=1)  # no owner yet: nothing is its own
     queued = await command(ws, "complete", text="hi")
     assert queued["type"] == "generation.queued"
-    assert await sync_to_async(Session.objects.count)() == before + 1
-    ended = await command(ws, "stop", generation_id=queued["generation_id"])  # its own, in the same session
+    ended = await command(ws, "stop", generation_id=queued["generation_id"])  # its own, on this socket
     assert ended["finish_reason"] == "cancelled"
     assert (await command(ws, "complete", text="again"))["type"] == "generation.queued"
-    assert await sync_to_async(Session.objects.count)() == before + 1
+    assert await sync_to_async(Session.objects.count)() == before  # the socket holds its owner itself
     await ws.disconnect()
+    other = connect()  # another cookie-less socket is another owner
+    assert (await other.connect(timeout=TIMEOUT_S))[0]
+    await assert_refused(other, "not_found", "stop", generation_id=queued["generation_id"])
+    await other.disconnect()
 
 
-async def test_a_full_server_queue_is_server_busy_and_the_socket_stays_usable(session_key: str, settings: Any) -> None:
+async def test_a_full_server_queue_is_server_busy_and_the_socket_stays_usable(
+    session_key: str, owner: str, settings: Any
+) -> None:
     settings.PLAYGROUND_MAX_QUEUED = 3
     others = [await sync_to_async(make_generation)(f"other-{i}" * 4) for i in range(3)]
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
     refusal = await assert_refused(ws, "server_busy", "generate", content="hi")
     assert "3 requests are waiting for a worker (the limit is 3)" in refusal["message"]
-    assert not await sync_to_async(Generation.objects.filter(session_key=session_key).exists)()
+    assert not await sync_to_async(Generation.objects.filter(owner=owner).exists)()
     await sync_to_async(Generation.objects.filter(pk=others[0].pk).update)(status="running")
     assert (await command(ws, "generate", content="hi"))["type"] == "generation.queued"
     await ws.disconnect()

@@ -13,6 +13,7 @@ from django.test import Client
 
 from playground.models import Generation
 from tests.playground.conftest import make_generation
+from tests.playground.test_api import owner_of
 
 pytestmark = pytest.mark.django_db
 
@@ -37,14 +38,12 @@ STEPS = [step(0, 'say "hi", then', "2c", -0.105), step(1, "\n", "0a", -2.3), ste
 @pytest.fixture
 def browser() -> Client:
     client = Client()
-    client.get("/api/models/")
+    client.get("/")
     return client
 
 
 def finished(client: Client, steps: list[dict[str, Any]] = STEPS) -> Generation:
-    return make_generation(
-        client.session.session_key, status=Generation.Status.FINISHED, steps=steps, finish_reason="length"
-    )
+    return make_generation(owner_of(client), status=Generation.Status.FINISHED, steps=steps, finish_reason="length")
 
 
 def test_json_is_the_stored_records(browser: Client) -> None:
@@ -85,14 +84,14 @@ def test_beam_steps_export_with_their_own_columns(browser: Client) -> None:
 def test_another_session_is_refused(browser: Client) -> None:
     row = finished(browser)
     stranger = Client()
-    stranger.get("/api/models/")
+    stranger.get("/")
     for fmt in ("json", "csv"):
         response = stranger.get(f"/api/generations/{row.pk}/steps.{fmt}")
         assert (response.status_code, response.json()["error"]["code"]) == (404, "not_found")
 
 
 def test_a_running_generation_and_an_unknown_format_are_refused(browser: Client) -> None:
-    running = make_generation(browser.session.session_key, status=Generation.Status.RUNNING, steps=STEPS[:1])
+    running = make_generation(owner_of(browser), status=Generation.Status.RUNNING, steps=STEPS[:1])
     response = browser.get(f"/api/generations/{running.pk}/steps.json")
     assert (response.status_code, response.json()["error"]["code"]) == (400, "invalid_params")
     response = browser.get(f"/api/generations/{finished(browser).pk}/steps.xml")

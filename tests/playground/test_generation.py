@@ -22,8 +22,8 @@ pytestmark = pytest.mark.django_db
 ANSWER = "Hello there, friend!"  # 20 characters = 20 steps
 
 
-def queue_chat(session_key: str, content: str = "Hi!", **fields: Any) -> submit.Queued:
-    return submit.generate(session_key, {"content": content, **fields})
+def queue_chat(owner: str, content: str = "Hi!", **fields: Any) -> submit.Queued:
+    return submit.generate(owner, {"content": content, **fields})
 
 
 def run(generation_id: int, engine: FakeEngine | None = None, **kwargs: Any) -> list[dict[str, Any]]:
@@ -38,8 +38,8 @@ def steps_of(events: list[dict[str, Any]], kind: str = "generation.tokens") -> l
     return [step for event in events if event["type"] == kind for step in event["steps"]]
 
 
-def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(session_key: str) -> None:
-    queued = queue_chat(session_key, "Hi!", system_prompt="Be brief.", overrides={"max_new_tokens": 64})
+def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(owner: str) -> None:
+    queued = queue_chat(owner, "Hi!", system_prompt="Be brief.", overrides={"max_new_tokens": 64})
     engine = FakeEngine(ANSWER)
     events = run(queued.generation_id, engine)
 
@@ -76,13 +76,11 @@ def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(session_ke
     assert Message.objects.get(pk=queued.message_id).content == ANSWER
 
 
-def test_published_steps_wait_in_redis_until_the_row_holds_them(
-    session_key: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_published_steps_wait_in_redis_until_the_row_holds_them(owner: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each step is in the recent-steps tail before it is published, until a save of the row has
     it: whenever a reloaded page reads tail then row, it gets every published step."""
     monkeypatch.setattr(generation, "SAVE_PARTIAL_EVERY_S", 0.0)  # save the row at every step
-    queued = queue_chat(session_key, overrides={"max_new_tokens": 64})
+    queued = queue_chat(owner, overrides={"max_new_tokens": 64})
     gaps: list[int] = []
 
     def check(event: dict[str, Any]) -> None:
@@ -105,8 +103,8 @@ def test_published_steps_wait_in_redis_until_the_row_holds_them(
     assert recent_steps.read(queued.generation_id) == []  # the row holds them all; the tail is gone
 
 
-def test_the_worker_beats_while_it_runs(session_key: str) -> None:
-    queued = queue_chat(session_key)
+def test_the_worker_beats_while_it_runs(owner: str) -> None:
+    queued = queue_chat(owner)
     key = f"playground:generation:{queued.generation_id}"
     beating: list[bool] = []
     run(queued.generation_id, FakeEngine(on_step=lambda index: beating.append(bool(store.client().exists(key)))))
@@ -114,8 +112,8 @@ def test_the_worker_beats_while_it_runs(session_key: str) -> None:
     assert not store.client().exists(key)
 
 
-def test_an_engine_failure_ends_with_one_internal_error_and_keeps_the_partial_answer(session_key: str) -> None:
-    queued = queue_chat(session_key)
+def test_an_engine_failure_ends_with_one_internal_error_and_keeps_the_partial_answer(owner: str) -> None:
+    queued = queue_chat(owner)
     events = run(queued.generation_id, FakeEngine(ANSWER, fail_after=3))
 
     assert [is_terminal(event) for event in events].count(True) == 1
@@ -128,8 +126,8 @@ def test_an_engine_failure_ends_with_one_internal_error_and_keeps_the_partial_an
     assert Message.objects.get(pk=queued.message_id).content == "Hel"
 
 
-def test_a_stop_request_ends_the_generation_as_cancelled(session_key: str) -> None:
-    queued = queue_chat(session_key)
+def test_a_stop_request_ends_the_generation_as_cancelled(owner: str) -> None:
+    queued = queue_chat(owner)
 
     def stop_at_third_step(index: int) -> None:
         if index == 2:
@@ -147,8 +145,8 @@ def test_a_stop_request_ends_the_generation_as_cancelled(session_key: str) -> No
     assert not cancel.is_cancel_requested(queued.generation_id)  # the flag does not outlive the run
 
 
-def test_a_model_that_fails_to_load_is_model_unavailable(session_key: str) -> None:
-    queued = queue_chat(session_key)
+def test_a_model_that_fails_to_load_is_model_unavailable(owner: str) -> None:
+    queued = queue_chat(owner)
 
     def broken_loader(model: Any) -> FakeEngine:
         raise OSError("no such file")
@@ -159,29 +157,27 @@ def test_a_model_that_fails_to_load_is_model_unavailable(session_key: str) -> No
     assert "no such file" in events[0]["message"]
 
 
-def test_a_prompt_over_the_token_limit_is_refused_by_the_worker(session_key: str, settings: Any) -> None:
+def test_a_prompt_over_the_token_limit_is_refused_by_the_worker(owner: str, settings: Any) -> None:
     settings.PLAYGROUND_MAX_PROMPT_TOKENS = 10
-    queued = queue_chat(session_key, "a question longer than ten tokens")
+    queued = queue_chat(owner, "a question longer than ten tokens")
     events = run(queued.generation_id)
     assert [(e["type"], e.get("code")) for e in events] == [("generation.error", "prompt_too_long")]
 
 
-def test_a_prompt_that_fills_the_context_is_refused(session_key: str) -> None:
-    queued = queue_chat(session_key)
+def test_a_prompt_that_fills_the_context_is_refused(owner: str) -> None:
+    queued = queue_chat(owner)
     events = run(queued.generation_id, FakeEngine(max_context=8))
     assert events[-1]["code"] == "prompt_too_long" and "context of 8" in events[-1]["message"]
 
 
-def test_a_generation_that_is_no_longer_queued_is_skipped(session_key: str) -> None:
-    queued = queue_chat(session_key)
+def test_a_generation_that_is_no_longer_queued_is_skipped(owner: str) -> None:
+    queued = queue_chat(owner)
     Generation.objects.filter(pk=queued.generation_id).update(status=Generation.Status.CANCELLED)
     assert run(queued.generation_id) == []
 
 
-def test_a_raw_completion_appends_the_branch_tokens(session_key: str) -> None:
-    queued = submit.complete(
-        session_key, {"text": "The sky", "token_ids": [32, 105], "overrides": {"max_new_tokens": 3}}
-    )
+def test_a_raw_completion_appends_the_branch_tokens(owner: str) -> None:
+    queued = submit.complete(owner, {"text": "The sky", "token_ids": [32, 105], "overrides": {"max_new_tokens": 3}})
     engine = FakeEngine("abc")
     events = run(queued.generation_id, engine)
     assert engine.prompt_ids == [ord(c) for c in "The sky"] + [32, 105]
@@ -190,21 +186,21 @@ def test_a_raw_completion_appends_the_branch_tokens(session_key: str) -> None:
     assert (events[-1]["type"], events[-1]["message_id"], events[-1]["text"]) == ("generation.finished", None, "abc")
 
 
-def test_beam_search_streams_beam_steps(session_key: str) -> None:
-    queued = queue_chat(session_key, overrides={"num_beams": 2, "max_new_tokens": 5})
+def test_beam_search_streams_beam_steps(owner: str) -> None:
+    queued = queue_chat(owner, overrides={"num_beams": 2, "max_new_tokens": 5})
     events = run(queued.generation_id, FakeEngine(ANSWER))
     assert {e["type"] for e in events[2:-1]} == {"generation.beams"}
     assert [step["index"] for step in steps_of(events, "generation.beams")] == list(range(5))
     assert events[-1]["text"] == ANSWER[:5]
 
 
-def test_a_regenerated_answer_sees_only_the_history_before_it(session_key: str) -> None:
-    first = queue_chat(session_key, "One?")
+def test_a_regenerated_answer_sees_only_the_history_before_it(owner: str) -> None:
+    first = queue_chat(owner, "One?")
     run(first.generation_id, FakeEngine("1"))
-    second = queue_chat(session_key, "Two?", conversation_id=first.conversation_id)
+    second = queue_chat(owner, "Two?", conversation_id=first.conversation_id)
     run(second.generation_id, FakeEngine("2"))
 
-    again = submit.regenerate(session_key, {"message_id": first.message_id})
+    again = submit.regenerate(owner, {"message_id": first.message_id})
     engine = FakeEngine("uno")
     run(again.generation_id, engine)
     assert engine.rendered[-1][0] == [{"role": "user", "content": "One?"}]
@@ -213,23 +209,23 @@ def test_a_regenerated_answer_sees_only_the_history_before_it(session_key: str) 
     assert Message.objects.filter(conversation=conversation).count() == 5  # the old ones stay on record
 
 
-def test_regenerate_under_a_greedy_preset_samples_unless_the_command_asks_for_greedy(session_key: str) -> None:
-    first = queue_chat(session_key, "One?")  # the default preset (Greedy)
+def test_regenerate_under_a_greedy_preset_samples_unless_the_command_asks_for_greedy(owner: str) -> None:
+    first = queue_chat(owner, "One?")  # the default preset (Greedy)
     assert Generation.objects.get(pk=first.generation_id).params["greedy"] is True
     run(first.generation_id, FakeEngine("1"))
-    again = submit.regenerate(session_key, {"message_id": first.message_id})
+    again = submit.regenerate(owner, {"message_id": first.message_id})
     params = Generation.objects.get(pk=again.generation_id).params
     assert (params["greedy"], params["temperature"]) == (False, submit.REGENERATE_TEMPERATURE)
     run(again.generation_id, FakeEngine("2"))
-    greedy = submit.regenerate(session_key, {"message_id": again.message_id, "overrides": {"temperature": 0}})
+    greedy = submit.regenerate(owner, {"message_id": again.message_id, "overrides": {"temperature": 0}})
     assert SamplingParams.from_dict(Generation.objects.get(pk=greedy.generation_id).params).is_greedy
 
 
-def test_the_worker_sends_the_reasoning_split_when_the_prompt_opens_a_think_block(session_key: str) -> None:
+def test_the_worker_sends_the_reasoning_split_when_the_prompt_opens_a_think_block(owner: str) -> None:
     """DeepSeek-R1's template ends the prompt with `<think>`: the answer starts inside the
     reasoning. The worker, not the browser, says where the blocks are."""
     answer = "plan\n</think>\n\nParis"
-    queued = submit.complete(session_key, {"text": "Capital of France?<think>\n", "max_new_tokens": 64})
+    queued = submit.complete(owner, {"text": "Capital of France?<think>\n", "max_new_tokens": 64})
     events = run(queued.generation_id, FakeEngine(answer))
     streamed = [event["segments"] for event in events if event["type"] == "generation.tokens"]
     assert streamed[0][0]["kind"] == "reasoning" and streamed[0][0]["is_open"]
@@ -240,13 +236,13 @@ def test_the_worker_sends_the_reasoning_split_when_the_prompt_opens_a_think_bloc
     ]
 
 
-def test_the_prompt_record_says_which_earlier_reasoning_the_template_dropped(session_key: str) -> None:
-    first = queue_chat(session_key, "One?")
+def test_the_prompt_record_says_which_earlier_reasoning_the_template_dropped(owner: str) -> None:
+    first = queue_chat(owner, "One?")
     run(first.generation_id, FakeEngine("<think>counting</think>1"))
     conversation = Generation.objects.get(pk=first.generation_id).conversation
     conversation.chat_template = ChatTemplate.objects.create(name="R1 ChatML", source=R1_CHATML)
     conversation.save()
-    second = queue_chat(session_key, "Two?", conversation_id=first.conversation_id)
+    second = queue_chat(owner, "Two?", conversation_id=first.conversation_id)
     started = run(second.generation_id, FakeEngine("2"))[0]
     assert started["type"] == "generation.started"
     prompt = started["prompt"]
@@ -255,12 +251,12 @@ def test_the_prompt_record_says_which_earlier_reasoning_the_template_dropped(ses
     assert generation_json(Generation.objects.get(pk=second.generation_id))["prompt"]["dropped_reasoning"] == [1]
     conversation.chat_template = None  # back to the model's ChatML, which keeps the reasoning
     conversation.save()
-    third = queue_chat(session_key, "Three?", conversation_id=first.conversation_id)
+    third = queue_chat(owner, "Three?", conversation_id=first.conversation_id)
     prompt = run(third.generation_id, FakeEngine("3"))[0]["prompt"]
     assert "counting" in prompt["text"] and prompt["dropped_reasoning"] == []
 
 
-def test_without_a_think_block_the_whole_answer_is_one_answer_segment(session_key: str) -> None:
-    queued = queue_chat(session_key, "Hi!", overrides={"max_new_tokens": 64})
+def test_without_a_think_block_the_whole_answer_is_one_answer_segment(owner: str) -> None:
+    queued = queue_chat(owner, "Hi!", overrides={"max_new_tokens": 64})
     finished = run(queued.generation_id, FakeEngine(ANSWER))[-1]
     assert finished["segments"] == [{"kind": "answer", "start": 0, "end": len(ANSWER), "is_open": False}]

@@ -54,7 +54,7 @@ def test_the_admin_detail_pages_need_nothing_the_csp_forbids(client: Client) -> 
     model = LanguageModel.objects.first()
     LanguageModel.objects.filter(pk=model.pk).update(test_load_result={"load_ms": 1})
     template = ChatTemplate.objects.create(name="t", source="{% for m in messages %}{{ m.content }}{% endfor %}")
-    generation = Generation.objects.create(session_key="s" * 32, model=model, params={"max_new_tokens": 3})
+    generation = Generation.objects.create(owner="browser:" + "s" * 32, model=model, params={"max_new_tokens": 3})
     for path in [
         f"/admin/playground/languagemodel/{model.pk}/change/",
         f"/admin/playground/chattemplate/{template.pk}/change/",

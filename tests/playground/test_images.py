@@ -79,37 +79,35 @@ def run(generation_id: int, engine: Any) -> list[dict[str, Any]]:
         ([{"data": png_b64(size=(300, 300))}], "image_too_many_pixels"),
     ],
 )
-def test_bad_images_are_refused_before_anything_is_written(
-    session_key: str, settings: Any, images: list, code: str
-) -> None:
+def test_bad_images_are_refused_before_anything_is_written(owner: str, settings: Any, images: list, code: str) -> None:
     settings.PLAYGROUND_MAX_IMAGE_PIXELS = 200 * 200
     with pytest.raises(CommandError) as caught:
-        submit.generate(session_key, {"content": "What is this?", "images": images})
+        submit.generate(owner, {"content": "What is this?", "images": images})
     assert caught.value.code == code
     assert not Message.objects.exists() and not Generation.objects.exists()
 
 
-def test_a_too_large_image_is_refused(session_key: str, settings: Any) -> None:
+def test_a_too_large_image_is_refused(owner: str, settings: Any) -> None:
     settings.PLAYGROUND_MAX_IMAGE_BYTES = 100
     with pytest.raises(CommandError) as caught:
-        submit.complete(session_key, {"text": "x", "images": [{"data": "data:image/png;base64," + png_b64()}]})
+        submit.complete(owner, {"text": "x", "images": [{"data": "data:image/png;base64," + png_b64()}]})
     assert caught.value.code == "image_too_large"
 
 
-def test_images_are_stored_with_the_message_and_kept_by_an_edit(session_key: str, vl_model: LanguageModel) -> None:
+def test_images_are_stored_with_the_message_and_kept_by_an_edit(owner: str, vl_model: LanguageModel) -> None:
     queued = submit.generate(
-        session_key, {"content": "What is this?", "images": [{"data": png_b64()}], "model_id": vl_model.pk}
+        owner, {"content": "What is this?", "images": [{"data": png_b64()}], "model_id": vl_model.pk}
     )
     stored = Message.objects.get(pk=queued.user_message_id).images
     assert [(i["media_type"], i["width"], i["height"]) for i in stored] == [("image/png", 40, 30)]
     assert base64.b64decode(stored[0]["data"]) == base64.b64decode(png_b64()) and len(stored[0]["content_hash"]) == 64
     Generation.objects.update(status=Generation.Status.FINISHED)
-    edited = submit.edit(session_key, {"message_id": queued.user_message_id, "content": "And now?"})
+    edited = submit.edit(owner, {"message_id": queued.user_message_id, "content": "And now?"})
     assert Message.objects.get(pk=edited.user_message_id).images == stored
 
 
 def test_a_text_model_is_refused_images_before_anything_is_written(
-    session_key: str, text_model: LanguageModel, vl_model: LanguageModel
+    owner: str, text_model: LanguageModel, vl_model: LanguageModel
 ) -> None:
     image = [{"data": png_b64()}]
     for command, content in (
@@ -117,11 +115,11 @@ def test_a_text_model_is_refused_images_before_anything_is_written(
         (submit.complete, {"text": "Describe:", "images": image}),
     ):
         with pytest.raises(CommandError) as caught:
-            command(session_key, {**content, "model_id": text_model.pk})
+            command(owner, {**content, "model_id": text_model.pk})
         assert caught.value.code == "images_not_supported" and "a text model" in caught.value.message
     assert not Message.objects.exists() and not Generation.objects.exists()
     # A conversation with an image cannot go on, or be answered again, with the text model.
-    queued = submit.generate(session_key, {"content": "What is this?", "images": image, "model_id": vl_model.pk})
+    queued = submit.generate(owner, {"content": "What is this?", "images": image, "model_id": vl_model.pk})
     Generation.objects.update(status=Generation.Status.FINISHED)
     num_rows = (Message.objects.count(), Generation.objects.count())
     for command, content in (
@@ -130,30 +128,28 @@ def test_a_text_model_is_refused_images_before_anything_is_written(
         (submit.edit, {"message_id": queued.user_message_id, "content": "Again?"}),
     ):
         with pytest.raises(CommandError) as caught:
-            command(session_key, {**content, "model_id": text_model.pk})
+            command(owner, {**content, "model_id": text_model.pk})
         assert caught.value.code == "images_not_supported"
     assert (Message.objects.count(), Generation.objects.count()) == num_rows
     # Without images the text model is fine; /api/models/ says which model takes them.
-    submit.generate(session_key, {"content": "Hi", "model_id": text_model.pk})
+    submit.generate(owner, {"content": "Hi", "model_id": text_model.pk})
     listed = {m["name"]: m["accepts_images"] for m in Client().get("/api/models/").json()}
     assert (listed["a text model"], listed["a vision-language model"]) == (False, True)
 
 
-def test_a_model_whose_config_the_web_host_cannot_read_is_left_to_the_worker(session_key: str) -> None:
+def test_a_model_whose_config_the_web_host_cannot_read_is_left_to_the_worker(owner: str) -> None:
     model = LanguageModel.objects.create(name="elsewhere", source="/nowhere/on/this/host")
-    queued = submit.generate(
-        session_key, {"content": "What is this?", "images": [{"data": png_b64()}], "model_id": model.pk}
-    )
+    queued = submit.generate(owner, {"content": "What is this?", "images": [{"data": png_b64()}], "model_id": model.pk})
     events = run(queued.generation_id, FakeEngine("ok"))
     assert events[-1]["type"] == "generation.error" and events[-1]["code"] == "images_not_supported"
 
 
 def test_the_demo_vl_model_answers_and_the_prompt_shows_the_image_block(
-    session_key: str, vl_engine: Engine, vl_model: LanguageModel
+    owner: str, vl_engine: Engine, vl_model: LanguageModel
 ) -> None:
     images = [{"data": png_b64()}, {"data": png_b64((10, 10, 240))}]
     queued = submit.generate(
-        session_key,
+        owner,
         {"content": "Compare them.", "images": images, "overrides": {"max_new_tokens": 3}, "model_id": vl_model.pk},
     )
     events = run(queued.generation_id, vl_engine)
@@ -172,14 +168,14 @@ def test_the_demo_vl_model_answers_and_the_prompt_shows_the_image_block(
 
 
 def test_an_images_kv_goes_from_a_prefill_worker_to_a_decode_worker(
-    session_key: str, vl_engine: Engine, vl_model: LanguageModel
+    owner: str, vl_engine: Engine, vl_model: LanguageModel
 ) -> None:
     from .test_pd import GREEDY, run_decode, run_prefill
 
     engines = {role: Engine(vl_engine.loaded, vl_engine.config) for role in ("prefill", "decode")}
     command = {"text": "Describe it:", "images": [{"data": png_b64()}], "overrides": GREEDY, "model_id": vl_model.pk}
-    colocated = run(submit.complete(session_key, command).generation_id, Engine(vl_engine.loaded, vl_engine.config))
-    queued = submit.complete(session_key, command)
+    colocated = run(submit.complete(owner, command).generation_id, Engine(vl_engine.loaded, vl_engine.config))
+    queued = submit.complete(owner, command)
     events: list[dict[str, Any]] = []
     (task,) = run_prefill(queued.generation_id, engines, events)
     run_decode(task, engines, events)

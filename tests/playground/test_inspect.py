@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 from channels.layers import get_channel_layer
-from django.contrib.sessions.backends.db import SessionStore
 from django.test import AsyncClient
 
 from inference.engine import Engine
@@ -25,6 +24,7 @@ from playground.models import Generation, LanguageModel
 from playground.web import inspect_api, submit
 from playground.worker import generation, inspect
 from tests.engine.engines import engine_for
+from tests.playground.conftest import new_browser
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +33,7 @@ SETTINGS = {"temperature": 1.2, "top_k": 40, "top_p": 0.9, "seed": 7, "max_new_t
 
 
 def finished(
-    session_key: str,
+    owner: str,
     token_ids: list[int] | None = None,
     text: str = "hello world",
     engine: Engine = TINY,
@@ -42,7 +42,7 @@ def finished(
     if not LanguageModel.objects.exists():  # a transactional test starts with empty tables
         LanguageModel.objects.create(name="tiny", source="bundled", is_default=True)
     queued = submit.complete(
-        session_key, {"text": text, "token_ids": token_ids or [], "overrides": {**SETTINGS, **overrides}}
+        owner, {"text": text, "token_ids": token_ids or [], "overrides": {**SETTINGS, **overrides}}
     )
     generation.run_generation(queued.generation_id, "w", load_engine=lambda model: engine, send=lambda event: None)
     row = Generation.objects.get(pk=queued.generation_id)
@@ -61,8 +61,8 @@ def ask(row: Generation, engine: Engine = TINY, **request: Any) -> dict[str, Any
     return message
 
 
-def test_prompt_logprobs_need_only_the_prompt_so_beam_search_generations_have_them(session_key: str) -> None:
-    row = finished(session_key, num_beams=2, num_return_sequences=1)
+def test_prompt_logprobs_need_only_the_prompt_so_beam_search_generations_have_them(owner: str) -> None:
+    row = finished(owner, num_beams=2, num_return_sequences=1)
     assert ask(row, view="waterfall", step=0)["code"] == "invalid_params"  # several paths: no step to inspect
     reply = ask(row, view="prompt_logprobs", top_n=3)
     assert reply["ok"], reply
@@ -70,8 +70,8 @@ def test_prompt_logprobs_need_only_the_prompt_so_beam_search_generations_have_th
     assert [t["token_id"] for t in reply["result"]["tokens"]] == prompt_ids
 
 
-def test_waterfall_ends_in_the_distribution_the_step_was_sampled_from(session_key: str) -> None:
-    row = finished(session_key)
+def test_waterfall_ends_in_the_distribution_the_step_was_sampled_from(owner: str) -> None:
+    row = finished(owner)
     answer = ask(row, view="waterfall", step=2, top_n=10)
     assert answer["ok"], answer
     fall = answer["result"]
@@ -85,8 +85,8 @@ def test_waterfall_ends_in_the_distribution_the_step_was_sampled_from(session_ke
     assert all("piece" in t for t in last["top"])
 
 
-def test_what_if_with_the_generations_own_settings_replays_it(session_key: str) -> None:
-    row = finished(session_key)
+def test_what_if_with_the_generations_own_settings_replays_it(owner: str) -> None:
+    row = finished(owner)
     result = ask(row, view="whatif")["result"]
     assert result["seed"] == 7 and result["diverged_at"] is None
     assert [s["token_id"] for s in result["steps"]] == [s["token_id"] for s in row.steps]
@@ -94,10 +94,10 @@ def test_what_if_with_the_generations_own_settings_replays_it(session_key: str) 
     assert changed["params"]["temperature"] == 0.0 and len(changed["original_probs"]) == len(row.steps)
 
 
-def test_the_explorers_path_spans_its_earlier_requests(session_key: str) -> None:
-    first = finished(session_key)
+def test_the_explorers_path_spans_its_earlier_requests(owner: str) -> None:
+    first = finished(owner)
     earlier = [s["token_id"] for s in first.steps]
-    second = finished(session_key, token_ids=earlier)
+    second = finished(owner, token_ids=earlier)
     answer = ask(second, view="lens", step=len(earlier) + 1, layer=0)
     assert answer["ok"], answer
     seen = answer["result"]
@@ -110,16 +110,16 @@ def test_the_explorers_path_spans_its_earlier_requests(session_key: str) -> None
     assert seen["embedding"]["size"] == TINY.model.config.hidden_size
 
 
-def test_kv_view_is_the_measured_cache(session_key: str) -> None:
-    row = finished(session_key)
+def test_kv_view_is_the_measured_cache(owner: str) -> None:
+    row = finished(owner)
     result = ask(row, view="kv")["result"]
     assert result["shape"]["bytes_per_token"] == result["measured_bytes_per_token"] == TINY.info.kv_bytes_per_token
     num_tokens = row.num_prompt_tokens + len(row.steps) - 1
     assert result["request"]["total_bytes"] == num_tokens * TINY.info.kv_bytes_per_token
 
 
-def test_roofline_view_places_the_recorded_phases(session_key: str) -> None:
-    row = finished(session_key)
+def test_roofline_view_places_the_recorded_phases(owner: str) -> None:
+    row = finished(owner)
     result = ask(row, view="roofline")["result"]
     decode_steps = [s for s in row.steps if s["phase"] == "decode"]
     assert result["timeline"][:2] == [
@@ -146,8 +146,8 @@ def test_roofline_view_places_the_recorded_phases(session_key: str) -> None:
     assert device["device"] == "cpu" and device["dtype"] == "float32"
 
 
-def test_bad_requests_are_refused_with_codes(session_key: str) -> None:
-    row = finished(session_key)
+def test_bad_requests_are_refused_with_codes(owner: str) -> None:
+    row = finished(owner)
     assert ask(row, view="waterfall", step=99)["code"] == "invalid_field"
     assert ask(row, view="lens", step=0, layer=50)["code"] == "invalid_field"
     with pytest.raises(inspection.CommandError, match="view"):
@@ -158,9 +158,9 @@ def test_bad_requests_are_refused_with_codes(session_key: str) -> None:
         inspection.parse({"view": "whatif", "params": {"temperature": -1}}, {})
 
 
-def test_ab_kl_is_the_two_processed_distributions(session_key: str) -> None:
-    a = finished(session_key)
-    b = finished(session_key, temperature=0.7, top_k=0, top_p=1.0, seed=9)
+def test_ab_kl_is_the_two_processed_distributions(owner: str) -> None:
+    a = finished(owner)
+    b = finished(owner, temperature=0.7, top_k=0, top_p=1.0, seed=9)
     answer = ask(a, view="ab", other_generation_id=b.pk)
     assert answer["ok"], answer
     result = answer["result"]
@@ -184,25 +184,25 @@ def test_ab_kl_is_the_two_processed_distributions(session_key: str) -> None:
     assert result["steps"][0]["kl"] == pytest.approx(direct, rel=1e-6)
 
 
-def test_ab_of_the_same_settings_and_seed_has_no_flip(session_key: str) -> None:
-    a, b = finished(session_key), finished(session_key)
+def test_ab_of_the_same_settings_and_seed_has_no_flip(owner: str) -> None:
+    a, b = finished(owner), finished(owner)
     result = ask(a, view="ab", other_generation_id=b.pk)["result"]
     assert result["first_flip"] is None and result["num_steps"] == len(a.steps)
     assert [(s["flipped"], s["kl"]) for s in result["steps"]] == [(False, 0.0)] * len(a.steps)
 
 
-def test_ab_refuses_what_cannot_be_compared(session_key: str) -> None:
-    a = finished(session_key)
-    other_text = finished(session_key, text="goodbye")
+def test_ab_refuses_what_cannot_be_compared(owner: str) -> None:
+    a = finished(owner)
+    other_text = finished(owner, text="goodbye")
     assert ask(a, view="ab", other_generation_id=other_text.pk)["code"] == "not_comparable"
-    other_model = finished(session_key)
+    other_model = finished(owner)
     other_model.model = LanguageModel.objects.create(name="other", source="bundled")
     other_model.save()
     assert ask(a, view="ab", other_generation_id=other_model.pk)["code"] == "not_comparable"
-    running = finished(session_key)
+    running = finished(owner)
     Generation.objects.filter(pk=running.pk).update(status=Generation.Status.RUNNING)
     assert ask(a, view="ab", other_generation_id=running.pk)["code"] == "invalid_params"
-    beams = finished(session_key)
+    beams = finished(owner)
     Generation.objects.filter(pk=beams.pk).update(steps=[{"type": "beam_step", "index": 0, "beams": []}])
     assert ask(a, view="ab", other_generation_id=beams.pk)["code"] == "invalid_params"
     assert ask(a, view="ab", other_generation_id=10**6)["code"] == "not_found"
@@ -254,21 +254,19 @@ async def test_http_inspection_answers_from_the_worker(worker_thread: dict[str, 
     from asgiref.sync import sync_to_async
 
     worker_thread["loop"] = asyncio.get_running_loop()
-    session = SessionStore()
-    await sync_to_async(session.create)()
-    row = await sync_to_async(finished)(session.session_key)
+    session = await sync_to_async(new_browser)()
+    row = await sync_to_async(finished)(session.owner)
     response = await _post(_client(session.session_key), row.pk, {"view": "waterfall", "step": 1})
     assert response.status_code == 200, response.content
     assert response.json()["stages"][-1]["sampled"]["prob"] == pytest.approx(
         math.exp(row.steps[1]["logprob"]), rel=1e-3
     )
-    other = SessionStore()
-    await sync_to_async(other.create)()
+    other = await sync_to_async(new_browser)()
     response = await _post(_client(other.session_key), row.pk, {"view": "waterfall"})
     assert response.status_code == 404  # another session's generation
     response = await _post(_client(session.session_key), row.pk, {"view": "waterfall", "top_n": 0})
     assert (response.status_code, response.json()["error"]["code"]) == (400, "invalid_field")
-    theirs = await sync_to_async(finished)(other.session_key)
+    theirs = await sync_to_async(finished)(other.owner)
     response = await _post(_client(session.session_key), row.pk, {"view": "ab", "other_generation_id": theirs.pk})
     assert (response.status_code, response.json()["error"]["code"]) == (404, "not_found")  # side B is theirs
     response = await _post(_client(session.session_key), row.pk, {"view": "ab", "other_generation_id": row.pk})
@@ -281,8 +279,7 @@ async def test_no_worker_is_a_timeout_not_a_hang(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(inspect_api, "send_task", lambda *args: None)
     monkeypatch.setattr(inspection, "WAIT_S", 0.3)
-    session = SessionStore()
-    await sync_to_async(session.create)()
-    row = await sync_to_async(finished)(session.session_key)
+    session = await sync_to_async(new_browser)()
+    row = await sync_to_async(finished)(session.owner)
     response = await _post(_client(session.session_key), row.pk, {"view": "kv"})
     assert (response.status_code, response.json()["error"]["code"]) == (504, "inspection_timeout")

@@ -67,10 +67,10 @@ def routing_of_every_pass(model: torch.nn.Module) -> Iterator[dict[int, list[tup
             handle.remove()
 
 
-def test_routing_of_each_step_is_the_generations_own(session_key: str, demo_engine: Engine) -> None:
+def test_routing_of_each_step_is_the_generations_own(owner: str, demo_engine: Engine) -> None:
     model = demo_engine.model
     with routing_of_every_pass(model) as during:
-        row = finished(session_key, engine=demo_engine)
+        row = finished(owner, engine=demo_engine)
     answer = ask(row, engine=demo_engine, view="moe")
     assert answer["ok"], answer
     result = answer["result"]
@@ -91,9 +91,9 @@ def test_routing_of_each_step_is_the_generations_own(session_key: str, demo_engi
             assert [got[e] for e in experts.tolist()] == pytest.approx(weights.tolist(), abs=1e-4)
 
 
-def test_choices_equal_v3s_rule_from_the_router_logits(session_key: str, demo_engine: Engine) -> None:
+def test_choices_equal_v3s_rule_from_the_router_logits(owner: str, demo_engine: Engine) -> None:
     model = demo_engine.model
-    row = finished(session_key, engine=demo_engine)
+    row = finished(owner, engine=demo_engine)
     result = ask(row, engine=demo_engine, view="moe")["result"]
     routers = moe.find_routers(model)
     assert all(not router._forward_hooks for _, router in routers)  # the inspection's hooks are gone
@@ -114,7 +114,7 @@ def test_choices_equal_v3s_rule_from_the_router_logits(session_key: str, demo_en
             assert sum(choice["weights"]) == pytest.approx(result["routed_scaling_factor"], abs=1e-3)
 
 
-def test_a_dense_model_is_not_moe(session_key: str) -> None:
-    answer = ask(finished(session_key), view="moe")
+def test_a_dense_model_is_not_moe(owner: str) -> None:
+    answer = ask(finished(owner), view="moe")
     assert (answer["ok"], answer["code"]) == (False, "not_moe")
     assert "dense" in answer["message"] and "mixture-of-experts" in answer["message"]

@@ -23,8 +23,8 @@ def int8_beside(monkeypatch) -> None:
     monkeypatch.setattr(inspect, "comparison_model", lambda model, precision: INT8.loaded)
 
 
-def test_each_step_under_both_precisions_with_the_kl_between_them(session_key: str, int8_beside) -> None:
-    row = finished(session_key)
+def test_each_step_under_both_precisions_with_the_kl_between_them(owner: str, int8_beside) -> None:
+    row = finished(owner)
     answer = ask(row, view="precision", precision="int8", top_n=5)
     assert answer["ok"], answer
     result = answer["result"]

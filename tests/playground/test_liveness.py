@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from playground.coord import liveness
+from playground.coord import liveness, store, worker_routing
 from playground.models import Generation
 
 from .conftest import make_generation
@@ -17,36 +18,43 @@ pytestmark = pytest.mark.django_db
 LONG_AGO = timedelta(minutes=5)
 
 
-def running_since(session_key: str, age: timedelta) -> Generation:
-    return make_generation(session_key, status="running", started_at=timezone.now() - age)
+def running_since(owner: str, age: timedelta) -> Generation:
+    return make_generation(owner, status="running", started_at=timezone.now() - age)
 
 
-def test_a_running_generation_without_heartbeat_is_lost(session_key: str) -> None:
-    generation = running_since(session_key, LONG_AGO)
+def test_a_running_generation_without_heartbeat_is_lost(owner: str) -> None:
+    generation = running_since(owner, LONG_AGO)
     assert liveness.mark_lost_if_stale(generation)
     generation.refresh_from_db()
     assert (generation.status, generation.error_code) == ("error", "worker_lost")
-    assert not liveness.mark_lost_if_stale(running_since(session_key, timedelta(0)))  # just started: give it time
+    assert not liveness.mark_lost_if_stale(running_since(owner, timedelta(0)))  # just started: give it time
 
 
-def test_a_beating_generation_is_alive(session_key: str) -> None:
-    generation = running_since(session_key, LONG_AGO)
+def test_a_beating_generation_is_alive(owner: str) -> None:
+    generation = running_since(owner, LONG_AGO)
     with liveness.generation_heartbeat(generation.pk):
         assert not liveness.mark_lost_if_stale(generation)
     assert liveness.mark_lost_if_stale(generation)  # the key went with the beat
 
 
-def test_a_generation_that_finished_meanwhile_is_not_marked(session_key: str) -> None:
-    generation = running_since(session_key, LONG_AGO)  # this copy still says "running"
+def test_a_generation_that_finished_meanwhile_is_not_marked(owner: str) -> None:
+    generation = running_since(owner, LONG_AGO)  # this copy still says "running"
     Generation.objects.filter(pk=generation.pk).update(status="finished")
     assert not liveness.mark_lost_if_stale(generation)
     generation.refresh_from_db()
     assert generation.status == "finished"
 
 
-def test_a_queued_generation_is_lost_only_when_no_worker_lives(session_key: str) -> None:
-    generation = make_generation(session_key)
+def queued_long_ago(owner: str) -> Generation:
+    generation = make_generation(owner)
     Generation.objects.filter(pk=generation.pk).update(created_at=timezone.now() - LONG_AGO)
+    generation.refresh_from_db()
+    return generation
+
+
+def test_a_queued_generation_is_lost_only_when_no_worker_lives(owner: str) -> None:
+    generation = queued_long_ago(owner)
+    worker_routing.record_sent(store.client(), generation.pk)  # as dispatch does
     generation.refresh_from_db()
     worker = liveness.start_worker_heartbeat("test-worker")
     try:
@@ -56,3 +64,36 @@ def test_a_queued_generation_is_lost_only_when_no_worker_lives(session_key: str)
     assert liveness.mark_lost_if_stale(generation)
     generation.refresh_from_db()
     assert "no worker" in generation.error_message
+
+
+def test_a_queued_generation_whose_task_redis_lost_ends_as_service_unavailable(owner: str) -> None:
+    """Redis restarted without its data: the task message is gone, the row would hold a slot."""
+    worker = liveness.start_worker_heartbeat("test-worker")  # a healthy worker would never get it
+    try:
+        waiting, lost, claimed = queued_long_ago(owner), queued_long_ago(owner), queued_long_ago(owner)
+        worker_routing.record_sent(store.client(), waiting.pk)
+        worker_routing.claim_delivery(store.client(), claimed.pk, "test-worker")
+        fresh = make_generation(owner)  # its task is being sent right now
+        assert [liveness.mark_lost_if_stale(g) for g in (waiting, lost, claimed, fresh)] == [False, True, False, False]
+    finally:
+        worker.stop()
+    lost.refresh_from_db()
+    assert (lost.status, lost.error_code) == ("error", "service_unavailable")
+    assert "Redis restarted" in lost.error_message
+
+
+def test_redis_unreachable_declares_nothing_lost(owner: str, settings: Any) -> None:
+    generation = running_since(owner, LONG_AGO)
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there: cannot tell, so alive
+    assert not liveness.mark_lost_if_stale(generation)
+    assert not liveness.mark_lost_if_stale(queued_long_ago(owner))
+
+
+def test_a_queued_generation_ends_at_an_outage_and_a_running_one_is_left_to_its_worker(owner: str) -> None:
+    queued, running = make_generation(owner), running_since(owner, timedelta(0))
+    event = liveness.end_queued_for_outage(queued.pk)
+    assert (event["type"], event["code"]) == ("generation.error", "service_unavailable")
+    assert "Redis" in event["message"] and "Error 111" not in event["message"]
+    assert liveness.end_queued_for_outage(running.pk) is None
+    Generation.objects.filter(pk=running.pk).update(status="finished", text="done")  # its worker ended it
+    assert liveness.end_queued_for_outage(running.pk)["type"] == "generation.finished"

@@ -21,6 +21,7 @@ from django.utils import timezone
 from playground import protocol
 from playground.coord import cancel, keys, liveness, store
 from playground.models import ApiKey, Conversation, Generation
+from playground.web import owners
 from playground.web.openai_api import follow, turns
 from playground.worker import choices, generation
 from playground.worker.publisher import send_to_group
@@ -103,7 +104,7 @@ async def test_chat_completion_answers_in_openai_shape(engine: FakeEngine) -> No
     # The worker rendered the request's messages, and the answer is on record like a chat's.
     assert engine.rendered[-1][0] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     row = await sync_to_async(Generation.objects.get)(pk=int(body["id"].split("-")[1]))
-    assert (row.session_key, row.status, row.text) == ("api-local", "finished", "Hi you")
+    assert (row.owner, row.status, row.text) == ("api:local", "finished", "Hi you")
 
 
 async def test_logprobs_come_from_the_step_records(engine: FakeEngine) -> None:
@@ -303,7 +304,7 @@ async def test_keys_authenticate_and_limit_concurrency(settings: Any, engine: Fa
     assert key.key_hash != secret and secret not in key.key_hash  # hashed at rest
     response = await post("/v1/chat/completions", body, Authorization=f"Bearer {secret}")
     assert response.status_code == 200
-    assert (await sync_to_async(Generation.objects.get)()).session_key == key.client_name
+    assert (await sync_to_async(Generation.objects.get)()).owner == owners.api_key_owner(key.pk)
     # One generation already running for this key and no place to wait: 429, with when to retry.
     settings.PLAYGROUND_API_MAX_WAITING = 0
     await sync_to_async(Generation.objects.update)(status="running", started_at=timezone.now())
@@ -514,15 +515,15 @@ async def test_requests_beyond_the_client_concurrency_wait_for_their_turn(
 def test_a_queued_row_no_web_process_holds_is_cancelled_at_the_next_turn(settings: Any) -> None:
     """A web process that died left its waiting rows queued: the client's next turn cancels them
     (a held one, marked waiting, is kept and keeps its place)."""
-    orphan = Generation.objects.create(session_key="api-local", params={})
-    held = Generation.objects.create(session_key="api-local", params={})
+    orphan = Generation.objects.create(owner=owners.LOCAL_API_OWNER, params={})
+    held = Generation.objects.create(owner=owners.LOCAL_API_OWNER, params={})
     Generation.objects.filter(pk__in=[orphan.pk, held.pk]).update(created_at=timezone.now() - timedelta(minutes=5))
     store.client().set(keys.api_turn(held.pk), "waiting")
-    newest = Generation.objects.create(session_key="api-local", params={})
-    assert not turns.check_turn("api-local", [newest.pk], max_concurrent=1)
+    newest = Generation.objects.create(owner=owners.LOCAL_API_OWNER, params={})
+    assert not turns.check_turn(owners.LOCAL_API_OWNER, [newest.pk], max_concurrent=1)
     orphan.refresh_from_db()
     assert orphan.status == "cancelled" and store.client().get(keys.api_turn(newest.pk)) == b"waiting"
-    assert turns.check_turn("api-local", [newest.pk], max_concurrent=2)
+    assert turns.check_turn(owners.LOCAL_API_OWNER, [newest.pk], max_concurrent=2)
     assert store.client().get(keys.api_turn(newest.pk)) == b"sent"
     assert Generation.objects.get(pk=held.pk).status == "queued"
 
@@ -530,7 +531,7 @@ def test_a_queued_row_no_web_process_holds_is_cancelled_at_the_next_turn(setting
 async def test_a_backlog_full_of_a_dead_processes_rows_is_cleared(settings: Any, engine: FakeEngine) -> None:
     settings.PLAYGROUND_API_MAX_CONCURRENT, settings.PLAYGROUND_API_MAX_WAITING = 1, 1
     for _ in range(2):  # left queued, unmarked, by a web process that died
-        await sync_to_async(Generation.objects.create)(session_key="api-local", params={})
+        await sync_to_async(Generation.objects.create)(owner=owners.LOCAL_API_OWNER, params={})
     await sync_to_async(Generation.objects.update)(created_at=timezone.now() - timedelta(minutes=5))
     store.client().set(keys.worker_alive("w"), 1)  # a worker lives: they are not "lost", only orphaned
     response = await post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
@@ -541,7 +542,7 @@ async def test_a_backlog_full_of_a_dead_processes_rows_is_cleared(settings: Any,
 
 async def test_a_full_server_queue_is_503_with_retry_after(settings: Any, engine: FakeEngine) -> None:
     settings.PLAYGROUND_MAX_QUEUED = 1
-    await sync_to_async(Generation.objects.create)(session_key="someone-else", params={})
+    await sync_to_async(Generation.objects.create)(owner="someone-else", params={})
     response = await post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
     assert (response.status_code, response.json()["error"]["code"]) == (503, "server_busy")
     assert response["Retry-After"] == "2"

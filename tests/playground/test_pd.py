@@ -43,9 +43,9 @@ def engines() -> dict[str, Engine]:
     return {role: engine_for("llama") for role in ("colocated", "prefill", "decode")}
 
 
-def queue_completion(session_key: str, **params: Any) -> Generation:
+def queue_completion(owner: str, **params: Any) -> Generation:
     return make_generation(
-        session_key,
+        owner,
         kind=Generation.Kind.COMPLETE,
         params=SamplingParams(**params).to_dict(),
         inputs={"text": PROMPT, "chat": False, "token_ids": []},
@@ -107,10 +107,10 @@ def blob_keys() -> list[bytes]:
 
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_disaggregated_streams_exactly_the_tokens_of_colocated(
-    session_key: str, engines: dict[str, Engine], params: dict[str, Any]
+    owner: str, engines: dict[str, Engine], params: dict[str, Any]
 ) -> None:
-    colocated = run_colocated(queue_completion(session_key, **params).pk, engines)
-    disaggregated = run_disaggregated(queue_completion(session_key, **params).pk, engines)
+    colocated = run_colocated(queue_completion(owner, **params).pk, engines)
+    disaggregated = run_disaggregated(queue_completion(owner, **params).pk, engines)
 
     expected = [step["token_id"] for step in steps_of(colocated)]
     assert [step["token_id"] for step in steps_of(disaggregated)] == expected
@@ -121,9 +121,9 @@ def test_disaggregated_streams_exactly_the_tokens_of_colocated(
 
 
 def test_the_stream_has_one_handoff_event_between_the_first_token_and_the_rest(
-    session_key: str, engines: dict[str, Engine]
+    owner: str, engines: dict[str, Engine]
 ) -> None:
-    events = run_disaggregated(queue_completion(session_key, **GREEDY).pk, engines)
+    events = run_disaggregated(queue_completion(owner, **GREEDY).pk, engines)
 
     types = types_of(events)
     assert types[:3] == ["generation.started", "generation.prefilled", "generation.tokens"]
@@ -133,10 +133,8 @@ def test_the_stream_has_one_handoff_event_between_the_first_token_and_the_rest(
     assert events[0]["worker"] == "prefill-1"
 
 
-def test_the_handoff_is_reported_in_the_event_the_stats_and_the_row(
-    session_key: str, engines: dict[str, Engine]
-) -> None:
-    generation = queue_completion(session_key, **GREEDY)
+def test_the_handoff_is_reported_in_the_event_the_stats_and_the_row(owner: str, engines: dict[str, Engine]) -> None:
+    generation = queue_completion(owner, **GREEDY)
     events = run_disaggregated(generation.pk, engines)
     [handoff] = [event for event in events if event["type"] == "generation.handoff"]
     stats = events[-1]["stats"]
@@ -166,10 +164,10 @@ def test_the_handoff_is_reported_in_the_event_the_stats_and_the_row(
 
 
 def test_the_blob_is_stored_with_a_ttl_and_deleted_once_loaded(
-    session_key: str, settings: Any, engines: dict[str, Engine]
+    owner: str, settings: Any, engines: dict[str, Engine]
 ) -> None:
     settings.PLAYGROUND_KV_TTL_S = 90
-    generation = queue_completion(session_key, **GREEDY)
+    generation = queue_completion(owner, **GREEDY)
     events: list[dict[str, Any]] = []
     [task] = run_prefill(generation.pk, engines, events)
 
@@ -179,8 +177,8 @@ def test_the_blob_is_stored_with_a_ttl_and_deleted_once_loaded(
     assert blob_keys() == []
 
 
-def test_a_large_kv_cache_travels_in_chunks(session_key: str, engines: dict[str, Engine]) -> None:
-    generation = queue_completion(session_key, **GREEDY)
+def test_a_large_kv_cache_travels_in_chunks(owner: str, engines: dict[str, Engine]) -> None:
+    generation = queue_completion(owner, **GREEDY)
     blobs = kv_store.RedisBlobStore(store.client(), ttl_s=60, chunk_bytes=4096)
     events: list[dict[str, Any]] = []
     [task] = run_prefill(generation.pk, engines, events, blobs=blobs)
@@ -190,10 +188,10 @@ def test_a_large_kv_cache_travels_in_chunks(session_key: str, engines: dict[str,
 
 
 def test_requests_that_cannot_be_handed_over_run_whole_on_the_prefill_worker(
-    session_key: str, engines: dict[str, Engine]
+    owner: str, engines: dict[str, Engine]
 ) -> None:
     events: list[dict[str, Any]] = []
-    generation = queue_completion(session_key, **{**GREEDY, "num_beams": 2, "num_alternatives": 0})
+    generation = queue_completion(owner, **{**GREEDY, "num_beams": 2, "num_alternatives": 0})
     assert run_prefill(generation.pk, engines, events) == []
     assert types_of(events)[-1] == "generation.finished" and "generation.beams" in types_of(events)
     assert blob_keys() == []
@@ -202,10 +200,8 @@ def test_requests_that_cannot_be_handed_over_run_whole_on_the_prefill_worker(
 # ---- liveness between the two workers --------------------------------------------------------
 
 
-def test_a_handed_over_generation_stays_alive_until_its_hold_expires(
-    session_key: str, engines: dict[str, Engine]
-) -> None:
-    generation = queue_completion(session_key, **GREEDY)
+def test_a_handed_over_generation_stays_alive_until_its_hold_expires(owner: str, engines: dict[str, Engine]) -> None:
+    generation = queue_completion(owner, **GREEDY)
     events: list[dict[str, Any]] = []
     [task] = run_prefill(generation.pk, engines, events)
     Generation.objects.filter(pk=generation.pk).update(started_at=timezone.now() - timedelta(minutes=5))
@@ -219,8 +215,8 @@ def test_a_handed_over_generation_stays_alive_until_its_hold_expires(
     assert blob_keys() == []
 
 
-def test_a_decode_task_runs_once(session_key: str, engines: dict[str, Engine]) -> None:
-    generation = queue_completion(session_key, **GREEDY)
+def test_a_decode_task_runs_once(owner: str, engines: dict[str, Engine]) -> None:
+    generation = queue_completion(owner, **GREEDY)
     events: list[dict[str, Any]] = []
     [task] = run_prefill(generation.pk, engines, events)
     run_decode(task, engines, events)
@@ -229,10 +225,8 @@ def test_a_decode_task_runs_once(session_key: str, engines: dict[str, Engine]) -
     assert len(events) == num_events
 
 
-def test_a_stop_while_waiting_for_the_decode_worker_ends_it_cancelled(
-    session_key: str, engines: dict[str, Engine]
-) -> None:
-    generation = queue_completion(session_key, **GREEDY)
+def test_a_stop_while_waiting_for_the_decode_worker_ends_it_cancelled(owner: str, engines: dict[str, Engine]) -> None:
+    generation = queue_completion(owner, **GREEDY)
     events = run_disaggregated(generation.pk, engines, before_decode=lambda key: cancel.request_cancel(generation.pk))
     finished = events[-1]
     assert (finished["type"], finished["finish_reason"]) == ("generation.finished", "cancelled")
@@ -268,9 +262,9 @@ def truncate_blob(blob_key: str) -> None:
     ],
 )
 def test_a_missing_or_broken_blob_ends_with_one_kv_handoff_failed_error(
-    session_key: str, engines: dict[str, Engine], damage: Callable[[str], None], message: str
+    owner: str, engines: dict[str, Engine], damage: Callable[[str], None], message: str
 ) -> None:
-    generation = queue_completion(session_key, **GREEDY)
+    generation = queue_completion(owner, **GREEDY)
     events = run_disaggregated(generation.pk, engines, before_decode=damage)
 
     error = events[-1]
@@ -284,7 +278,7 @@ def test_a_missing_or_broken_blob_ends_with_one_kv_handoff_failed_error(
 
 
 def test_an_expired_file_blob_ends_with_kv_handoff_failed(
-    session_key: str, settings: Any, tmp_path: Path, engines: dict[str, Engine]
+    owner: str, settings: Any, tmp_path: Path, engines: dict[str, Engine]
 ) -> None:
     settings.PLAYGROUND_KV_STORE = f"file:{tmp_path}"
 
@@ -293,27 +287,27 @@ def test_an_expired_file_blob_ends_with_kv_handoff_failed(
         old = path.stat().st_mtime - settings.PLAYGROUND_KV_TTL_S - 1
         os.utime(path, (old, old))
 
-    events = run_disaggregated(queue_completion(session_key, **GREEDY).pk, engines, before_decode=age_past_ttl)
+    events = run_disaggregated(queue_completion(owner, **GREEDY).pk, engines, before_decode=age_past_ttl)
     assert (events[-1]["code"], "expired" in events[-1]["message"]) == ("kv_handoff_failed", True)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_file_store_hands_over_like_redis(
-    session_key: str, settings: Any, tmp_path: Path, engines: dict[str, Engine]
+    owner: str, settings: Any, tmp_path: Path, engines: dict[str, Engine]
 ) -> None:
     settings.PLAYGROUND_KV_STORE = f"file:{tmp_path}"
-    colocated = run_colocated(queue_completion(session_key, **SEEDED).pk, engines)
-    disaggregated = run_disaggregated(queue_completion(session_key, **SEEDED).pk, engines)
+    colocated = run_colocated(queue_completion(owner, **SEEDED).pk, engines)
+    disaggregated = run_disaggregated(queue_completion(owner, **SEEDED).pk, engines)
     assert disaggregated[-1]["text"] == colocated[-1]["text"]
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_store_that_fails_ends_the_generation_on_the_prefill_worker(
-    session_key: str, engines: dict[str, Engine], tmp_path: Path
+    owner: str, engines: dict[str, Engine], tmp_path: Path
 ) -> None:
     (tmp_path / "not-a-dir").write_text("")
     blobs = kv_store.FileBlobStore(tmp_path / "not-a-dir", ttl_s=60)
-    generation = queue_completion(session_key, **GREEDY)
+    generation = queue_completion(owner, **GREEDY)
     events: list[dict[str, Any]] = []
     assert run_prefill(generation.pk, engines, events, blobs=blobs) == []
     assert (events[-1]["type"], events[-1]["code"]) == ("generation.error", "kv_handoff_failed")

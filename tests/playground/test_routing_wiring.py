@@ -27,9 +27,9 @@ def sent_queues(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
 
 
 def test_a_chat_turn_records_its_worker_and_the_next_turn_goes_there(
-    session_key: str, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+    owner: str, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
 ) -> None:
-    first = queue_chat(session_key, "Hi!")
+    first = queue_chat(owner, "Hi!")
     run(first.generation_id, FakeEngine("Hello"))
     r = store.client()
     assert worker_routing.owner_of(r, first.conversation_id) == "worker-1"
@@ -44,17 +44,15 @@ def test_a_chat_turn_records_its_worker_and_the_next_turn_goes_there(
     assert sent == [(99, worker_routing.worker_queue("worker-1")), (100, worker_routing.SHARED_QUEUE)]
 
 
-def test_a_generation_claimed_elsewhere_is_not_run_twice(session_key: str) -> None:
-    queued = queue_chat(session_key, "Hi!")
+def test_a_generation_claimed_elsewhere_is_not_run_twice(owner: str) -> None:
+    queued = queue_chat(owner, "Hi!")
     assert worker_routing.claim_delivery(store.client(), queued.generation_id, "worker-0")
     assert run(queued.generation_id) == []  # the copy that lost the claim does nothing
     assert Generation.objects.get(pk=queued.generation_id).status == Generation.Status.QUEUED
 
 
-def test_a_turn_stranded_on_a_dead_workers_queue_is_resent_once(
-    session_key: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    queued = queue_chat(session_key, "Hi!")
+def test_a_turn_stranded_on_a_dead_workers_queue_is_resent_once(owner: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    queued = queue_chat(owner, "Hi!")
     r = store.client()
     worker_routing.record_owner(r, queued.conversation_id, "gone")
     r.set(worker_routing.alive_key("gone"), 1)

@@ -48,3 +48,23 @@ def test_app_services_share_redis_postgres_and_the_model_volume(services: dict) 
         assert "model-data:/data" in services[name]["volumes"], name
         if name != "prepare":
             assert services[name]["depends_on"]["prepare"]["condition"] == "service_completed_successfully"
+
+
+def test_the_web_server_takes_websocket_messages_and_frames_up_to_16_mib(services: dict) -> None:
+    """daphne's defaults (1 MiB each) drop a larger message without a close frame; the
+    consumer's own limit answers `message_too_large` instead (docs/reliability.md)."""
+    dockerfile = (REPO_DIR / "Dockerfile").read_text()
+    for command in (services["web"]["command"], dockerfile):
+        for option in ("--websocket-max-message-size", "--websocket-max-frame-size"):
+            assert option in command
+    command = services["web"]["command"]
+    assert command[command.index("--websocket-max-frame-size") + 1] == str(16 * 1024 * 1024)
+
+
+def test_workers_reconnect_to_a_restarted_redis(services: dict) -> None:
+    """Without gossip, mingle and event heartbeats (scripts/worker.py RECONNECT_OPTIONS)."""
+    from scripts.worker import RECONNECT_OPTIONS
+
+    for name in ("worker-gpu", "worker-cpu", "worker-prefill", "worker-decode"):
+        assert set(RECONNECT_OPTIONS) <= set(services[name]["command"]), name
+    assert " ".join(RECONNECT_OPTIONS) in (REPO_DIR / "Makefile").read_text()

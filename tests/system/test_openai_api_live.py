@@ -205,9 +205,9 @@ def test_the_raw_event_stream_framing(live_stack) -> None:
 def make_key(live_stack, max_concurrent: int) -> tuple[str, str]:
     """(the owner its generations are filed under, the secret key)."""
     code = (
-        "from playground.models import ApiKey; "
+        "from playground.models import ApiKey; from playground.web import owners; "
         f"key = ApiKey(name='live-{max_concurrent}', max_concurrent={max_concurrent}); "
-        "secret = key.set_new_key(); key.save(); print(key.client_name, secret)"
+        "secret = key.set_new_key(); key.save(); print(owners.api_key_owner(key.pk), secret)"
     )
     owner, secret = django_shell(code, live_stack.env).split()
     return owner, secret
@@ -216,9 +216,7 @@ def make_key(live_stack, max_concurrent: int) -> tuple[str, str]:
 def statuses_of(live_stack, owner: str) -> list[str]:
     path = live_stack.env["DATABASE_URL"].removeprefix("sqlite:///")
     with sqlite3.connect(path) as db:
-        return [
-            row[0] for row in db.execute("select status from playground_generation where session_key = ?", (owner,))
-        ]
+        return [row[0] for row in db.execute("select status from playground_generation where owner = ?", (owner,))]
 
 
 def test_eight_concurrent_keyless_async_streams_all_finish(live_stack) -> None:

@@ -21,6 +21,18 @@ def test_bad_json_is_refused_and_the_socket_stays_usable(tab: BrowserTab) -> Non
         assert (refusal["type"], refusal["code"], refusal["request_id"]) == ("error", "unknown_command", "r2")
 
 
+def test_a_message_over_the_limit_in_one_7_mib_frame_is_refused_and_the_socket_stays_open(tab: BrowserTab) -> None:
+    """A client that does not fragment sends a message as one frame: past daphne's default frame
+    limit (1 MiB) the connection used to drop without a close frame. 7 MiB is over the server's
+    own message limit (about 5.8 MiB by default) and under daphne's (16 MiB)."""
+    with tab.connect() as ws:
+        ws.send('{"command": "generate", "content": "' + "x" * (7 * 1024 * 1024) + '"}')
+        refusal = receive(ws, timeout_s=60)
+        assert (refusal["type"], refusal["code"]) == ("error", "message_too_large"), refusal
+        send(ws, "no-such-command", request_id="r2")
+        assert receive(ws, timeout_s=30)["code"] == "unknown_command"
+
+
 def test_a_foreign_origin_cannot_open_the_socket(tab: BrowserTab) -> None:
     with pytest.raises(InvalidStatus) as refused:
         tab.connect(origin="http://evil.example")

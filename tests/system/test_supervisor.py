@@ -30,6 +30,7 @@ class Supervised:
     """scripts/run.py as a child, its output read line by line on a thread."""
 
     def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
         self.process = subprocess.Popen(

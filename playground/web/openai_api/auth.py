@@ -3,12 +3,12 @@
 without one.
 
 Owns: the key check (hashed lookup, revoked keys refused), the owner a generation is filed
-under (`Client.owner`, the one place every other module reads it from), and the client's
-concurrency (the key's own, else `PLAYGROUND_API_MAX_CONCURRENT`). On localhost without a key
-requirement, a bearer token that is not one of ours (no `pg-` prefix, e.g. the "none" that
-clients insist on sending) is ignored, and so is an empty one (`Bearer ` with nothing after
-it, what several tools send when no key is configured); a `pg-` token that does not match is
-refused.
+under (`Client.owner`: the key's record, or the keyless local client's, from
+`playground.web.owners`, never a value the client sends), and the client's concurrency (the
+key's own, else `PLAYGROUND_API_MAX_CONCURRENT`). On localhost without a key requirement, a
+bearer token that is not one of ours (no `pg-` prefix, e.g. the "none" that clients insist on
+sending) is ignored, and so is an empty one (`Bearer ` with nothing after it, what several
+tools send when no key is configured); a `pg-` token that does not match is refused.
 """
 
 from __future__ import annotations
@@ -20,17 +20,15 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from playground.models import ApiKey
+from playground.web import owners
 from playground.web.openai_api.errors import ApiError
 
-LOCAL_CLIENT = "api-local"
 _LOCAL_ADDRESSES = ("127.0.0.1", "::1", "localhost")
 
 
 @dataclass(frozen=True)
 class Client:
-    # Who owns its generations (their session key): produced here only, read from here only,
-    # so a change of what an owner is (e.g. the key's record) lands in this module.
-    owner: str
+    owner: str  # who owns its generations (`playground.web.owners`)
     max_concurrent: int  # generations running at once; more wait for their turn (`turns`)
 
 
@@ -38,14 +36,14 @@ def authenticate(request: HttpRequest) -> Client:
     token = _bearer_token(request)
     keyless = settings.PLAYGROUND_API_KEYLESS_LOCALHOST and request.META.get("REMOTE_ADDR") in _LOCAL_ADDRESSES
     if keyless and (token is None or not token.startswith(ApiKey.PREFIX)):
-        return Client(LOCAL_CLIENT, settings.PLAYGROUND_API_MAX_CONCURRENT)
+        return Client(owners.LOCAL_API_OWNER, settings.PLAYGROUND_API_MAX_CONCURRENT)
     if token is None:
         raise _unauthorized("no API key: send the header 'Authorization: Bearer <key>' (keys are made in the admin)")
     key = ApiKey.objects.filter(key_hash=ApiKey.hash(token), is_active=True).first()
     if key is None:
         raise _unauthorized(f"incorrect or revoked API key {token[:10]}...")
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
-    return Client(key.client_name, key.max_concurrent or settings.PLAYGROUND_API_MAX_CONCURRENT)
+    return Client(owners.api_key_owner(key.pk), key.max_concurrent or settings.PLAYGROUND_API_MAX_CONCURRENT)
 
 
 def _bearer_token(request: HttpRequest) -> str | None:

@@ -26,6 +26,7 @@ _BY_CODE = {
     "not_found": (404, "invalid_request_error"),
     "too_many_generations": (429, "rate_limit_error"),
     "server_busy": (503, "server_error"),
+    "service_unavailable": (503, "server_error"),
     "model_unavailable": (503, "server_error"),
     "worker_lost": (503, "server_error"),
     "kv_handoff_failed": (500, "server_error"),
@@ -34,7 +35,13 @@ _BY_CODE = {
 # Seconds a client should wait before it tries again (`Retry-After`; OpenAI's clients honour it
 # up to 60 s), by code: a client's own generations end within seconds; a full server queue or a
 # missing worker takes longer.
-RETRY_AFTER_S = {"too_many_generations": 1, "server_busy": 2, "worker_lost": 5, "queue_unreachable": 5}
+RETRY_AFTER_S = {
+    "too_many_generations": 1,
+    "server_busy": 2,
+    "worker_lost": 5,
+    "queue_unreachable": 5,
+    "service_unavailable": 5,
+}
 # Our sampling settings' names -> the request field a client sent.
 _FIELD_NAMES = {"max_new_tokens": "max_tokens", "num_alternatives": "top_logprobs"}
 

@@ -1,6 +1,8 @@
 """Follows one generation's events over the channel layer, like the WebSocket consumer does,
 for a request that holds no socket: its own channel in the generation's group, a watchdog,
-and the cancel when the client goes away.
+and the cancel when the client goes away. A Redis outage ends the follow with what the database
+says: a queued generation ends as `service_unavailable` at once, a running one when its worker
+(which cannot publish either) has saved it so.
 
 Owns: receiving (`generation.started/prefilled/tokens/finished/error`) until exactly one
 terminal event, the watchdog (a re-route of a stranded generation; a dead worker's
@@ -22,6 +24,7 @@ from channels.layers import get_channel_layer
 
 from playground import dispatch, protocol
 from playground.coord import liveness
+from playground.coord.store import OUTAGE_ERRORS
 from playground.web import submit
 
 logger = logging.getLogger(__name__)
@@ -54,7 +57,13 @@ class Follower:
                 self._receiving = asyncio.ensure_future(self.layer.receive(self.channel))
             done, _ = await asyncio.wait({self._receiving}, timeout=wait_s)
             if done:
-                event, self._receiving, idle_s = self._receiving.result(), None, 0.0
+                try:
+                    event, idle_s = self._receiving.result(), 0.0
+                except OUTAGE_ERRORS:  # Redis is gone: no event will come, the database tells the end
+                    event = await database_sync_to_async(liveness.end_queued_for_outage)(self.generation_id)
+                    if event is None:
+                        await asyncio.sleep(WATCH_INTERVAL_S)
+                self._receiving = None
             else:
                 event, idle_s = None, idle_s + wait_s
                 if idle_s >= WATCH_INTERVAL_S:

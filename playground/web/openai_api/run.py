@@ -25,6 +25,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 
 from playground import dispatch, limits
+from playground.coord.store import OUTAGE_ERRORS, OUTAGE_MESSAGE
 from playground.models import LanguageModel, SamplingPreset
 from playground.protocol import CommandError
 from playground.web import submit
@@ -82,8 +83,12 @@ class ApiRun:
             ]
             for i, unit in enumerate(units)
         ]
-        for choice in self.choices:
-            await choice.join(self.inbox)
+        try:
+            for choice in self.choices:
+                await choice.join(self.inbox)
+        except OUTAGE_ERRORS as exc:
+            await self._fail_all([c.generation_id for c in self.choices], "service_unavailable", OUTAGE_MESSAGE)
+            raise ApiError(OUTAGE_MESSAGE, code="service_unavailable", status=503) from exc
         for unit in self.units:
             generation_ids = [choice.generation_id for choice in unit]
             await turns.wait_for_turn(self.client.owner, generation_ids, self.client.max_concurrent)
@@ -151,13 +156,18 @@ class ApiRun:
     async def _enqueue(self, generation_ids: list[int]) -> None:
         try:
             await database_sync_to_async(dispatch.enqueue_choices)(generation_ids)
+        except OUTAGE_ERRORS as exc:
+            await self._fail_all(generation_ids, "service_unavailable", OUTAGE_MESSAGE)
+            raise ApiError(OUTAGE_MESSAGE, code="service_unavailable", status=503) from exc
         except Exception as exc:
             logger.exception("generations %s could not be queued", generation_ids)
-            for generation_id in generation_ids:
-                await database_sync_to_async(submit.fail)(
-                    generation_id, "internal_error", f"the task queue is unreachable: {exc}"
-                )
+            await self._fail_all(generation_ids, "internal_error", f"the task queue is unreachable: {exc}")
             raise ApiError(f"the task queue is unreachable: {exc}", code="queue_unreachable", status=503) from exc
+
+    @staticmethod
+    async def _fail_all(generation_ids: list[int], code: str, message: str) -> None:
+        for generation_id in generation_ids:
+            await database_sync_to_async(submit.fail)(generation_id, code, message)
 
     def _take_early(self) -> None:
         """Moves what has arrived into `_early`; a choice that failed fails the request."""

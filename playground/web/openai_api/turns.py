@@ -72,9 +72,9 @@ async def wait_for_turn(owner: str, generation_ids: list[int], max_concurrent: i
 def check_turn(owner: str, generation_ids: list[int], max_concurrent: int, should_reconcile: bool = True) -> bool:
     """True (and the unit marked sent) when the unit's turn has come; else it is marked waiting."""
     ahead = list(
-        Generation.objects.filter(
-            session_key=owner, status__in=Generation.ACTIVE_STATUSES, pk__lt=min(generation_ids)
-        ).only("pk", "status", "created_at", "started_at")
+        Generation.objects.filter(owner=owner, status__in=Generation.ACTIVE_STATUSES, pk__lt=min(generation_ids)).only(
+            "pk", "status", "created_at", "started_at"
+        )
     )
     num_ahead = len(ahead) - _cancel_orphans([g for g in ahead if g.status == Generation.Status.QUEUED])
     if should_reconcile:
@@ -93,7 +93,7 @@ def cancel_orphans(owner: str) -> int:
     """Cancels `owner`'s queued rows that no live web process holds (checked when the client's
     backlog looks full: they would otherwise refuse it for good); returns how many."""
     old = timezone.now() - timedelta(seconds=WAITING_TTL_S)
-    queued = Generation.objects.filter(session_key=owner, status=Generation.Status.QUEUED, created_at__lt=old)
+    queued = Generation.objects.filter(owner=owner, status=Generation.Status.QUEUED, created_at__lt=old)
     return _cancel_orphans(list(queued.only("pk", "created_at")))
 
 

@@ -1,8 +1,11 @@
 """The `/v1/` endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`.
 
 Async views (served by daphne under ASGI); a stream is a `StreamingHttpResponse` over an async
-iterator of server-sent events. Owns: methods, authentication, and the choice between a JSON
-answer and a stream. Must not know: the shapes of events or of answers (`run`, `shapes`).
+iterator of server-sent events. Owns: methods, what keeps a browser page from driving the API
+(no CSRF token: instead a browser `Origin` must be an allowed one, and a body must be declared
+`application/json`, which no cross-origin page can send without a CORS preflight that this API
+never grants), authentication, and the choice between a JSON answer and a stream. Must not know:
+the shapes of events or of answers (`run`, `shapes`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from playground.models import LanguageModel
+from playground.web import origin
 from playground.web.openai_api import auth
 from playground.web.openai_api.errors import ApiError
 from playground.web.openai_api.request import ApiRequest, chat_request, completion_request, parse_body
@@ -36,6 +40,7 @@ def endpoint(method: str) -> Callable[[AsyncView], AsyncView]:
                     raise ApiError(
                         f"{request.method} is not allowed here; use {method}", code="method_not_allowed", status=405
                     )
+                _check_browser_rules(request)
                 client = await database_sync_to_async(auth.authenticate)(request)
                 return await view(request, client, *args)
             except ApiError as exc:
@@ -44,6 +49,26 @@ def endpoint(method: str) -> Callable[[AsyncView], AsyncView]:
         return wrapper
 
     return decorate
+
+
+def _check_browser_rules(request: HttpRequest) -> None:
+    """No page of another origin may use this API with the visitor's network position (the keyless
+    localhost client) or cookies: its `Origin` is refused, and a body that is not declared JSON
+    (a form or a `text/plain` "simple" request, which needs no preflight) is refused too."""
+    if not origin.http_origin_allowed(request):
+        raise ApiError(
+            f"requests from the page at {request.headers['Origin']!r} are not allowed "
+            "(a browser page may call this API only from this site's own origin)",
+            code="origin_not_allowed",
+            status=403,
+        )
+    if request.method == "POST" and request.content_type != "application/json":
+        got = request.content_type or "none"
+        raise ApiError(
+            f"the body must be JSON sent with 'Content-Type: application/json' (got {got!r})",
+            code="unsupported_media_type",
+            status=415,
+        )
 
 
 @endpoint("GET")
