@@ -68,12 +68,18 @@ export function errorText(error) {
 }
 
 /** The weight precision a model is served in, as the engine's model info reports it:
- * "bfloat16", or "int4 weights (Q4_1 from the GGUF file) · bfloat16 activations". */
+ * "bfloat16", or, per group of linear layers (file type → served form, counted), e.g.
+ * "int4 weights: 12 Q4_K → int4 (the file's blocks), 132 Q5_0 → int8, 12 Q6_K → int8, 12 Q8_0 → int8,
+ * head Q8_0 → int8 · bfloat16 activations". */
 export function precisionLabel(info) {
   const q = info.quantization;
   if (!q) return info.precision || info.dtype;
-  const source = q.num_from_file ? ` (${q.file_types.join(", ")} from the GGUF file)` : "";
-  return `${info.precision} weights${source} · ${info.dtype} activations`;
+  const groups = (q.groups ?? []).map((g) => {
+    const what = g.is_head ? `head${g.file_type ? ` ${g.file_type}` : ""}` : `${g.num_layers} ${g.file_type || "layers"}`;
+    const form = g.is_head && q.is_head_tied ? `${g.served_as}, tied to the embeddings` : g.served_as;
+    return `${what} → ${form}${g.is_exact ? " (the file's blocks)" : ""}`;
+  });
+  return `${info.precision} weights${groups.length ? `: ${groups.join(", ")}` : ""} · ${info.dtype} activations`;
 }
 
 /** 8.61e9, "FLOP" -> "8.61 GFLOP": three significant digits, decimal (SI) prefixes. */
