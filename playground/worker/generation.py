@@ -20,6 +20,7 @@ from django.utils import timezone
 from inference.events import BeamStep, Event, Finished, Prefilled, Step
 from inference.sampling_params import SamplingParams
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
+from inference.text.tokenization import bos_for_raw_text
 from inference.vision.spans import image_spans
 from playground import limits, protocol
 from playground.coord import cancel, liveness, store, worker_routing
@@ -33,6 +34,7 @@ from playground.worker.serve_loop import ServeLoop, Waiting
 if TYPE_CHECKING:
     from inference.engine import Engine
     from inference.kv.transfer import Handoff
+    from inference.text.tokenization import TokenInfo
     from inference.vision.images import PromptImage
 
 logger = logging.getLogger(__name__)
@@ -223,7 +225,14 @@ class GenerationRun:
         if bad:
             raise CommandError("invalid_params", f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
         # On the loop thread: the tokenizer is not safe to share between threads.
-        tokens = self.loop.call(lambda: engine.tokenize(text) + engine.token_infos(inputs.get("token_ids", [])))
+        bos, tokens = self.loop.call(
+            lambda: (
+                None if messages is not None else bos_for_raw_text(engine.tokenizer, text),
+                engine.tokenize(text) + engine.token_infos(inputs.get("token_ids", [])),
+            )
+        )
+        if bos is not None:
+            text, spans, tokens = _bos_first(bos, text, spans, tokens)
         tokens, image_blocks = self._expand_images(engine, tokens, image_records)
         limits.check_prompt_tokens(len(tokens), max_context)
         record = protocol.prompt_record(text, spans, [t.to_dict() for t in tokens], image_blocks, dropped_reasoning)
@@ -355,6 +364,16 @@ class GenerationRun:
     def _save_answer(self, text: str) -> None:
         if self.answer_id is not None:
             Message.objects.filter(pk=self.answer_id).update(content=text)
+
+
+def _bos_first(
+    bos: TokenInfo, text: str, spans: list[dict[str, Any]], tokens: list[TokenInfo]
+) -> tuple[str, list[dict[str, Any]], list[TokenInfo]]:
+    """Raw text as the model reads it (`bos_for_raw_text`): BOS first, in the prompt's text as its
+    piece and as a special span, so the prompt view shows it like a template's own BOS."""
+    shift = len(bos.piece)
+    shifted = [{**span, "start": span["start"] + shift, "end": span["end"] + shift} for span in spans]
+    return bos.piece + text, [{"start": 0, "end": shift, "kind": "special", "role": None}, *shifted], [bos, *tokens]
 
 
 def _with_placeholders(engine: Engine, text: str, image_records: list[dict[str, Any]]) -> str:

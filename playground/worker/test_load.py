@@ -60,6 +60,7 @@ def _load_and_ask(record: LanguageModel, progress: _ProgressWriter) -> dict[str,
 
     from inference.engine import Engine
     from inference.sampling_params import SamplingParams
+    from inference.text.tokenization import bos_for_raw_text
 
     config = record.to_engine_config()
     rss_before = _rss_mb()
@@ -69,11 +70,14 @@ def _load_and_ask(record: LanguageModel, progress: _ProgressWriter) -> dict[str,
     info = engine.model_info()
     if engine.loaded.chat_template:
         prompt = engine.render_chat([{"role": "user", "content": QUESTION}]).text
-    else:
-        prompt = RAW_PROMPT
+        prompt_ids = engine.encode(prompt)
+    else:  # raw text, as the model reads it: with the BOS its tokenizer asks for
+        bos = bos_for_raw_text(engine.tokenizer, RAW_PROMPT)
+        prompt = (bos.piece if bos else "") + RAW_PROMPT
+        prompt_ids = ([bos.id] if bos else []) + engine.encode(RAW_PROMPT)
     params = SamplingParams(greedy=True, max_new_tokens=MAX_NEW_TOKENS, use_prefix_cache=False)
     started = time.perf_counter()
-    finished = list(engine.generate(engine.encode(prompt), params))[-1]
+    finished = list(engine.generate(prompt_ids, params))[-1]
     answer_s = time.perf_counter() - started
     result = {
         "source": config.source,

@@ -31,7 +31,15 @@ R1_CHATML = (
 )
 
 
+class _NoBosTokenizer:
+    """What `bos_for_raw_text` reads of a tokenizer: this one has no BOS to put before raw text."""
+
+    bos_token_id = None
+
+
 class FakeEngine:
+    tokenizer = _NoBosTokenizer()
+
     def __init__(
         self,
         answer: str = "Hello there, friend!",
