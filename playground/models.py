@@ -18,7 +18,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
-from inference.config import BUNDLED_MODEL, VALID_DTYPES, EngineConfig
+from inference.bundled_models import is_bundled_source
+from inference.config import VALID_DTYPES, EngineConfig
 from inference.sampling_params import SamplingParams
 from playground import protocol
 
@@ -94,10 +95,10 @@ class LoadReportStatus(models.TextChoices):
 
 def resolve_source(source: str) -> str:
     """`source` as the workers get it: relative paths are resolved against PLAYGROUND_DATA_DIR
-    (never the current folder, which differs between processes); "bundled", absolute paths and
-    hub ids ("name" or "org/name") are kept. A relative "org/name" that exists under the data
-    dir is a path."""
-    if source == BUNDLED_MODEL or not source:
+    (never the current folder, which differs between processes); bundled models ("bundled",
+    "bundled:..."), absolute paths and hub ids ("name" or "org/name") are kept. A relative
+    "org/name" that exists under the data dir is a path."""
+    if is_bundled_source(source) or not source:
         return source
     path = Path(source).expanduser()
     if path.is_absolute():
@@ -112,18 +113,19 @@ class LanguageModel(DefaultFlagModel):
     source = models.CharField(
         max_length=500,
         help_text="A Hugging Face model folder, a hub id already in the local cache, a .gguf file, "
-        'or "bundled" (SmolLM2-135M-Instruct). Relative paths are resolved against PLAYGROUND_DATA_DIR.',
+        'or a bundled model: "bundled" (SmolLM2-135M-Instruct) or "bundled:qwen2.5-coder-0.5b-instruct". '
+        "Relative paths are resolved against PLAYGROUND_DATA_DIR.",
     )
     dtype = models.CharField(
         max_length=16,
         default="auto",
         choices=[(d, d) for d in VALID_DTYPES],
         verbose_name="weight precision",
-        help_text="float32/bfloat16/float16, or weight-only int8 (per channel) / int4 (groups of 32; a GGUF's own "
-        "Q4_0/Q4_1/Q4_K blocks when the source has them) with bfloat16 activations. Fewer bytes per weight: faster "
-        "decode (it is memory-bound), at a small cost in accuracy (the benchmark reports the KL divergence). "
-        "auto: the worker's PLAYGROUND_DTYPE, which by default is bfloat16 on GPUs and on CPUs with bfloat16 "
-        "units, float32 on other CPUs.",
+        help_text="float32/bfloat16/float16, or weight-only int8 (per channel) / int4 (groups of 32; from a GGUF: "
+        "its Q4_0/Q4_1/Q4_K blocks exactly, its other quantized types in 8 bits) with bfloat16 activations. "
+        "Fewer bytes per weight: faster decode (it is memory-bound), at a small cost in accuracy (the benchmark "
+        "reports the KL divergence). auto: the worker's PLAYGROUND_DTYPE, which by default is bfloat16 on GPUs "
+        "and on CPUs with bfloat16 units, float32 on other CPUs.",
     )
     device = models.CharField(
         max_length=16, default="auto", help_text="auto, cpu, cuda or cuda:N; auto: the worker's PLAYGROUND_DEVICE."
@@ -191,7 +193,7 @@ class LanguageModel(DefaultFlagModel):
         workers must see the same paths). Hub ids are checked by a test load."""
         from inference.sources import SourceError, check_local_source
 
-        if source == BUNDLED_MODEL or not Path(source).is_absolute():
+        if is_bundled_source(source) or not Path(source).is_absolute():
             return
         try:
             check_local_source(Path(source), trust_remote_code=self.trust_remote_code)

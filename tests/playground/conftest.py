@@ -31,7 +31,7 @@ def session_key(db: None) -> str:
 
 @pytest.fixture
 def bundled_model(db: None) -> LanguageModel:
-    """The default model the data migration ships."""
+    """The bundled SmolLM2 the 0002 data migration ships (0011 makes Qwen2.5-Coder the default)."""
     return LanguageModel.objects.get(source="bundled")
 
 
