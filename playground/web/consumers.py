@@ -13,12 +13,13 @@ import asyncio
 import logging
 from typing import Any
 
+import redis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
 from playground import dispatch, protocol
-from playground.coord import liveness
+from playground.coord import liveness, model_states
 from playground.models import Generation
 from playground.protocol import CommandError, get_field
 from playground.web import frames, submit
@@ -37,10 +38,13 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
         # generating command, not here (a socket that does nothing creates no row).
         self.session_key: str | None = self.scope["session"].session_key
         self.watchdogs: dict[int, asyncio.Task[None]] = {}  # the generations this socket follows
+        self.is_following_models = False
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
         # The generations go on (their answers are saved); this socket just stops following.
+        if self.is_following_models:
+            await self.channel_layer.group_discard(protocol.MODELS_GROUP, self.channel_name)
         for generation_id in list(self.watchdogs):
             await self._unfollow(generation_id)
 
@@ -63,13 +67,13 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
                 await self._stop(content)
             elif command == "attach":
                 await self._attach(content, request_id)
+            elif command == "follow_models":
+                await self._follow_models()
             elif isinstance(command, str) and command in submit.COMMANDS:
                 await self._start(command, content, request_id)
             else:
-                raise CommandError(
-                    "unknown_command",
-                    f"unknown command {command!r}; expected one of {', '.join([*submit.COMMANDS, 'stop', 'attach'])}",
-                )
+                names = ", ".join([*submit.COMMANDS, "stop", "attach", "follow_models"])
+                raise CommandError("unknown_command", f"unknown command {command!r}; expected one of {names}")
         except CommandError as exc:
             await self.send_json(protocol.error(exc.code, exc.message, request_id))
         except Exception:
@@ -127,6 +131,17 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
                 await self._follow(generation.pk)
             await self._deliver(await database_sync_to_async(generation.terminal_event)())
 
+    async def _follow_models(self) -> None:
+        """Every worker's model ("loading" and for how long, "ready", "error"): now, then each change."""
+        if not self.is_following_models:
+            await self.channel_layer.group_add(protocol.MODELS_GROUP, self.channel_name)
+            self.is_following_models = True
+        try:
+            for event in await database_sync_to_async(model_states.current)():
+                await self.send_json(event)
+        except redis.RedisError as exc:
+            logger.warning("could not read the workers' model states: %s", exc)
+
     # ---- events from the workers ---------------------------------------------------------
 
     async def _deliver(self, event: dict[str, Any]) -> None:
@@ -141,6 +156,9 @@ class GenerationConsumer(AsyncJsonWebsocketConsumer):
     # Channel-layer handlers: `generation.tokens` -> `generation_tokens`, and so on.
     generation_started = generation_prefilled = generation_tokens = generation_beams = _deliver
     generation_handoff = generation_finished = generation_error = generation_waiting = _deliver
+
+    async def worker_model(self, event: dict[str, Any]) -> None:
+        await self.send_json(event)
 
     async def _follow(self, generation_id: int) -> None:
         await self.channel_layer.group_add(protocol.group_name(generation_id), self.channel_name)

@@ -27,6 +27,7 @@ from playground.coord import cancel, liveness, store, worker_routing
 from playground.images import prompt_images
 from playground.models import Generation, LanguageModel, Message
 from playground.protocol import CommandError
+from playground.worker import engines
 from playground.worker.engines import get_engine, loop_for
 from playground.worker.publisher import StepCoalescer, send_to_group
 from playground.worker.serve_loop import ServeLoop, Waiting
@@ -112,6 +113,7 @@ class GenerationRun:
         self.text = ""
         self.starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)  # set again once rendered
         self.steps: list[dict[str, Any]] = []
+        self.model_load_ms = 0.0  # > 0: the generation waited this long for its worker to load the model
         self.coalescer = StepCoalescer(self._send_steps)
         self.saved_at = time.monotonic()
 
@@ -174,7 +176,11 @@ class GenerationRun:
         if model is None:
             raise CommandError("model_unavailable", "the generation's model was deleted")
         try:
+            started = time.monotonic()
             self.engine = load_engine(model)
+            loaded_at = engines.loaded_at(self.engine)
+            if loaded_at is not None and loaded_at >= started:  # this generation waited for a load
+                self.model_load_ms = (time.monotonic() - started) * 1000
             self.loop = loop_for(self.engine)
             return self.engine
         except Exception as exc:
@@ -337,6 +343,9 @@ class GenerationRun:
 
     def _stats(self, finished: Finished) -> dict[str, Any]:
         stats = protocol.stats_record(protocol.json_safe(finished.to_dict()), self.generation.worker)
+        if self.model_load_ms:  # the first token came after the model's load: its time counts, and says so
+            stats["model_load_ms"] = self.model_load_ms
+            stats["ttft_ms"] = (stats.get("ttft_ms") or 0.0) + self.model_load_ms
         if self.engine is not None:  # this worker's prefix cache after the request: hit rate, bytes, ...
             stats["prefix_cache"] = protocol.json_safe(self.engine.prefix_cache_stats(self.params))
         return stats
@@ -352,7 +361,7 @@ class GenerationRun:
             "num_cached_tokens": finished.num_cached_tokens,
             "num_generated_tokens": finished.num_generated_tokens,
             "prefill_ms": finished.prefill_ms,
-            "ttft_ms": finished.ttft_ms,
+            "ttft_ms": stats.get("ttft_ms"),
             "decode_tok_s": finished.decode_tok_s,
         }
 
