@@ -178,7 +178,10 @@ function statBadges(message) {
       `${stats.num_prompt_tokens - stats.num_cached_tokens} prefilled`);
   }
   if (stats.num_generated_tokens != null) add("generated tokens", `${stats.num_generated_tokens} generated`);
-  if (stats.ttft_ms != null) add("time to first token", `TTFT ${fmtMs(stats.ttft_ms)}`);
+  if (stats.ttft_ms != null && stats.model_load_ms) {
+    add("time to first token, including the wait for the worker to load the model", `TTFT ${fmtMs(stats.ttft_ms)} `
+      + `(incl. model load ${fmtMs(stats.model_load_ms)})`, "ttft-load");
+  } else if (stats.ttft_ms != null) add("time to first token", `TTFT ${fmtMs(stats.ttft_ms)}`);
   if (stats.prefill_ms != null) add("prefill forward pass", `prefill ${fmtMs(stats.prefill_ms)}`);
   if (stats.decode_tok_s != null) add("decode speed", `${fmtNum(stats.decode_tok_s, 1)} tok/s`);
   if (stats.num_reasoning_tokens) add("tokens generated inside <think> blocks", `${stats.num_reasoning_tokens} thinking tok`, "thinking");
@@ -191,6 +194,10 @@ function statBadges(message) {
 }
 
 function liveStats(message) {
+  if (message.modelLoading && !message.prefilled) {
+    const load = message.modelLoading;
+    return { waiting: `waiting for ${load.worker} to load ${load.modelName}: ${fmtMs(load.elapsedMs)} so far` };
+  }
   if (message.waiting && !message.prefilled) {
     const w = message.waiting;
     return { waiting: `waiting for a place in the batch: ${w.position} of ${w.num_waiting} (${fmtMs(w.waited_ms)})` };

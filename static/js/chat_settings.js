@@ -20,8 +20,9 @@ const GENERIC_SYSTEM_PROMPT = "Optional: instructions sent before the conversati
 export class OverrideError extends Error {}
 
 export class ChatSettings {
-  constructor(onChange) {
+  constructor(onChange, modelStatus = null) {
     this.onChange = onChange;
+    this.modelStatus = modelStatus;
     this.models = [];
     this.presets = [];
     this.modelSelect = $("#model-select");
@@ -41,6 +42,7 @@ export class ChatSettings {
     [this.models, this.presets] = await Promise.all([getJson("/api/models/"), getJson("/api/presets/")]);
     fillSelect(this.modelSelect, this.models, (m) => `${m.name}${m.max_context ? ` · ${m.max_context.toLocaleString()} ctx` : ""}`);
     fillSelect(this.presetSelect, this.presets, (p) => p.name);
+    this.modelStatus?.setModels(this.models);
     this.showPresetPlaceholders();
     this.showSystemPromptPlaceholder();
   }
@@ -53,7 +55,11 @@ export class ChatSettings {
   /** Show a conversation's own settings (null: a new chat keeps the current choices). */
   showConversation(conversation) {
     if (!conversation) { this.systemPrompt.value = ""; return; }
-    if (conversation.model_id) { this.modelSelect.value = conversation.model_id; this.showSystemPromptPlaceholder(); }
+    if (conversation.model_id) {
+      this.modelSelect.value = conversation.model_id;
+      this.showSystemPromptPlaceholder();
+      this.modelStatus?.render();
+    }
     if (conversation.preset_id) { this.presetSelect.value = conversation.preset_id; this.showPresetPlaceholders(); }
     this.systemPrompt.value = conversation.system_prompt || "";
   }

@@ -15,6 +15,7 @@ import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
 import { processedProbs } from "./sampling.js";
 import { servingView } from "./serving.js";
+import { ModelStatus } from "./model_status.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { promptPerplexity, promptSummary, surpriseStrip } from "./surprise.js";
 
@@ -36,7 +37,8 @@ const state = {
   textLastPiece: null, // the text's last token: what the model read before step 0
 };
 
-const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
+const modelStatus = new ModelStatus($("#ex-model"));
+const socket = new GenerationSocket({ onStatus: showConnection($("#conn")), onWorkerModel: (e) => modelStatus.onWorkerModel(e) });
 const sliderOutputs = [];  // each slider's "show its value" function: one slider can change another's text
 // Temperature 0 is greedy: the filters after it then choose nothing, and say so.
 const unlessGreedy = (format) => (v) => (Number($("#ex-temperature").value) === 0 ? "n/a (greedy)" : format(v));
@@ -418,6 +420,7 @@ async function init() {
     const select = $("#ex-model");
     select.replaceChildren(...models.map((m) => h("option", { value: m.id }, m.name)));
     select.value = (models.find((m) => m.is_default) ?? models[0])?.id ?? "";
+    modelStatus.setModels(models);
   } catch (err) {
     showError(err);
   }

@@ -1,6 +1,7 @@
 // The /ws/generate/ connection (docs/protocol.md). Owns: connecting and reconnecting,
 // request ids, and routing events to the generation they belong to. Pages see one
-// `GenerationHandle` per command and never parse routing fields themselves.
+// `GenerationHandle` per command and never parse routing fields themselves; the workers' model
+// states (`worker.model`, for no generation) go to `onWorkerModel`.
 
 const RECONNECT_MAX_MS = 8000;
 // The server's PLAYGROUND_MAX_MESSAGE_BYTES default (512 KiB of text plus room for 4 images of
@@ -40,9 +41,10 @@ export class GenerationHandle {
 }
 
 export class GenerationSocket {
-  constructor({ path = "/ws/generate/", onStatus = () => {} } = {}) {
+  constructor({ path = "/ws/generate/", onStatus = () => {}, onWorkerModel = null } = {}) {
     this.url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${path}`;
     this.onStatus = onStatus;
+    this.onWorkerModel = onWorkerModel;  // given: every (re)connect asks for the workers' model states
     this.byRequest = new Map();
     this.byGeneration = new Map();
     this.outbox = [];
@@ -58,6 +60,7 @@ export class GenerationSocket {
     ws.addEventListener("open", () => {
       this.retryMs = 500;
       this.onStatus("open");
+      if (this.onWorkerModel) ws.send(JSON.stringify({ command: "follow_models" }));
       for (const message of this.outbox.splice(0)) ws.send(JSON.stringify(message));
     });
     ws.addEventListener("message", (msg) => this.dispatch(msg.data));
@@ -105,6 +108,7 @@ export class GenerationSocket {
   dispatch(raw) {
     let event;
     try { event = JSON.parse(raw); } catch { console.warn("ignored a non-JSON message", raw); return; }
+    if (event.type === "worker.model") { this.onWorkerModel?.(event); return; }
     const handle = this.route(event);
     if (!handle) return;
     if (event.type === "error" || event.type === "generation.error") {
