@@ -4,7 +4,8 @@ Modes: `precision` (default: every weight precision's decode and prefill speed, 
 token and quality against float32, and llama.cpp on the same GGUF when installed), `decode`
 (our prefill/decode vs `model.generate`, and decode speed as a fraction of the memory-bandwidth
 bound), `batch` (continuous batching: N streams at once vs one by one), `prefix` (prefix-cache
-time to first token), `pd` (colocated vs disaggregated prefill/decode). The last line printed
+time to first token), `pd` (colocated vs disaggregated prefill/decode), `quality` (every bundled
+model x precision x preset answering English and Chinese questions, judged, with its speed). The last line printed
 is `key=value` pairs.
 Ratios, not absolute numbers, are the point: both sides run in the same process,
 interleaved, best of N, so machine noise hits both.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 
-MODES = ("precision", "decode", "batch", "prefix", "pd")
+MODES = ("precision", "decode", "batch", "prefix", "pd", "quality")
 
 
 def format_keys(results: dict) -> str:

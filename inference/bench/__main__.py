@@ -1,4 +1,4 @@
-"""`python -m inference.bench [precision|decode|batch|prefix|pd] [--quick] [...]`: runs one benchmark mode."""
+"""`python -m inference.bench [precision|decode|batch|prefix|pd|quality] [--quick] [...]`: runs one benchmark mode."""
 
 from __future__ import annotations
 
