@@ -14,7 +14,8 @@ Owns: the criterion and its reasons. An answer passes when all of these hold, ch
     appear; an English answer does not);
 - it is not garbled (`garbled`): no U+FFFD, no word over 25 letters, no word 4 times in a row,
   no character 4 times in a row ("－－－－"), no stretch of 2-16 characters 3 times in a row
-  ("la femme, la femme, la femme", "故事故事故事");
+  ("la femme, la femme, la femme", "故事故事故事"), no sentence of 12+ characters twice (a long
+  answer's loop: "艾丽莎和杰克一起研究这个发现，…" again and again);
 - it is long enough where the question asks for a text (`too-short`): at least `min_length`
   words (English) or Han characters (Chinese), e.g. a story;
 - for a factual question, it contains one of the known answers (`wrong-answer`: "Paris", "北京").
@@ -46,6 +47,9 @@ MAX_BARE_WORDS = 3  # a short answer ("Paris.") needs no function words
 WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
 HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 CHAR_RUN = re.compile(r"(\S)\1{3,}")  # one character 4+ times in a row
+SENTENCE_END = re.compile(r"[。！？!?\n]|\.\s")
+MIN_SENTENCE_CHARS = 12
+MAX_SENTENCE_REPEATS = 2  # a sentence of 12+ characters, word for word again: a loop
 CHUNK_RUN = re.compile(r"(\S.{1,15}?)\1{2,}", re.DOTALL)  # a 2-16 character stretch 3+ times in a row
 
 
@@ -94,7 +98,10 @@ def _is_garbled(answer: str, words: list[str]) -> bool:
         return True
     text = " ".join(answer.split())
     runs = [m.group(0) for m in (*CHAR_RUN.finditer(text), *CHUNK_RUN.finditer(text))]
-    return any(any(c.isalpha() or not c.isascii() for c in run) for run in runs)  # "......" or "----" is layout
+    if any(any(c.isalpha() or not c.isascii() for c in run) for run in runs):  # "......" or "----" is layout
+        return True
+    sentences = [s.strip() for s in SENTENCE_END.split(answer) if len(s.strip()) >= MIN_SENTENCE_CHARS]
+    return any(sentences.count(s) >= MAX_SENTENCE_REPEATS for s in set(sentences))
 
 
 def _has_run(words: list[str]) -> bool:

@@ -22,6 +22,8 @@ from inference.bench.quality import (
 from inference.bundled_models import bundled_model
 from inference.engine import Engine
 
+LOOP = "艾丽莎和杰克一起研究这个发现，他们一起发现，人类的基因可以改变自己。"
+
 
 @pytest.mark.parametrize(
     ("answer", "expected", "language", "min_length", "reason"),
@@ -47,6 +49,8 @@ from inference.engine import Engine
         ("从前有一个小女孩，她住在森林边上。", (), "zh", 20, "too-short"),
         ("当然可以！从前，在一个遥远的村庄里，住着一个名叫小明的男孩。他每天都帮助村里的老人。", (), "zh", 20, "ok"),
         ("故事故事故事故事", (), "zh", 0, "garbled"),
+        # Qwen2.5-Coder's greedy story past ~100 tokens (the browser check of issue 23): one sentence again and again
+        ("在一个遥远的国度，有一个名叫艾丽莎的年轻女孩。" + LOOP * 3, (), "zh", 20, "garbled"),
         ("KV Cache 是一种缓存技术，它保存历史 token 的 Key 和 Value 向量。", (), "zh", 0, "ok"),  # Latin terms too
         ("Yes. ......\n----\n1000000", (), "en", 0, "ok"),  # runs of dots, dashes, digits are layout
     ],
@@ -68,7 +72,8 @@ def test_twenty_everyday_questions_per_language_with_the_lessons_own_example_in_
         assert len(asked) >= 20 and len({q.text for q in asked}) == len(asked)
         assert sum(bool(q.expected) for q in asked) >= 10  # facts with a known answer
     quick = pick_questions(quick=True)
-    assert Question("请给我讲一个故事", "zh", min_length=20) in quick  # lesson-zh.txt: <|user|>请给我讲一个故事
+    story = next(q for q in quick if q.text == "请给我讲一个故事")  # lesson-zh.txt: <|user|>请给我讲一个故事
+    assert story.language == "zh" and story.min_length >= 20 and story.max_new_tokens >= 128  # long enough to drift
     assert sum(q.language == "zh" for q in quick) == sum(q.language == "en" for q in quick) == 5
 
 
