@@ -5,8 +5,9 @@ starts (`preload_default_model`), any other on first use.
 Owns: the model cache keyed by (record id, engine settings), so a changed admin record loads
 anew; a switch to another model waits until the current one's requests have finished, then
 frees its memory before loading the next; every load announced ("loading", then "ready" with its
-time, or "error": `model_state`) and when it finished (`loaded_at`: a generation that waited for
-a load counts it in its time to first token). `inference.engine` (torch) is imported only when a
+time, or "error": `model_state`) and when it finished (`loaded_at`: a generation created before
+that, queued while the worker loaded or waiting in its task, counts the wait in its time to first
+token). `inference.engine` (torch) is imported only when a
 model is first loaded, so importing this module stays cheap.
 """
 
@@ -38,7 +39,7 @@ _lock = threading.Lock()
 _loaded: tuple[tuple[Any, ...], Engine] | None = None
 _loops: dict[int, ServeLoop] = {}  # id(engine) -> its loop
 _comparison: tuple[tuple[Any, ...], Any] | None = None  # (key, LoadedModel): one at a time
-_loaded_at: dict[int, float] = {}  # id(engine) -> time.monotonic() when its load finished
+_loaded_at: dict[int, float] = {}  # id(engine) -> when its load finished (time.time(): generations compare it)
 
 
 def get_engine(model: LanguageModel) -> Engine:
@@ -70,14 +71,14 @@ def get_engine(model: LanguageModel) -> Engine:
         except Exception as exc:
             model_state.failed(model.pk, model.name, f"{type(exc).__name__}: {exc}")
             raise
-        _loaded_at[id(engine)] = time.monotonic()
-        model_state.ready(model.pk, model.name, (_loaded_at[id(engine)] - started) * 1000)
+        _loaded_at[id(engine)] = time.time()
+        model_state.ready(model.pk, model.name, (time.monotonic() - started) * 1000)
         _loaded = (key, engine)
         return engine
 
 
 def loaded_at(engine: Any) -> float | None:
-    """When `engine`'s load finished (time.monotonic()); None for one this module did not load."""
+    """When `engine`'s load finished (wall clock, time.time()); None for one this module did not load."""
     return _loaded_at.get(id(engine))
 
 

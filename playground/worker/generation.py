@@ -113,7 +113,7 @@ class GenerationRun:
         self.text = ""
         self.starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)  # set again once rendered
         self.steps: list[dict[str, Any]] = []
-        self.model_load_ms = 0.0  # > 0: the generation waited this long for its worker to load the model
+        self.model_load_ms = 0.0  # > 0: the generation waited this long for its model's load
         self.coalescer = StepCoalescer(self._send_steps)
         self.saved_at = time.monotonic()
 
@@ -176,11 +176,13 @@ class GenerationRun:
         if model is None:
             raise CommandError("model_unavailable", "the generation's model was deleted")
         try:
-            started = time.monotonic()
             self.engine = load_engine(model)
+            # Created before its model finished loading (queued while the worker loaded it at
+            # start, or waiting here for a switch): that wait is part of its time to first token.
             loaded_at = engines.loaded_at(self.engine)
-            if loaded_at is not None and loaded_at >= started:  # this generation waited for a load
-                self.model_load_ms = (time.monotonic() - started) * 1000
+            created_at = self.generation.created_at.timestamp()
+            if loaded_at is not None and loaded_at > created_at:
+                self.model_load_ms = (loaded_at - created_at) * 1000
             self.loop = loop_for(self.engine)
             return self.engine
         except Exception as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from playground import protocol
 from playground.asgi import application
 from playground.coord import keys, model_states, store
 from playground.model_choice import default_model
-from playground.models import LanguageModel
+from playground.models import Generation, LanguageModel
 from playground.web import submit
 from playground.worker import engines, generation, model_state, observer
 
@@ -169,11 +170,13 @@ def test_a_page_that_connects_gets_every_workers_model_state() -> None:
 def test_the_ttft_of_a_generation_that_waited_for_a_load_includes_it_and_says_so(session_key, monkeypatch) -> None:
     queued = submit.generate(session_key, {"content": "Hi", "overrides": {"max_new_tokens": 3}})
     engine = FakeEngine("abc")
-    monkeypatch.setattr(engines, "loaded_at", lambda e: float("inf") if e is engine else None)  # loaded just now
+    loaded_at = time.time() + 2.0  # the load finished 2 s after the generation was created
+    monkeypatch.setattr(engines, "loaded_at", lambda e: loaded_at if e is engine else None)
     events: list[dict[str, Any]] = []
     generation.run_generation(queued.generation_id, "worker-1", load_engine=lambda m: engine, send=events.append)
     stats = events[-1]["stats"]
-    assert stats["model_load_ms"] > 0 and stats["ttft_ms"] >= stats["model_load_ms"]
+    assert stats["model_load_ms"] >= 2000 and stats["ttft_ms"] >= stats["model_load_ms"]
+    assert Generation.objects.get(pk=queued.generation_id).ttft_ms == stats["ttft_ms"]
     # an engine that was already loaded adds nothing
     queued = submit.generate(session_key, {"content": "Hi again", "overrides": {"max_new_tokens": 3}})
     monkeypatch.setattr(engines, "loaded_at", lambda e: 0.0)
