@@ -237,7 +237,7 @@ function currentPhase() {
 
 function renderPipeline() {
   const model = state.model;
-  $("#ex-model-label").textContent = model ? model.name ?? model.architecture : "model loads on the first request";
+  $("#ex-model-label").textContent = model ? model.name ?? model.architecture : "its details come with the first request";
   $("#ex-pipeline").replaceChildren(pipelineStrip({
     model, params: state.params, phase: currentPhase(),
     numPromptTokens: state.prefilled?.num_prompt_tokens ?? state.prompt?.tokens?.length ?? null,
