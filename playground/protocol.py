@@ -312,6 +312,33 @@ def stats_record(finished: dict[str, Any], worker: str) -> dict[str, Any]:
 
 
 SERVING_GROUP = "serving"  # every worker's batch steps, for the serving page
+MODELS_GROUP = "worker-models"  # every worker's model state, for every page's /ws/generate/ socket
+MODEL_STATES = ("loading", "ready", "error")
+
+
+def worker_model(
+    worker: str,
+    state: str,
+    model_id: int | None,
+    model_name: str,
+    elapsed_ms: float,
+    load_ms: float | None = None,
+    error: str = "",
+) -> dict[str, Any]:
+    """A worker's model: `loading` (for `elapsed_ms` so far), `ready` (loaded in `load_ms`) or
+    `error` (the load failed: `error` says why). Sent when it changes and, on connect, for every
+    live worker; `elapsed_ms` is measured by the server when the event is built."""
+    assert state in MODEL_STATES, state
+    return {
+        "type": "worker.model",
+        "worker": worker,
+        "state": state,
+        "model_id": model_id,
+        "model_name": model_name,
+        "elapsed_ms": elapsed_ms,
+        "load_ms": load_ms,
+        "error": error,
+    }
 
 
 def serving_step(worker: str, step: dict[str, Any], num_skipped: int) -> dict[str, Any]:

@@ -56,7 +56,8 @@ def _announce_worker(sender: str, instance: Any = None, **kwargs: Any) -> None:
     """A generation worker also consumes its own queue (cache-aware routing sends a
     conversation's next turn there), and beats so the web process can tell "no worker at all"
     from "the worker is busy" (see liveness), and says which queues it serves, so a request
-    no live worker can serve (e.g. prefill/decode with no such worker) is refused at once."""
+    no live worker can serve (e.g. prefill/decode with no such worker) is refused at once.
+    Then it loads the default model (announced: `worker.model` events)."""
     if instance is not None and worker_routing.SHARED_QUEUE in instance.app.amqp.queues.consume_from:
         instance.app.amqp.queues.select_add(worker_routing.worker_queue(sender))
     liveness.start_worker_heartbeat(sender)
@@ -65,6 +66,11 @@ def _announce_worker(sender: str, instance: Any = None, **kwargs: Any) -> None:
     observer.set_worker_name(sender)
     if instance is not None:
         liveness.start_queue_heartbeat(sender, list(instance.app.amqp.queues.consume_from))
+    # Last: the worker takes no work until this returns, so the first request finds its model
+    # loaded; meanwhile every page shows "loading" and how long it has taken.
+    from playground.worker import engines
+
+    engines.preload_default_model()
 
 
 @worker_shutting_down.connect

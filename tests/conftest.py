@@ -74,6 +74,13 @@ def django_shell(code: str, env: dict[str, str]) -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+SMOLLM2_BY_DEFAULT = (
+    "from playground.models import LanguageModel as M; "
+    "M.objects.filter(is_default=True).update(is_default=False); "
+    "M.objects.filter(source='bundled').update(is_default=True); print('ok')"
+)
+
+
 def wait_until(is_ready: Callable[[], bool], service: Service, what: str, timeout_s: float = READY_TIMEOUT_S) -> None:
     """Poll `is_ready()` until true; fail early (with the log) if `service` dies."""
     deadline = time.monotonic() + timeout_s
@@ -179,6 +186,9 @@ def live_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     env = stack_env(redis_url, db_path)
     run_prepare_step("migrate", [sys.executable, "-m", "django", "migrate", "--noinput"], env)
     run_prepare_step("bundled-model", [sys.executable, "-m", "inference.models.bundled"], env)
+    # The stack serves SmolLM2 by default: the tests compare its tokens with in-process references
+    # and it loads in a second (the shipped default, Qwen2.5-Coder, is checked in tests/engine).
+    django_shell(SMOLLM2_BY_DEFAULT, env)
 
     port = free_port()
     web = Service(

@@ -5,8 +5,9 @@ token and quality against float32, and llama.cpp on the same GGUF when installed
 (our prefill/decode vs `model.generate`, and decode speed as a fraction of the memory-bandwidth
 bound), `batch` (continuous batching: N streams at once vs one by one), `prefix` (prefix-cache
 time to first token), `pd` (colocated vs disaggregated prefill/decode), `determinism` (the same
-request cold, warm, batched and chunked: identical tokens and logprobs, and what that costs). The
-last line printed is `key=value` pairs.
+request cold, warm, batched and chunked: identical tokens and logprobs, and what that costs),
+`quality` (every bundled model x precision x preset answering English and Chinese questions,
+judged, with its speed). The last line printed is `key=value` pairs.
 Ratios, not absolute numbers, are the point: both sides run in the same process,
 interleaved, best of N, so machine noise hits both.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 
-MODES = ("precision", "decode", "batch", "prefix", "pd", "determinism")
+MODES = ("precision", "decode", "batch", "prefix", "pd", "determinism", "quality")
 
 
 def format_keys(results: dict) -> str:

@@ -1,4 +1,4 @@
-"""`python -m inference.bench [precision|decode|batch|prefix|pd|determinism] [--quick] [...]`: one benchmark."""
+"""`python -m inference.bench [precision|decode|batch|prefix|pd|determinism|quality] [--quick] [...]`: one benchmark."""
 
 from __future__ import annotations
 

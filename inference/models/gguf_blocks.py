@@ -1,6 +1,8 @@
-"""A GGUF file's own 4-bit weights as `Int4Weight`s, so the served weights are the file's.
+"""A GGUF file's weights as the file stores them: each tensor's type, and the 4-bit ones as
+`Int4Weight`s, so the served weights are the file's.
 
-Owns: reading 4-bit blocks and mapping them onto torch's int4 convention
+Owns: which GGML type each transformers weight has in the file (`file_weights`), and reading
+4-bit blocks and mapping them onto torch's int4 convention
 `w = (q - 8) * scale + zero` in groups of 32, exactly:
 - Q4_0 / Q4_1: 32 weights per block, an fp16 scale `d` (Q4_1: and minimum `m`), 16 bytes of
   nibbles (low nibbles weights 0-15, high 16-31). Q4_0 is `d * (q - 8)` (zero 0), Q4_1 is
@@ -10,14 +12,16 @@ Owns: reading 4-bit blocks and mapping them onto torch's int4 convention
   scale `d sc`, zero `8 d sc - dmin mn` (gguf-py unpacks the 6-bit fields).
 Rows are put in the order transformers uses (llama.cpp stores Q and K rows permuted for its
 rotary layout; the same `TensorProcessor` that un-permutes the dequantized copy gives the row
-order). Other types (Q8_0, Q6_K, F16 ...) are not read here: the caller quantizes the converted
-float copy instead and says so.
+order). Other types (Q5_0, Q6_K, Q8_0, F16 ...) have no exact int4 form: their type is reported
+and the caller serves the converted float copy (the file's exact values) in a form at least as
+precise (see `precision.quantize_model`).
 Must not know: the engine, requests, where converted folders live.
 """
 
 from __future__ import annotations
 
 import mmap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +37,19 @@ NATIVE_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q4_K: "Q4_K"}
 QK_K, Q4_K_BYTES = 256, 144  # a Q4_K super-block: 2 + 2 (d, dmin) + 12 (6-bit scales, mins) + 128 (nibbles)
 
 
-def native_int4_weights(gguf_path: Path, model: Any, dtype: torch.dtype) -> dict[str, tuple[Int4Weight, str]]:
-    """{transformers parameter name (e.g. 'model.layers.0.self_attn.q_proj.weight'): (the file's
-    blocks as an Int4Weight, its GGML type name)} for every Q4_0/Q4_1 tensor of the file."""
+@dataclass(frozen=True)
+class FileWeight:
+    """One 2-D weight of the file: its GGML type ("Q4_K", "Q6_K", "F16", ...) and, for the 4-bit
+    types above, the file's own blocks as an `Int4Weight` (None for every other type)."""
+
+    type_name: str
+    int4: Int4Weight | None = None
+
+
+def file_weights(gguf_path: Path, model: Any, dtype: torch.dtype, read_int4: bool = True) -> dict[str, FileWeight]:
+    """{transformers parameter name (e.g. 'model.layers.0.self_attn.q_proj.weight'): what the
+    file holds for it} for every 2-D tensor of the file; Q4_0/Q4_1/Q4_K tensors come with their
+    blocks as an Int4Weight when `read_int4`."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     header = read_header(gguf_path)
@@ -44,12 +58,25 @@ def native_int4_weights(gguf_path: Path, model: Any, dtype: torch.dtype) -> dict
     found = {}
     with gguf_path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
         for tensor in header.tensors:
-            if tensor.type_id in NATIVE_TYPES and tensor.name in name_map and len(tensor.shape) == 2:
+            if tensor.name not in name_map or len(tensor.shape) != 2:
+                continue
+            weight = None
+            if read_int4 and tensor.type_id in NATIVE_TYPES:
                 codes, scale, zero = read_q4_blocks(data, tensor)
                 order = _row_order(processor, tensor)
                 weight = Int4Weight.from_blocks(codes[order], scale[order].to(dtype), zero[order].to(dtype), 32)
-                found[name_map[tensor.name]] = (weight, NATIVE_TYPES[tensor.type_id])
+            found[name_map[tensor.name]] = FileWeight(tensor.type_name, weight)
     return found
+
+
+def native_int4_weights(gguf_path: Path, model: Any, dtype: torch.dtype) -> dict[str, tuple[Int4Weight, str]]:
+    """{transformers parameter name: (the file's blocks as an Int4Weight, its GGML type name)}
+    for every Q4_0/Q4_1/Q4_K tensor of the file."""
+    return {
+        name: (weight.int4, weight.type_name)
+        for name, weight in file_weights(gguf_path, model, dtype).items()
+        if weight.int4 is not None
+    }
 
 
 def _gguf_to_hf_names(architecture: str, model: Any) -> dict[str, str]:

@@ -1,9 +1,10 @@
 """EngineConfig -> a loaded model and tokenizer (`LoadedModel`).
 
-Owns: resolving `EngineConfig.source` (the bundled model, a Hugging Face folder, a `.gguf`
+Owns: resolving `EngineConfig.source` (a bundled model, a Hugging Face folder, a `.gguf`
 file converted once into the data dir, or a hub id already in the local HF cache; nothing
-is ever downloaded), choosing device and dtype, and turning every way a load can fail into
-one `ModelLoadError` that names the model and what is wrong.
+is ever downloaded here: a bundled model that needs a download is prepared beforehand),
+choosing device and dtype, and turning every way a load can fail into one `ModelLoadError`
+that names the model and what is wrong.
 Must not know: generation, sampling, chat rendering, Django.
 """
 
@@ -17,14 +18,14 @@ from typing import Any
 
 import torch
 
-from inference.config import BUNDLED_MODEL, EngineConfig
+from inference.bundled_models import bundled_model
+from inference.config import EngineConfig
 from inference.models.bundled import (
-    BUNDLED_GGUF_NAME,
     ConversionError,
     Progress,
-    bundled_gguf_path,
     ensure_bundled_model,
     ensure_converted,
+    gguf_path_of,
     say,
 )
 from inference.models.precision import (
@@ -36,8 +37,6 @@ from inference.models.precision import (
     resolve_precision,
 )
 from inference.sources import SourceError, check_tokenizer_files
-
-BUNDLED_NAME = BUNDLED_GGUF_NAME.split(".")[0]  # "SmolLM2-135M-Instruct"
 
 
 class ModelLoadError(ValueError):
@@ -136,8 +135,12 @@ def _quantize(
 
 def gguf_source(config: EngineConfig) -> Path | None:
     """The GGUF file behind `config.source` (its blocks can be served as they are), if any."""
-    if config.source == BUNDLED_MODEL:
-        return bundled_gguf_path()
+    bundled = bundled_model(config.source)
+    if bundled is not None:
+        try:
+            return gguf_path_of(bundled, config.resolved_data_dir)
+        except ConversionError as error:
+            raise ModelLoadError(str(error)) from error
     path = Path(config.source).expanduser()
     return path if config.source.lower().endswith(".gguf") and path.is_file() else None
 
@@ -145,9 +148,10 @@ def gguf_source(config: EngineConfig) -> Path | None:
 def resolve_source(config: EngineConfig, progress: Progress | None = None) -> tuple[Path, str]:
     """(a local Hugging Face model folder, a display name) for `config.source`."""
     source = config.source
+    bundled = bundled_model(source)
     try:
-        if source == BUNDLED_MODEL:
-            return ensure_bundled_model(config.resolved_data_dir, progress), BUNDLED_NAME
+        if bundled is not None:
+            return ensure_bundled_model(config.resolved_data_dir, progress, bundled), bundled.name
         path = Path(source).expanduser()
         if source.lower().endswith(".gguf"):
             return _converted_gguf(path, config.resolved_data_dir, progress), path.stem

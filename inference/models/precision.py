@@ -2,15 +2,24 @@
 
 Owns: the precision names (`auto`, `float32`, `bfloat16`, `float16`, `int8`, `int4`), what `auto`
 means on this machine, the activation dtype each implies, and replacing a loaded transformers
-model's linear layers by `QuantizedLinear`s for int8 / int4 (taking a GGUF file's own Q4_0 / Q4_1
-blocks when it has them, so the served weights are the file's). The embedding table and the
-norms stay in the activation dtype: a token reads one embedding row, not the table.
+model's linear layers by `QuantizedLinear`s for int8 / int4, with the report of what each layer
+became. The embedding table and the norms stay in the activation dtype: a token reads one
+embedding row, not the table; an output layer tied to that table stays that one tensor (no
+second, quantized copy of a 262k-row table).
+
+int4 from a GGUF file serves each tensor at least as precisely as the file stores it: its
+Q4_0 / Q4_1 / Q4_K blocks exactly (the file's own codes and scales), every other quantized type
+(Q5_0, Q6_K, Q8_0 ... in a Q4_K_M file most layers are these) in 8 bits per output channel from
+the file's exact values (no int4 kernel reads them exactly), float tensors in the activation
+dtype. Without a file, int4 quantizes the float weights (min/max per group of 32) and the output
+layer gets 8 bits, as Q4 GGUF files keep it at 6-8.
 Must not know: requests, the engine, Django.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +33,8 @@ QUANTIZED_BITS = {"int8": 8, "int4": 4}
 # The output layer stays at 8 bits under int4 too (as Q4 GGUF files keep it at 6-8): its errors
 # land directly in the next-token distribution.
 HEAD_BITS = 8
+EXACT_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # GGML types whose blocks int4 serves exactly (gguf_blocks)
+FLOAT_FILE_TYPES = ("F32", "F16", "BF16")
 FLOAT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -69,24 +80,38 @@ def load_dtype(precision: str, device: torch.device) -> torch.dtype:
 
 
 @dataclass(frozen=True)
+class LayerGroup:
+    """Linear layers that the file stores alike and that are served alike."""
+
+    file_type: str  # their GGML type in the GGUF file ("Q4_K", "Q6_K", "F16"); "" without a file
+    served_as: str  # "int4", "int8", or the activation dtype ("bfloat16"): what the matmul reads
+    is_exact: bool  # the served weights are the file's own codes and scales, not a re-quantization
+    num_layers: int
+    is_head: bool = False  # the output layer (one group of its own)
+
+
+@dataclass(frozen=True)
 class QuantizationReport:
-    """What `quantize_model` did, shown with the model."""
+    """What `quantize_model` did, shown with the model (its per-type counts: `groups`)."""
 
     precision: str
     num_quantized: int  # linear layers now read packed low-bit weights
     num_from_file: int  # of them, the GGUF file's own blocks (not a re-quantization)
     file_types: tuple[str, ...]  # their GGML types, e.g. ("Q4_1",)
-    num_kept: int  # linear layers left in the activation dtype (a shape the kernel cannot take)
-    head_bits: int  # the output layer's bits (int4 keeps it at 8, as Q4 GGUF files keep it at 6-8)
+    num_kept: int  # linear layers left in the activation dtype (a kernel cannot take the shape, the file
+    # holds them in float, or the output layer is tied to the embedding table)
+    head_bits: int  # the output layer's bits: 8 (int4 keeps it at 8), or 16 when it stays the tied table
+    is_head_tied: bool  # the output layer is the embedding table itself (one tensor, not quantized)
+    groups: tuple[LayerGroup, ...]  # every linear layer, by file type and served form
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def quantize_model(model: Any, precision: str, dtype: torch.dtype, gguf_path: Path | None = None) -> QuantizationReport:
-    """Replace every `nn.Linear` (attention, MLP, output head) by a `QuantizedLinear` in place,
-    then cast the remaining parameters to `dtype`."""
-    from inference.models.gguf_blocks import native_int4_weights
+    """Replace the `nn.Linear`s (attention, MLP, an untied output head) by `QuantizedLinear`s in
+    place, each in the form `_layer_form` picks, then cast the remaining parameters to `dtype`."""
+    from inference.models.gguf_blocks import file_weights
 
     bits = QUANTIZED_BITS[precision]
     device = next(model.parameters()).device
@@ -94,29 +119,98 @@ def quantize_model(model: Any, precision: str, dtype: torch.dtype, gguf_path: Pa
         raise ValueError("precision='int4' runs on the CPU kernel only: use 'int8' or 'bfloat16' on a GPU")
     if device.type != "cpu" and not _int8_kernel_works(device, dtype):
         raise ValueError(f"precision='int8': torch {torch.__version__} has no int8 weight kernel for {device}")
-    from_file = native_int4_weights(gguf_path, model, dtype) if bits == 4 and gguf_path else {}
+    in_file = file_weights(gguf_path, model, dtype, read_int4=bits == 4) if gguf_path else {}
     head = model.get_output_embeddings()
+    is_head_tied = _is_tied(model, head)
     linears = [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     if all(module is head for _, module in linears):
         raise ValueError(f"the model has no linear layer the {precision} kernel can take (e.g. GPT-2's Conv1D)")
-    num_quantized, used, num_kept = 0, [], 0
+    forms = {}
     for name, module in linears:
-        layer_bits = HEAD_BITS if module is head else bits
-        if not _fits_kernel(module, layer_bits):
-            num_kept += 1
-            continue
-        native = from_file.get(f"{name}.weight") if layer_bits == 4 else None
-        if native is not None:
-            weight, source = native[0], f"gguf:{native[1]}"
-            used.append(native[1])
-        else:
-            weight, source = quantize(module.weight, layer_bits, dtype), "quantized"
-        bias = None if module.bias is None else module.bias.detach().to(dtype)
-        model.set_submodule(name, QuantizedLinear(weight, bias, source))
-        num_quantized += 1
-    for param in model.parameters():  # embeddings, norms, biases left in float
+        file_weight = in_file.get(f"{name}.weight")
+        form = _layer_form(bits, module is head, is_head_tied, file_weight.type_name if file_weight else "")
+        if form != "float" and not _fits_kernel(module, 4 if form == "int4" else 8):
+            form = "float"  # a shape the kernel cannot take stays in the activation dtype
+        forms[name] = form
+    _keep_fused_siblings_alike(forms)
+    groups: Counter[tuple[str, str, bool, bool]] = Counter()  # (file type, form, is exact, is head) -> layers
+    for name, module in linears:
+        file_weight, form = in_file.get(f"{name}.weight"), forms[name]
+        is_exact = form == "int4" and file_weight is not None and file_weight.int4 is not None
+        if form in ("int4", "int8"):
+            weight = file_weight.int4 if is_exact else quantize(module.weight, 4 if form == "int4" else 8, dtype)
+            source = f"gguf:{file_weight.type_name}" if is_exact else "quantized"
+            bias = None if module.bias is None else module.bias.detach().to(dtype)
+            model.set_submodule(name, QuantizedLinear(weight, bias, source))
+        groups[(file_weight.type_name if file_weight else "", form, is_exact, module is head)] += 1
+    for param in model.parameters():  # embeddings, norms, biases, kept layers left in float
         param.data = param.data.to(dtype)
-    return QuantizationReport(precision, num_quantized, len(used), tuple(sorted(set(used))), num_kept, HEAD_BITS)
+    return _report(precision, groups, is_head_tied, dtype)
+
+
+def _layer_form(bits: int, is_head: bool, is_head_tied: bool, file_type: str) -> str:
+    """The form of one linear layer, "int4", "int8" or "float" (the activation dtype): a tied head stays
+    the embedding table; with a file, int4 is taken only for the types it reads exactly, float
+    types stay float, and every other quantized type gets 8 bits (at least as precise as 5-8-bit
+    blocks); without one, int4 layers are re-quantized and the head gets 8 bits."""
+    if is_head and is_head_tied:
+        return "float"
+    if bits == 8:
+        return "int8"
+    if file_type:
+        if file_type in EXACT_INT4_TYPES and not is_head:
+            return "int4"
+        return "float" if file_type in FLOAT_FILE_TYPES else "int8"
+    return "int8" if is_head else "int4"
+
+
+# Projections the Llama-family runner reads as one fused matmul (QKV, gate/up): it joins packed
+# weights of any kinds, but not a float weight with packed ones.
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _keep_fused_siblings_alike(forms: dict[str, str]) -> None:
+    """A fused group with one float member stays float as a whole (the more precise choice)."""
+    for siblings in FUSED_SIBLINGS:
+        for name in [n for n in forms if n.endswith(f".{siblings[0]}")]:
+            parent = name.removesuffix(siblings[0])
+            members = [parent + s for s in siblings if parent + s in forms]
+            if any(forms[m] == "float" for m in members):
+                for member in members:
+                    forms[member] = "float"
+
+
+def _is_tied(model: Any, head: Any) -> bool:
+    table = model.get_input_embeddings()
+    return isinstance(head, torch.nn.Linear) and table is not None and head.weight is table.weight
+
+
+def _report(
+    precision: str, groups: Counter[tuple[str, str, bool, bool]], is_head_tied: bool, dtype: torch.dtype
+) -> QuantizationReport:
+    counted = [
+        LayerGroup(file_type, dtype_name(dtype) if form == "float" else form, is_exact, num, is_head)
+        for (file_type, form, is_exact, is_head), num in groups.items()
+    ]
+    counted.sort(key=lambda g: (g.is_head, not g.is_exact, g.served_as, g.file_type))
+    num_quantized = sum(g.num_layers for g in counted if g.served_as in ("int4", "int8"))
+    exact = [g for g in counted if g.is_exact]
+    head = next((g for g in counted if g.is_head), None)
+    head_bits = {"int4": 4, "int8": 8}.get(head.served_as, 16) if head else HEAD_BITS
+    return QuantizationReport(
+        precision=precision,
+        num_quantized=num_quantized,
+        num_from_file=sum(g.num_layers for g in exact),
+        file_types=tuple(sorted({g.file_type for g in exact})),
+        num_kept=sum(g.num_layers for g in counted) - num_quantized,
+        head_bits=head_bits,
+        is_head_tied=is_head_tied,
+        groups=tuple(counted),
+    )
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _int8_kernel_works(device: torch.device, dtype: torch.dtype) -> bool:

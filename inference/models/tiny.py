@@ -105,7 +105,19 @@ def _tiny_config(arch: str) -> PretrainedConfig:
             max_position_embeddings=256,
             **_SHARED,
         )
-    raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHITECTURES}")
+    if arch == "gemma3":  # Gemma-style: its tokenizers ask for BOS before raw text (add_bos_token)
+        return Gemma3TextConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            sliding_window=16,
+            max_position_embeddings=256,
+            **_SHARED,
+        )
+    raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHITECTURES} or 'gemma3'")
 
 
 def make_tiny_model(arch: str, seed: int = 0, scale: int = 1) -> PreTrainedModel:
@@ -130,11 +142,13 @@ def make_tiny_tokenizer(
     eos_token: str | None = None,
     chat_template: str | None = None,
     plain_tokens: list[str] | tuple[str, ...] = (),
+    add_bos_token: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Byte-level BPE without merges: id == byte for 0-255, then `special_tokens` from 256,
     then `plain_tokens`: added tokens that decoded text keeps (as R1's `<think>` and `</think>`).
 
-    BOS and EOS default to the first and the last special token."""
+    BOS and EOS default to the first and the last special token; `add_bos_token`: the tokenizer
+    puts BOS before text it encodes (as Gemma's and Llama's do)."""
     vocab = {char: b for b, char in bytes_to_unicode().items()}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -146,4 +160,6 @@ def make_tiny_tokenizer(
     )
     if chat_template is not None:
         tokenizer.chat_template = chat_template
+    if add_bos_token:
+        tokenizer.add_bos_token = True  # rebuilds the post-processor that puts BOS first
     return tokenizer

@@ -11,13 +11,13 @@ Must not know: requests in flight, the KV cache, Django.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inference.sampling_params import SamplingParams
 from inference.text.chat_template import RenderedPrompt, Span, TemplateTokens, render_chat
 from inference.text.reasoning import THINK_CLOSE
-from inference.text.tokenization import TokenInfo, TokenTable, token_infos, token_table, tokenize
+from inference.text.tokenization import TokenInfo, TokenTable, bos_for_raw_text, token_infos, token_table, tokenize
 from inference.vision.encoder import VisionSpec
 from inference.vision.images import PromptImage
 from inference.vision.spans import ImageSpan, image_spans
@@ -112,8 +112,11 @@ class PromptBuilder:
         images: Sequence[PromptImage] = (),
     ) -> Prompt:
         """The prompt of chat `messages` (rendered) or of raw `text`, then `extra_token_ids`;
-        each image placeholder expanded into its image's block of tokens. Checked (`PromptError`)."""
+        each image placeholder expanded into its image's block of tokens. Checked (`PromptError`).
+        Raw text starts with the BOS its tokenizer asks for (`bos_for_raw_text`), shown in the
+        prompt's text as its piece in a special span, like a template's own BOS."""
         dropped: tuple[int, ...] = ()
+        bos = None
         if messages is not None:
             try:
                 rendered = self.render_chat(messages, template)
@@ -124,8 +127,16 @@ class PromptBuilder:
             text, spans, dropped = rendered.text, rendered.spans, rendered.dropped_reasoning
         else:
             spans = (Span(0, len(text), "content", None),) if text else ()
+            bos = bos_for_raw_text(self.tokenizer, text)
         self._check_vocabulary(extra_token_ids)
         tokens = self.tokenize(text) + self.token_infos(extra_token_ids)
+        if bos is not None:
+            shift = len(bos.piece)
+            spans = (
+                Span(0, shift, "special", None),
+                *(replace(s, start=s.start + shift, end=s.end + shift) for s in spans),
+            )
+            text, tokens = bos.piece + text, [bos, *tokens]
         tokens, found = self._expand_images(tokens, images)
         return Prompt(text, tuple(spans), tuple(tokens), found, dropped, tuple(images))
 

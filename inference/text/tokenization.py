@@ -1,7 +1,8 @@
 """Token ids <-> pieces <-> exact bytes, and UTF-8-safe streaming of generated text.
 
 Owns: what each token id stands for (`TokenInfo`: its text alone, its raw bytes, whether it
-is special), prompt encoding without added special tokens, and `IncrementalDetokenizer`,
+is special), prompt encoding without added special tokens, the one rule for the BOS token raw
+text starts with (`bos_for_raw_text`), and `IncrementalDetokenizer`,
 which turns a stream of ids into text increments that never split a UTF-8 character.
 Must not know: models, sampling, chat templates (their output is already text here).
 
@@ -120,6 +121,24 @@ def encode(tokenizer: Tokenizer, text: str) -> list[int]:
 
 def tokenize(tokenizer: Tokenizer, text: str) -> list[TokenInfo]:
     return token_infos(tokenizer, encode(tokenizer, text))
+
+
+def bos_for_raw_text(tokenizer: Tokenizer, text: str) -> TokenInfo | None:
+    """The BOS token raw text (no chat template: a completion, text to score) must start with, or
+    None. The rule is the tokenizer's own: it adds BOS when `tokenizer(text)` does, i.e. when its
+    `add_bos_token` says so (from tokenizer_config.json, or from a GGUF's
+    `tokenizer.ggml.add_bos_token` when the file was converted); it is read by encoding `text`
+    both ways, so it is exactly what the model was trained to see first, where a chat template's
+    `{{ bos_token }}` puts it. Nothing for empty text (token ids sent as they are), nor for text
+    already starting with BOS. The callers put the token first and show it in the prompt."""
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if not text or bos_id is None:
+        return None
+    with_special = tokenizer.encode(text, add_special_tokens=True)
+    without = encode(tokenizer, text)
+    if with_special[:1] != [bos_id] or without[:1] == [bos_id]:
+        return None
+    return token_table(tokenizer).info(bos_id)
 
 
 def _build_table(tokenizer: Tokenizer) -> TokenTable:

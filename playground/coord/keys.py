@@ -23,6 +23,12 @@ def worker_busy(worker_name: str) -> str:
     return f"{PREFIX}worker-busy:{worker_name}"
 
 
+def worker_model(worker_name: str) -> str:
+    """A worker's model state (JSON: loading / ready / error, which model, since when), refreshed
+    while the worker lives; every page's socket reads it on connect. Not under `WORKER_ALIVE_PREFIX`."""
+    return f"{PREFIX}worker-model:{worker_name}"
+
+
 def queue_consumer(queue: str, worker_name: str) -> str:
     """Refreshed by a worker for each queue it consumes, with a longer TTL than `worker_alive`
     ("seen recently"); dispatch reads it to refuse a request no live worker can serve. Not

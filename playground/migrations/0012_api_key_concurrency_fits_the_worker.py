@@ -19,7 +19,7 @@ def back_to_the_old_default(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("playground", "0009_weight_precision_help_names_q4_k"),
+        ("playground", "0011_bundled_qwen_is_the_default"),
     ]
 
     operations = [

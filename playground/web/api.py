@@ -20,6 +20,7 @@ from django.views.csrf import csrf_failure as html_csrf_failure
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
 from playground import limits
 from playground.coord import cancel, liveness
+from playground.model_choice import default_model, summary, unavailable_reason
 from playground.models import Conversation, Generation, LanguageModel, Message, SamplingPreset
 from playground.protocol import CommandError, get_field, prompt_record
 from playground.web import owners
@@ -170,15 +171,19 @@ def model_list(request: HttpRequest) -> HttpResponse:
     from playground.web.model_template import model_default_system_prompt
 
     rows = LanguageModel.objects.select_related("default_chat_template").filter(is_enabled=True)
+    default = default_model().model
     return JsonResponse(
         [
             {
                 "id": m.pk,
                 "name": m.name,
-                "is_default": m.is_default,
+                # the model a request without a choice gets: SmolLM2 when the default could not be prepared here
+                "is_default": default is not None and m.pk == default.pk,
                 "max_context": m.max_context,
                 "default_system_prompt": model_default_system_prompt(m),
                 "accepts_images": accepts_images(m),
+                "summary": summary(m),
+                "unavailable": unavailable_reason(m),
             }
             for m in rows
         ],

@@ -17,15 +17,12 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.translation import gettext
 
-import inference.introspect.architecture as arch
-from inference.config import BUNDLED_MODEL
+from inference.bundled_models import bundled_model
+from inference.introspect import architecture as arch
 from playground.models import LanguageModel
 from playground.protocol import CommandError
 from playground.web.api import endpoint
 
-# `inference.models.bundled.bundled_model_dir` below the data dir; that module imports torch
-# (a test keeps the two equal)
-BUNDLED_FOLDER = Path("models", "smollm2-135m-instruct")
 _CONFIG_BYTES = 1 << 20
 
 
@@ -49,10 +46,11 @@ def _query(request: HttpRequest) -> dict[str, Any]:
 
 
 def config_path(source: str) -> Path | None:
-    """Where the model's config.json is, if this host has it: the bundled model's converted
+    """Where the model's config.json is, if this host has it: a bundled model's converted
     folder, a local folder, or a hub id's snapshot in the Hugging Face cache."""
-    if source == BUNDLED_MODEL:
-        return Path(settings.PLAYGROUND_DATA_DIR) / BUNDLED_FOLDER / "config.json"
+    bundled = bundled_model(source)
+    if bundled is not None:
+        return bundled.folder(settings.PLAYGROUND_DATA_DIR) / "config.json"
     path = Path(source)
     try:
         if path.is_absolute():

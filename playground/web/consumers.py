@@ -18,6 +18,7 @@ import contextlib
 import logging
 from typing import Any
 
+import redis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import translation
@@ -25,7 +26,7 @@ from django.utils.translation import gettext
 
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
 from playground import dispatch, protocol
-from playground.coord import liveness, recent_steps
+from playground.coord import liveness, model_states, recent_steps
 from playground.coord.store import OUTAGE_ERRORS, OUTAGE_MESSAGE
 from playground.models import Generation
 from playground.protocol import CommandError, get_field
@@ -49,6 +50,7 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         self.owner: str | None = await database_sync_to_async(owners.browser_owner)(self.scope["session"])
         self.watchdogs: dict[int, asyncio.Task[None]] = {}  # the generations this socket follows
         self.is_refused = False
+        self.is_following_models = False
         # Refusals are worded in the page's language (the session's choice, else the browser's).
         self.language = await database_sync_to_async(language.scope_language)(self.scope)
         await self.accept()
@@ -61,6 +63,9 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         # The generations go on (their answers are saved); this socket just stops following.
+        if self.is_following_models:
+            with contextlib.suppress(*OUTAGE_ERRORS):
+                await self.channel_layer.group_discard(protocol.MODELS_GROUP, self.channel_name)
         for generation_id in list(self.watchdogs):
             await self._unfollow(generation_id)
 
@@ -89,13 +94,13 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
                 await self._stop(content)
             elif command == "attach":
                 await self._attach(content, request_id)
+            elif command == "follow_models":
+                await self._follow_models()
             elif isinstance(command, str) and command in submit.COMMANDS:
                 await self._start(command, content, request_id)
             else:
-                raise CommandError(
-                    "unknown_command",
-                    f"unknown command {command!r}; expected one of {', '.join([*submit.COMMANDS, 'stop', 'attach'])}",
-                )
+                names = ", ".join([*submit.COMMANDS, "stop", "attach", "follow_models"])
+                raise CommandError("unknown_command", f"unknown command {command!r}; expected one of {names}")
         except CommandError as exc:
             await self.send_json(protocol.error(exc.code, exc.message, request_id))
         except OUTAGE_ERRORS as exc:  # e.g. a stop flag that cannot be written
@@ -165,6 +170,17 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
                 await self._follow(generation.pk)
             await self._deliver(await database_sync_to_async(generation.terminal_event)())
 
+    async def _follow_models(self) -> None:
+        """Every worker's model ("loading" and for how long, "ready", "error"): now, then each change."""
+        if not self.is_following_models:
+            await self.channel_layer.group_add(protocol.MODELS_GROUP, self.channel_name)
+            self.is_following_models = True
+        try:
+            for event in await database_sync_to_async(model_states.current)():
+                await self.send_json(event)
+        except redis.RedisError as exc:
+            logger.warning("could not read the workers' model states: %s", exc)
+
     # ---- events from the workers ---------------------------------------------------------
 
     async def _deliver(self, event: dict[str, Any]) -> None:
@@ -190,9 +206,14 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
                 await self._deliver(event)
 
     async def layer_back(self, message: dict[str, Any]) -> None:
-        for generation_id in list(self.watchdogs):  # a restarted Redis has forgotten the groups
-            with contextlib.suppress(*OUTAGE_ERRORS):  # gone again: the next layer.back joins
+        with contextlib.suppress(*OUTAGE_ERRORS):  # gone again: the next layer.back joins
+            for generation_id in list(self.watchdogs):  # a restarted Redis has forgotten the groups
                 await self._join(generation_id)
+            if self.is_following_models:
+                await self.channel_layer.group_add(protocol.MODELS_GROUP, self.channel_name)
+
+    async def worker_model(self, event: dict[str, Any]) -> None:
+        await self.send_json(event)
 
     async def _follow(self, generation_id: int, *, join: bool = True) -> None:
         """Watches the generation (from the database too) and joins its group."""

@@ -21,6 +21,7 @@ from playground import limits
 from playground.choices import choice_params
 from playground.coord import cancel, liveness
 from playground.images import parse_images
+from playground.model_choice import default_model, unavailable_reason
 from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
 from playground.protocol import CommandError, get_field, get_id_list
 
@@ -77,17 +78,21 @@ def _active_message(owner: str, content: dict[str, Any], role: str) -> Message:
 
 
 def resolve_model(model_id: int | None, fallback: LanguageModel | None = None) -> LanguageModel:
-    """The named model, else `fallback`, else the default; it must be enabled."""
+    """The named model, else `fallback`, else the default (SmolLM2 when the default is a bundled
+    model this host could not prepare); it must be enabled and able to answer here."""
     if model_id is not None:
         model = LanguageModel.objects.filter(pk=model_id).first()
         if model is None:
             raise CommandError("not_found", gettext("model %(id)s does not exist") % {"id": model_id})
     else:
-        model = fallback or LanguageModel.default()
+        model = fallback or default_model().model
     if model is None:
         raise CommandError("model_unavailable", gettext("no model is configured: add one in the admin"))
     if not model.is_enabled:
         raise CommandError("model_unavailable", gettext("model %(name)r is disabled") % {"name": model.name})
+    reason = unavailable_reason(model)
+    if reason is not None:
+        raise CommandError("model_unavailable", reason)
     return model
 
 

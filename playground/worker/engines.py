@@ -1,9 +1,13 @@
 """The loaded engine of this worker process and the loop that steps it: one model at a time,
-loaded lazily on first use, shared by every generation the process runs at once.
+shared by every generation the process runs at once; the default model is loaded when the worker
+starts (`preload_default_model`), any other on first use.
 
 Owns: the model cache keyed by (record id, engine settings), so a changed admin record loads
 anew; a switch to another model waits until the current one's requests have finished, then
-frees its memory before loading the next. `inference.engine` (torch) is imported only when a
+frees its memory before loading the next; every load announced ("loading", then "ready" with its
+time, or "error": `model_state`) and when it finished (`loaded_at`: a generation created before
+that, queued while the worker loaded or waiting in its task, counts the wait in its time to first
+token). `inference.engine` (torch) is imported only when a
 model is first loaded, so importing this module stays cheap.
 """
 
@@ -20,6 +24,7 @@ from django.conf import settings
 
 from playground.coord import cancel
 from playground.models import LanguageModel
+from playground.worker import model_state
 from playground.worker.observer import WorkerObserver
 from playground.worker.serve_loop import ServeLoop
 
@@ -34,6 +39,7 @@ _lock = threading.Lock()
 _loaded: tuple[tuple[Any, ...], Engine] | None = None
 _loops: dict[int, ServeLoop] = {}  # id(engine) -> its loop
 _comparison: tuple[tuple[Any, ...], Any] | None = None  # (key, LoadedModel): one at a time
+_loaded_at: dict[int, float] = {}  # id(engine) -> when its load finished (time.time(): generations compare it)
 
 
 def get_engine(model: LanguageModel) -> Engine:
@@ -53,13 +59,45 @@ def get_engine(model: LanguageModel) -> Engine:
             _wait_until_idle(_loaded[1])
             _loops.pop(id(_loaded[1]), None)
         _loaded = None
+        _loaded_at.clear()
         gc.collect()  # free the previous model's memory before loading the next
         from inference.engine import Engine
 
         logger.info("loading model %r (%s)", model.name, config)
-        engine = Engine.load(config, progress=lambda message: logger.info("%s: %s", model.name, message))
+        model_state.loading(model.pk, model.name)
+        started = time.monotonic()
+        try:
+            engine = Engine.load(config, progress=lambda message: logger.info("%s: %s", model.name, message))
+        except Exception as exc:
+            model_state.failed(model.pk, model.name, f"{type(exc).__name__}: {exc}")
+            raise
+        _loaded_at[id(engine)] = time.time()
+        model_state.ready(model.pk, model.name, (time.monotonic() - started) * 1000)
         _loaded = (key, engine)
         return engine
+
+
+def loaded_at(engine: Any) -> float | None:
+    """When `engine`'s load finished (wall clock, time.time()); None for one this module did not load."""
+    return _loaded_at.get(id(engine))
+
+
+def preload_default_model() -> None:
+    """Loads the model a request without a choice gets, before the worker takes work (called at
+    worker start): the first answer then waits for no load. A failure is announced and logged;
+    the worker still starts (its generations report the load error)."""
+    from playground.model_choice import default_model
+
+    choice = default_model()
+    if choice.fallback_reason:
+        logger.warning("%s", choice.fallback_reason)
+    if choice.model is None:
+        logger.info("no default model to preload")
+        return
+    try:
+        get_engine(choice.model)
+    except Exception:
+        logger.exception("preloading model %r failed", choice.model.name)
 
 
 def comparison_model(model: LanguageModel, precision: str) -> Any:

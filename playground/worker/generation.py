@@ -32,6 +32,7 @@ from playground.coord import cancel, liveness, recent_steps, store, worker_routi
 from playground.images import prompt_images
 from playground.models import Generation, LanguageModel, Message
 from playground.protocol import CommandError
+from playground.worker import engines
 from playground.worker.engines import get_engine, loop_for
 from playground.worker.publisher import StepCoalescer, send_to_group
 from playground.worker.serve_loop import ServeLoop, Waiting
@@ -145,6 +146,7 @@ class GenerationRun:
         self.text = ""
         self.starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)  # set again once rendered
         self.steps: list[dict[str, Any]] = []
+        self.model_load_ms = 0.0  # > 0: the generation waited this long for its model's load
         self.coalescer = StepCoalescer(self._send_steps)
         self.saved_at = time.monotonic()
         self.prompt_record: dict[str, Any] | None = None  # as `generation.started` sent it
@@ -251,6 +253,12 @@ class GenerationRun:
             raise CommandError("model_unavailable", "the generation's model was deleted")
         try:
             self.engine = load_engine(model)
+            # Created before its model finished loading (queued while the worker loaded it at
+            # start, or waiting here for a switch): that wait is part of its time to first token.
+            loaded_at = engines.loaded_at(self.engine)
+            created_at = self.generation.created_at.timestamp()
+            if loaded_at is not None and loaded_at > created_at:
+                self.model_load_ms = (loaded_at - created_at) * 1000
             self.loop = loop_for(self.engine)
             return self.engine
         except Exception as exc:
@@ -460,6 +468,9 @@ class GenerationRun:
     def _stats(self, finished: Finished) -> dict[str, Any]:
         stats = protocol.stats_record(protocol.json_safe(finished.to_dict()), self.generation.worker)
         stats.update(self._stream_rate())
+        if self.model_load_ms:  # the first token came after the model's load: its time counts, and says so
+            stats["model_load_ms"] = self.model_load_ms
+            stats["ttft_ms"] = (stats.get("ttft_ms") or 0.0) + self.model_load_ms
         if self.engine is not None:  # this worker's prefix cache after the request: hit rate, bytes, ...
             stats["prefix_cache"] = protocol.json_safe(self.engine.prefix_cache_stats())
         return stats
@@ -484,7 +495,7 @@ class GenerationRun:
             "num_cached_tokens": finished.num_cached_tokens,
             "num_generated_tokens": finished.num_generated_tokens,
             "prefill_ms": finished.prefill_ms,
-            "ttft_ms": finished.ttft_ms,
+            "ttft_ms": stats.get("ttft_ms"),
             "decode_tok_s": finished.decode_tok_s,
         }
 

@@ -27,6 +27,10 @@ def set_worker_name(name: str) -> None:
     _name["worker"] = name
 
 
+def worker_name() -> str:
+    return _name["worker"]
+
+
 class WorkerObserver:
     def __init__(self) -> None:
         self.worker = _name["worker"]

@@ -69,11 +69,13 @@ def _load_and_ask(record: LanguageModel, progress: _ProgressWriter) -> dict[str,
     info = engine.model_info()
     if engine.loaded.chat_template:
         prompt = engine.prompts.render_chat([{"role": "user", "content": QUESTION}]).text
-    else:
-        prompt = RAW_PROMPT
+        prompt_ids = engine.prompts.encode(prompt)
+    else:  # raw text, as the model reads it: with the BOS its tokenizer asks for
+        built = engine.prompts.build(text=RAW_PROMPT)
+        prompt, prompt_ids = built.text, built.token_ids
     params = SamplingParams(greedy=True, max_new_tokens=MAX_NEW_TOKENS, use_prefix_cache=False)
     started = time.perf_counter()
-    finished = list(engine.generate(engine.prompts.encode(prompt), params))[-1]
+    finished = list(engine.generate(prompt_ids, params))[-1]
     answer_s = time.perf_counter() - started
     result = {
         "source": config.source,

@@ -15,11 +15,13 @@ import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
 import { asDrawn } from "./sampling.js";
 import { promptPerplexity } from "./surprise.js";
+import { ModelStatus } from "./model_status.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { TokenPopover, stepDetails } from "./token_popover.js";
 import { gettext } from "./i18n.js";
 
 const SUGGESTIONS = [
+  "请给我讲一个故事",
   gettext("Explain what a KV cache is in two sentences."),
   gettext("Write a haiku about gradient descent."),
   gettext("List three uses of the Python `itertools` module."),
@@ -33,8 +35,10 @@ const attachments = new ImageAttachments({ form: $("#composer"), input, tray: $(
   onError: (message) => showError({ message }) });
 const messagesEl = $("#messages");
 const messagesInner = $("#messages-inner");
-const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
-const settings = new ChatSettings(saveConversationSetting, (model) => attachments.setModel(model));
+// The chosen model's note, and "loading…" on an answer that waits for its worker to load the model.
+const modelStatus = new ModelStatus($("#model-select"), { onTick: showModelLoading });
+const socket = new GenerationSocket({ onStatus: showConnection($("#conn")), onWorkerModel: (e) => modelStatus.onWorkerModel(e) });
+const settings = new ChatSettings(saveConversationSetting, modelStatus, (model) => attachments.setModel(model));
 const conversations = new ConversationList($("#conv-list"), {
   onSelect: (id) => openConversation(id),
   onRenamed: (conv) => { if (state.conversation?.id === conv.id) setTitle(conv.title); },
@@ -353,6 +357,14 @@ function emptyState() {
 
 function setTitle(title) {
   $("#chat-title").textContent = title || gettext("New chat");
+}
+
+/** While the chosen model loads on a worker, the answer waiting for it says so, with the time so far. */
+function showModelLoading() {
+  const answer = state.messages.findLast((m) => m.role === "assistant" && m.isStreaming && !m.prefilled);
+  if (!answer) return;
+  answer.modelLoading = modelStatus.loading(settings.modelId);
+  scheduleUpdate(answer);
 }
 
 function isBusy() {

@@ -258,7 +258,10 @@ function statBadges(message) {
       interpolate(gettext("%(n)s prefilled"), { n: stats.num_prompt_tokens - stats.num_cached_tokens }));
   }
   if (stats.num_generated_tokens != null) add(gettext("generated tokens"), interpolate(gettext("%(n)s generated"), { n: stats.num_generated_tokens }));
-  if (stats.ttft_ms != null) add(gettext("time to first token"), interpolate(gettext("TTFT %(time)s"), { time: fmtMs(stats.ttft_ms) }));
+  if (stats.ttft_ms != null && stats.model_load_ms) {
+    add(gettext("time to first token, including the wait for the worker to load the model"),
+      interpolate(gettext("TTFT %(time)s (incl. model load %(load)s)"), { time: fmtMs(stats.ttft_ms), load: fmtMs(stats.model_load_ms) }), "ttft-load");
+  } else if (stats.ttft_ms != null) add(gettext("time to first token"), interpolate(gettext("TTFT %(time)s"), { time: fmtMs(stats.ttft_ms) }));
   if (stats.prefill_ms != null) add(gettext("prefill forward pass"), interpolate(gettext("prefill %(time)s"), { time: fmtMs(stats.prefill_ms) }));
   if (stats.decode_tok_s != null) add(gettext("decode speed"), `${fmtNum(stats.decode_tok_s, 1)} tok/s`);
   if (stats.num_reasoning_tokens) add(gettext("tokens generated inside <think> blocks"), interpolate(gettext("%(n)s thinking tok"), { n: stats.num_reasoning_tokens }), "thinking");
@@ -270,6 +273,10 @@ function statBadges(message) {
 }
 
 function liveStats(message) {
+  if (message.modelLoading && !message.prefilled) {
+    const load = message.modelLoading;
+    return { waiting: `waiting for ${load.worker} to load ${load.modelName}: ${fmtMs(load.elapsedMs)} so far` };
+  }
   if (message.waiting && !message.prefilled) {
     const w = message.waiting;
     return { waiting: interpolate(gettext("waiting for a place in the batch: %(position)s of %(n)s (%(time)s)"),

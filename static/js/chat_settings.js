@@ -24,10 +24,12 @@ const GENERIC_SYSTEM_PROMPT = gettext("Optional: instructions sent before the co
 export class OverrideError extends Error {}
 
 export class ChatSettings {
-  /** `onChange(patch)`: a setting the conversation keeps changed; `onModel(model)`: the chosen
-   * model changed (its /api/models/ record). */
-  constructor(onChange, onModel = () => {}) {
+  /** `onChange(patch)`: a setting the conversation keeps changed; `modelStatus`: the chosen
+   * model's note (model_status.js); `onModel(model)`: the chosen model changed (its
+   * /api/models/ record). */
+  constructor(onChange, modelStatus = null, onModel = () => {}) {
     this.onChange = onChange;
+    this.modelStatus = modelStatus;
     this.onModel = onModel;
     this.models = [];
     this.presets = [];
@@ -50,6 +52,7 @@ export class ChatSettings {
     fillSelect(this.modelSelect, this.models, (m) => m.name,
       (m) => (m.max_context ? `${m.name}: at most ${m.max_context.toLocaleString()} tokens of context` : m.name));
     fillSelect(this.presetSelect, this.presets, (p) => p.name);
+    this.modelStatus?.setModels(this.models);
     this.showPresetPlaceholders();
     this.showModel();
   }
@@ -64,7 +67,11 @@ export class ChatSettings {
   /** Show a conversation's own settings (null: a new chat keeps the current choices). */
   showConversation(conversation) {
     if (!conversation) { this.systemPrompt.value = ""; return; }
-    if (conversation.model_id) { this.modelSelect.value = conversation.model_id; this.showModel(); }
+    if (conversation.model_id) {
+      this.modelSelect.value = conversation.model_id;
+      this.showModel();
+      this.modelStatus?.render();
+    }
     if (conversation.preset_id) { this.presetSelect.value = conversation.preset_id; this.showPresetPlaceholders(); }
     this.systemPrompt.value = conversation.system_prompt || "";
   }

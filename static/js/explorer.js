@@ -16,6 +16,7 @@ import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
 import { asDrawn, processedProbs } from "./sampling.js";
 import { servingView } from "./serving.js";
+import { ModelStatus } from "./model_status.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { promptPerplexity, promptSummary, surpriseStrip } from "./surprise.js";
 import { gettext, interpolate, ngettext } from "./i18n.js";
@@ -38,7 +39,8 @@ const state = {
   textLastPiece: null, // the text's last token: what the model read before step 0
 };
 
-const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
+const modelStatus = new ModelStatus($("#ex-model"));
+const socket = new GenerationSocket({ onStatus: showConnection($("#conn")), onWorkerModel: (e) => modelStatus.onWorkerModel(e) });
 const sliderOutputs = [];  // each slider's "show its value" function: one slider can change another's text
 // Temperature 0 is greedy: the filters after it then choose nothing, and say so.
 const unlessGreedy = (format) => (v) => (Number($("#ex-temperature").value) === 0 ? interpolate(gettext("n/a (%(method)s)"), { method: gettext("greedy") }) : format(v));
@@ -247,7 +249,7 @@ function currentPhase() {
 
 function renderPipeline() {
   const model = state.model;
-  $("#ex-model-label").textContent = model ? model.name ?? model.architecture : gettext("model loads on the first request");
+  $("#ex-model-label").textContent = model ? model.name ?? model.architecture : gettext("its details come with the first request");
   $("#ex-pipeline").replaceChildren(pipelineStrip({
     model, params: state.params, phase: currentPhase(),
     numPromptTokens: state.prefilled?.num_prompt_tokens ?? state.prompt?.tokens?.length ?? null,
@@ -489,6 +491,7 @@ async function init() {
     const showModel = () => attachments.setModel(models.find((m) => String(m.id) === select.value) ?? null);
     select.addEventListener("change", showModel);
     showModel();
+    modelStatus.setModels(models);
   } catch (err) {
     showError(err);
   }

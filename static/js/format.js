@@ -91,13 +91,21 @@ export function errorText(error) {
 }
 
 /** The weight precision a model is served in, as the engine's model info reports it:
- * "bfloat16", or "int4 weights (Q4_1 from the GGUF file) · bfloat16 activations". */
+ * "bfloat16", or, per group of linear layers (file type → served form, counted), e.g.
+ * "int4 weights: 12 Q4_K → int4 (the file's blocks), 132 Q5_0 → int8, 12 Q6_K → int8, 12 Q8_0 → int8,
+ * head Q8_0 → int8 · bfloat16 activations". */
 export function precisionLabel(info) {
   const q = info.quantization;
   if (!q) return info.precision || info.dtype;
-  const source = q.num_from_file ? interpolate(gettext("%(types)s from the GGUF file"), { types: q.file_types.join(", ") }) : "";
-  return interpolate(gettext("%(precision)s weights%(source)s · %(dtype)s activations"),
-    { precision: info.precision, source: source ? ` (${source})` : "", dtype: info.dtype });
+  const groups = (q.groups ?? []).map((g) => {
+    const what = g.is_head
+      ? (g.file_type ? interpolate(gettext("head %(type)s"), { type: g.file_type }) : gettext("head"))
+      : `${g.num_layers} ${g.file_type || gettext("layers")}`;
+    const form = g.is_head && q.is_head_tied ? interpolate(gettext("%(form)s, tied to the embeddings"), { form: g.served_as }) : g.served_as;
+    return `${what} → ${form}${g.is_exact ? ` ${gettext("(the file's blocks)")}` : ""}`;
+  });
+  return interpolate(gettext("%(precision)s weights%(groups)s · %(dtype)s activations"),
+    { precision: info.precision, groups: groups.length ? `: ${groups.join(", ")}` : "", dtype: info.dtype });
 }
 
 /** 8.61e9, "FLOP" -> "8.61 GFLOP": three significant digits, decimal (SI) prefixes. */

@@ -1,6 +1,7 @@
 // The /ws/generate/ connection (docs/protocol.md). Owns: connecting and reconnecting,
 // request ids, and routing events to the generation they belong to. Pages see one
-// `GenerationHandle` per command and never parse routing fields themselves.
+// `GenerationHandle` per command and never parse routing fields themselves; the workers' model
+// states (`worker.model`, for no generation) go to `onWorkerModel`.
 import { gettext, interpolate } from "./i18n.js";
 
 import { pageToken, reloadForNewSession } from "./api.js";
@@ -44,11 +45,12 @@ export class GenerationHandle {
 }
 
 export class GenerationSocket {
-  constructor({ path = "/ws/generate/", onStatus = () => {} } = {}) {
+  constructor({ path = "/ws/generate/", onStatus = () => {}, onWorkerModel = null } = {}) {
     // The page token binds the socket to the session the page was rendered for (docs/protocol.md).
     const query = pageToken() ? `?page_token=${encodeURIComponent(pageToken())}` : "";
     this.url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${path}${query}`;
     this.onStatus = onStatus;
+    this.onWorkerModel = onWorkerModel;  // given: every (re)connect asks for the workers' model states
     this.byRequest = new Map();
     this.byGeneration = new Map();
     this.outbox = [];
@@ -64,6 +66,7 @@ export class GenerationSocket {
     ws.addEventListener("open", () => {
       this.retryMs = 500;
       this.onStatus("open");
+      if (this.onWorkerModel) ws.send(JSON.stringify({ command: "follow_models" }));
       for (const message of this.outbox.splice(0)) ws.send(JSON.stringify(message));
     });
     ws.addEventListener("message", (msg) => this.dispatch(msg.data));
@@ -113,6 +116,7 @@ export class GenerationSocket {
   dispatch(raw) {
     let event;
     try { event = JSON.parse(raw); } catch { console.warn("ignored a non-JSON message", raw); return; }
+    if (event.type === "worker.model") { this.onWorkerModel?.(event); return; }
     const handle = this.route(event);
     if (!handle) return;
     if (event.type === "error" || event.type === "generation.error") {

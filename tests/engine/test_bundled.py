@@ -187,5 +187,5 @@ def test_conversion_generates_exactly_like_the_gguf(bundled_model_dir: Path) -> 
 
 
 def test_cli_prints_the_folder(bundled_model_dir: Path, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main(["--data-dir", str(data_dir)]) == 0
+    assert main(["--data-dir", str(data_dir), "--model", "bundled"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(bundled_model_dir)

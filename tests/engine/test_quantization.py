@@ -201,11 +201,15 @@ def test_int8_keeps_the_bundled_models_greedy_choices_and_distribution(bundled: 
     kl, agreement = quality(quality_cases(reference, num_tokens=16), bundled_int8)
     assert kl < 0.02 and agreement >= 0.9, (kl, agreement)
     q = bundled_int8.loaded.quantization
-    assert q.num_quantized == 30 * 7 + 1 and q.num_from_file == 0
+    # the 7 linear layers of each of the 30 blocks; the output layer is SmolLM2's embedding table (tied):
+    # it stays that one bfloat16 tensor rather than getting an 8-bit copy of its own
+    assert q.num_quantized == 30 * 7 and q.num_from_file == 0 and q.num_kept == 1
+    assert q.is_head_tied and q.head_bits == 16
+    assert bundled_int8.model.lm_head.weight is bundled_int8.model.model.embed_tokens.weight
     _, num_bytes = weight_stats(bundled_int8.model)
-    # int8 linear layers + the bfloat16 embedding table (a token reads one row of it)
-    assert decode_read_bytes(bundled_int8.model) < 0.3 * decode_read_bytes(bundled.model)
-    assert num_bytes < 0.4 * weight_stats(bundled.model)[1]
+    # int8 linear layers + the bfloat16 table, read whole by the output layer
+    assert decode_read_bytes(bundled_int8.model) < 0.35 * decode_read_bytes(bundled.model)
+    assert num_bytes < 0.35 * weight_stats(bundled.model)[1]
     steps = [e for e in bundled_int8.generate(bundled_int8.prompts.encode("The capital of France is"), _greedy(8))]
     assert len([e for e in steps if isinstance(e, Step)]) == 8
 
@@ -247,3 +251,99 @@ def test_a_model_without_linear_layers_is_refused_by_name() -> None:
 
     with pytest.raises(ValueError, match="no linear layer the int8 kernel can take"):
         quantize_model(make_tiny_model("gpt2"), "int8", BF16)
+
+
+# --- a mixed GGUF (as Q4_K_M files are): each type served at least as precisely as the file -------
+
+MIXED_TYPES = {
+    "attn_q": GGMLQuantizationType.Q4_0,
+    "attn_k": GGMLQuantizationType.Q4_0,
+    "attn_v": GGMLQuantizationType.Q8_0,
+    "attn_output": GGMLQuantizationType.Q5_0,
+    "ffn_gate": GGMLQuantizationType.Q5_0,
+    "ffn_up": GGMLQuantizationType.F16,
+    "ffn_down": GGMLQuantizationType.Q4_1,
+    "output": GGMLQuantizationType.Q8_0,
+}
+
+
+@pytest.fixture(scope="module")
+def mixed_int4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Engine, LoadedModel]:
+    """The tiny Llama written as a mixed GGUF, served in int4, and its float32 conversion."""
+    from tests.engine.tiny_gguf import write_tiny_gguf
+
+    folder = tmp_path_factory.mktemp("mixed")
+    path = folder / "tiny-mixed.gguf"
+    write_tiny_gguf(path, tensor_types=MIXED_TYPES)
+    config = EngineConfig(source=str(path), dtype="int4", device="cpu", data_dir=str(folder))
+    exact = load_model(EngineConfig(source=str(path), dtype="float32", device="cpu", data_dir=str(folder)))
+    return Engine(load_model(config), config), exact
+
+
+def test_int4_of_a_mixed_gguf_reports_each_file_type_and_how_it_is_served(mixed_int4) -> None:
+    engine, _ = mixed_int4
+    q = engine.loaded.quantization
+    groups = {(g.file_type, g.served_as, g.is_exact, g.is_head): g.num_layers for g in q.groups}
+    assert groups == {
+        ("Q4_0", "int4", True, False): 4,  # q and k of 2 layers: the file's own blocks
+        ("Q4_1", "int4", True, False): 2,
+        ("Q5_0", "int8", False, False): 2,  # no exact int4 form: 8 bits from the file's values
+        ("Q8_0", "int8", False, False): 2,
+        ("F16", "bfloat16", False, False): 2,  # float in the file: not re-quantized
+        # gate is fused with up into one matmul: a float sibling keeps the pair in float
+        ("Q5_0", "bfloat16", False, False): 2,
+        ("Q8_0", "int8", False, True): 1,  # the untied output layer
+    }
+    assert (q.num_quantized, q.num_from_file, q.file_types, q.num_kept) == (11, 6, ("Q4_0", "Q4_1"), 4)
+    assert engine.model_info()["quantization"]["groups"][0]["file_type"] == "Q4_0"
+    assert engine.runner.name == "lean-llama"  # it joins int4 with int8 siblings (QKV) and serves them
+    ids = [3 + (7 * j) % 200 for j in range(9)]
+    lean = engine.runner.forward(torch.tensor(ids), engine.runner.new_cache(16))  # (vocab,)
+    with torch.inference_mode():
+        hf = engine.model(torch.tensor([ids])).logits[0, -1].float()
+    assert torch.allclose(lean, hf, atol=0.05 * hf.abs().max().item())
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("self_attn.o_proj", GGMLQuantizationType.Q5_0), ("self_attn.v_proj", GGMLQuantizationType.Q8_0)],
+)
+def test_8_bit_serving_is_closer_to_the_files_values_than_the_files_own_step(mixed_int4, name: str, kind) -> None:
+    """Served in 8 bits per output channel from the file's exact values: every weight lands within
+    half of its own 8-bit step of them, and that is finer than the file's own grid (the step of
+    its blocks), so nothing the file says is lost to a coarser re-quantization."""
+    engine, exact = mixed_int4
+    want = exact.model.get_submodule(f"model.layers.1.{name}").weight.float()  # (N, K): the file's values
+    served = engine.model.get_submodule(f"model.layers.1.{name}")
+    assert isinstance(served, QuantizedLinear) and served.qweight.bits == 8 and served.source == "quantized"
+    got = served.qweight.dequantize()
+    step = served.qweight.scales.float()[:, None]  # (N, 1)
+    assert ((got - want).abs() <= step / 2 + 1e-6).all()
+    levels = {GGMLQuantizationType.Q5_0: 16, GGMLQuantizationType.Q8_0: 127}[kind]
+    file_step = want.view(want.shape[0], -1, 32).abs().amax(-1) / levels  # (N, blocks): ~ each block's d
+    assert (step / 2 < file_step.amin(-1, keepdim=True)).float().mean() > 0.95
+
+
+def test_a_tied_output_layer_stays_the_embedding_table_so_int8_is_smaller_than_bfloat16() -> None:
+    """No second, quantized copy of a tied table (Gemma-3's 262k rows made int4 bigger than bfloat16)."""
+    from transformers import AutoModelForCausalLM
+
+    from inference.models.precision import quantize_model
+    from tests.engine.tiny_models import tiny_config
+
+    config = tiny_config("llama")
+    config.tie_word_embeddings = True
+    config.vocab_size = 4096  # the table dominates, as in a small model with a large vocabulary
+    sizes = {}
+    for precision in ("bfloat16", "int8", "int4"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        if precision == "bfloat16":
+            model.to(BF16)
+        else:
+            report = quantize_model(model, precision, BF16)
+            assert report.is_head_tied and report.num_kept == 1 and report.head_bits == 16
+            assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.dtype == BF16
+        sizes[precision] = weight_stats(model)[1]
+    assert sizes["int4"] < sizes["int8"] < sizes["bfloat16"]

@@ -180,3 +180,34 @@ def test_other_tokenizers_fall_back_to_decode() -> None:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
     assert token_table(tokenizer).scheme == "decode"
     assert [token_bytes(tokenizer, i) for i in range(4)] == [tokenizer.decode([i]).encode() for i in range(4)]
+
+
+# --- BOS before raw text: the tokenizer's own rule ------------------------------------------
+
+
+def test_raw_text_gets_bos_when_the_tokenizer_asks_for_it_and_only_then() -> None:
+    from inference.text.tokenization import bos_for_raw_text
+
+    asks = make_tiny_tokenizer(("<bos>", "<eos>"), add_bos_token=True)  # Gemma-style
+    bos = bos_for_raw_text(asks, "The capital of France is")
+    assert bos is not None and (bos.id, bos.piece, bos.is_special) == (256, "<bos>", True)
+    assert asks.encode("ab") == [256, 97, 98]  # what the rule reads: the tokenizer's own encoding
+    assert bos_for_raw_text(asks, "<bos>The capital") is None  # already there: not twice
+    assert bos_for_raw_text(asks, "") is None  # no text (token ids only): nothing is added
+    does_not = make_tiny_tokenizer(("<bos>", "<eos>"))  # SmolLM2 / Qwen-style
+    assert bos_for_raw_text(does_not, "The capital of France is") is None
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_gguf_that_asks_for_bos_keeps_asking_once_converted(tmp_path, flag: bool) -> None:
+    """`tokenizer.ggml.add_bos_token` travels into the converted folder's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from inference.models.bundled import ensure_converted
+    from inference.text.tokenization import bos_for_raw_text
+    from tests.engine.tiny_gguf import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "tiny.gguf", add_bos_token=flag)
+    tokenizer = AutoTokenizer.from_pretrained(ensure_converted(tmp_path / "tiny.gguf", tmp_path / "converted"))
+    bos = bos_for_raw_text(tokenizer, "hello")
+    assert (bos.piece if bos else None) == ("<|bos|>" if flag else None)

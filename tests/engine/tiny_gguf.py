@@ -1,6 +1,8 @@
 """Tiny GGUF files for conversion tests, written with the `gguf` package (as llama.cpp's
 converter would): the tiny random Llama of `tiny_models` with a byte-level tokenizer, with or
-without a chat template. Nothing is downloaded.
+without a chat template, in F32 or with chosen tensors quantized (Q4_0, Q5_0, Q8_0 ..., the
+types gguf-py can write: a mixed file like a Q4_K_M one), and the tokenizer's `add_bos_token`
+flag. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from gguf.quants import quantize as gguf_quantize
 from transformers import PreTrainedModel
 
 from inference.models.tiny import TINY_VOCAB_SIZE, make_tiny_model
@@ -30,8 +33,18 @@ def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def write_tiny_gguf(path: Path, *, chat_template: str | None = None, eos: str = "<|eos|>") -> PreTrainedModel:
-    """Write the tiny Llama to `path` as an F32 GGUF; returns the model whose weights it holds."""
+def write_tiny_gguf(
+    path: Path,
+    *,
+    chat_template: str | None = None,
+    eos: str = "<|eos|>",
+    tensor_types: dict[str, gguf.GGMLQuantizationType] | None = None,
+    add_bos_token: bool | None = None,
+) -> PreTrainedModel:
+    """Write the tiny Llama to `path` as a GGUF; returns the model whose weights it holds (as
+    written: a quantized tensor holds the model's weights rounded by its type). `tensor_types`
+    maps a GGUF tensor base name's last part ("attn_q", "ffn_down", "output") to its type; the
+    rest is F32."""
     model = make_tiny_model("llama")
     config = model.config
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -46,6 +59,8 @@ def write_tiny_gguf(path: Path, *, chat_template: str | None = None, eos: str = 
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(TINY_VOCAB_SIZE)
     _add_tokenizer(writer, chat_template, eos)
+    if add_bos_token is not None:
+        writer.add_add_bos_token(add_bos_token)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
     for hf_name, tensor in model.state_dict().items():
         base, suffix = hf_name.rsplit(".", 1)
@@ -56,7 +71,11 @@ def write_tiny_gguf(path: Path, *, chat_template: str | None = None, eos: str = 
             weights = _permute(weights, config.num_attention_heads)
         elif gguf_name.endswith("attn_k"):
             weights = _permute(weights, config.num_key_value_heads)
-        writer.add_tensor(f"{gguf_name}.{suffix}", weights)
+        kind = (tensor_types or {}).get(gguf_name.rpartition(".")[2]) if suffix == "weight" else None
+        if kind is None:
+            writer.add_tensor(f"{gguf_name}.{suffix}", weights)
+        else:
+            writer.add_tensor(f"{gguf_name}.{suffix}", gguf_quantize(weights, kind), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

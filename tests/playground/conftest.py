@@ -62,7 +62,7 @@ def owner(browser_session: Browser) -> str:
 
 @pytest.fixture
 def bundled_model(db: None) -> LanguageModel:
-    """The default model the data migration ships."""
+    """The bundled SmolLM2 the 0002 data migration ships (0011 makes Qwen2.5-Coder the default)."""
     return LanguageModel.objects.get(source="bundled")
 
 

@@ -81,6 +81,8 @@ class FakePrompts:
 
 
 class FakeEngine:
+    tokenizer = _NoBosTokenizer()
+
     def __init__(
         self,
         answer: str = "Hello there, friend!",

@@ -42,9 +42,22 @@ def csrf(client: Client) -> dict[str, str]:
     return {"HTTP_X_CSRFTOKEN": client.cookies["csrftoken"].value}
 
 
-def test_models_and_presets_list_what_the_admin_configured(browser: Client) -> None:
+def test_models_and_presets_list_what_the_admin_configured(browser: Client, settings: Any, tmp_path) -> None:
+    from inference.bundled_models import QWEN_CODER
+
+    settings.PLAYGROUND_DATA_DIR = tmp_path  # Qwen not prepared here: SmolLM2 answers, and the list says why
     models = browser.get("/api/models/").json()
-    assert [(m["name"], m["is_default"]) for m in models] == [("SmolLM2-135M-Instruct (bundled)", True)]
+    assert [(m["name"], m["is_default"]) for m in models] == [
+        ("Qwen2.5-Coder-0.5B-Instruct (bundled)", False),
+        ("SmolLM2-135M-Instruct (bundled)", True),
+    ]
+    assert "is not prepared yet" in models[0]["unavailable"] and models[1]["unavailable"] is None
+    assert "135M" in models[1]["summary"] and "中文" in models[0]["summary"]
+    QWEN_CODER.downloaded_gguf(tmp_path).parent.mkdir(parents=True)
+    with QWEN_CODER.downloaded_gguf(tmp_path).open("wb") as gguf:  # prepared (only its size is read here)
+        gguf.truncate(QWEN_CODER.gguf_size)
+    models = browser.get("/api/models/").json()
+    assert [m["is_default"] for m in models] == [True, False] and models[0]["unavailable"] is None
     presets = {p["name"]: p for p in browser.get("/api/presets/").json()}
     assert presets["Greedy"]["is_default"] and presets["Balanced"]["params"]["top_p"] == 0.9
     assert presets["Beam search"]["params"]["num_beams"] == 4
@@ -153,14 +166,18 @@ def test_deleting_a_conversation_stops_its_running_generation(browser: Client) -
 def test_models_say_which_system_prompt_their_template_adds(browser: Client) -> None:
     """The chat page's placeholder: what the bundled template sends when the user gives none,
     read from the template itself; an admin template without one gives null."""
-    bundled = browser.get("/api/models/").json()[0]
+    models = {m["name"]: m for m in browser.get("/api/models/").json()}
+    bundled = models["SmolLM2-135M-Instruct (bundled)"]
     assert bundled["default_system_prompt"] == "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    qwen = models["Qwen2.5-Coder-0.5B-Instruct (bundled)"]
+    assert qwen["default_system_prompt"] == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
     plain = ChatTemplate.objects.create(
         name="plain", source="{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     )
     LanguageModel.objects.filter(pk=bundled["id"]).update(default_chat_template=plain)
-    assert browser.get("/api/models/").json()[0]["default_system_prompt"] is None
+    models = {m["name"]: m for m in browser.get("/api/models/").json()}
+    assert models["SmolLM2-135M-Instruct (bundled)"]["default_system_prompt"] is None
 
 
 def test_a_temperature_asks_for_sampling_under_the_greedy_default_preset(db) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from inference.bundled_models import BUNDLED_MODELS
 from inference.models.bundled import bundled_model_dir
 from playground.models import LanguageModel
 from playground.web import architecture
@@ -76,8 +77,11 @@ def test_errors_say_what_is_wrong(tmp_path: Path) -> None:
     assert "bert" in client.get(f"/api/models/{bert.pk}/architecture/").json()["error"]["message"]
 
 
-def test_bundled_folder_matches_the_engine(tmp_path: Path) -> None:
-    assert tmp_path / architecture.BUNDLED_FOLDER == bundled_model_dir(tmp_path)
+def test_every_bundled_models_card_reads_the_folder_the_engine_converts_into(settings: Any, tmp_path: Path) -> None:
+    settings.PLAYGROUND_DATA_DIR = tmp_path
+    assert architecture.config_path("bundled") == bundled_model_dir(tmp_path) / "config.json"
+    for model in BUNDLED_MODELS:
+        assert architecture.config_path(model.source) == tmp_path / "models" / model.folder_name / "config.json"
 
 
 def test_page_is_linked_from_the_topbar() -> None:

@@ -186,6 +186,47 @@ def test_a_raw_completion_appends_the_branch_tokens(owner: str) -> None:
     assert (events[-1]["type"], events[-1]["message_id"], events[-1]["text"]) == ("generation.finished", None, "abc")
 
 
+def tiny_engine(arch: str, add_bos_token: bool):
+    """A real engine over a tiny random model whose tokenizer does or does not ask for BOS."""
+    from pathlib import Path
+
+    import torch
+
+    from inference.config import EngineConfig
+    from inference.engine import Engine
+    from inference.models.loader import LoadedModel
+    from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
+
+    model = make_tiny_model(arch)
+    tokenizer = make_tiny_tokenizer(("<bos>", "<eos>"), add_bos_token=add_bos_token)
+    cpu = torch.device("cpu")
+    loaded = LoadedModel(model, tokenizer, f"tiny-{arch}", Path("."), torch.float32, cpu, None, 256, (257,))
+    return Engine(loaded, EngineConfig())
+
+
+def test_raw_text_starts_with_bos_when_the_tokenizer_asks_for_it_and_the_prompt_view_shows_it(owner: str) -> None:
+    """A Gemma-style model (its tokenizer's add_bos_token) reads raw text after BOS, as llama.cpp
+    gives it; without BOS such models continue "The capital of France is" with " France of France"."""
+    queued = submit.complete(owner, {"text": "The capital", "overrides": {"max_new_tokens": 2}})
+    events = run(queued.generation_id, tiny_engine("gemma3", add_bos_token=True))
+    prompt = events[0]["prompt"]
+    assert [t["id"] for t in prompt["tokens"]] == [256, *b"The capital"]
+    assert prompt["text"] == "<bos>The capital"
+    assert prompt["spans"] == [
+        {"start": 0, "end": 5, "kind": "special", "role": None},
+        {"start": 5, "end": 16, "kind": "content", "role": None},
+    ]
+    assert events[-1]["type"] == "generation.finished"
+    assert Generation.objects.get(pk=queued.generation_id).num_prompt_tokens == 12
+
+
+def test_raw_text_gets_no_bos_from_a_tokenizer_that_does_not_ask(owner: str) -> None:
+    queued = submit.complete(owner, {"text": "The capital", "overrides": {"max_new_tokens": 2}})
+    events = run(queued.generation_id, tiny_engine("llama", add_bos_token=False))
+    assert [t["id"] for t in events[0]["prompt"]["tokens"]] == list(b"The capital")
+    assert events[0]["prompt"]["text"] == "The capital"
+
+
 def test_beam_search_streams_beam_steps(owner: str) -> None:
     queued = queue_chat(owner, overrides={"num_beams": 2, "max_new_tokens": 5})
     events = run(queued.generation_id, FakeEngine(ANSWER))

@@ -42,9 +42,11 @@ def test_clean_puts_the_error_on_the_field_it_names() -> None:
     assert "repetition_penalty=0.0" in refused.value.message_dict["repetition_penalty"][0]
 
 
-def test_the_migration_ships_the_bundled_model_and_five_presets_with_one_default_each() -> None:
-    default_model = LanguageModel.default()
-    assert (default_model.source, default_model.is_enabled) == ("bundled", True)
+def test_the_migrations_ship_both_bundled_models_and_five_presets_with_one_default_each() -> None:
+    default_model = LanguageModel.default()  # by measurement: 0011, docs/presets.md
+    assert (default_model.source, default_model.is_enabled) == ("bundled:qwen2.5-coder-0.5b-instruct", True)
+    smollm2 = LanguageModel.objects.get(source="bundled")
+    assert smollm2.is_enabled and not smollm2.is_default  # still selectable everywhere
     names = set(SamplingPreset.objects.values_list("name", flat=True))
     assert names == {"Greedy", "Balanced", "Creative", "Precise", "Beam search"}
     assert SamplingPreset.default().name == "Greedy"  # by measurement: 0008, docs/presets.md
@@ -87,6 +89,31 @@ def test_another_chosen_default_is_kept() -> None:
     creative.save()
     migration.greedy_by_default(django_apps, None)
     assert SamplingPreset.default().name == "Creative"
+
+
+def _default_model_migration():
+    return importlib.import_module("playground.migrations.0011_bundled_qwen_is_the_default")
+
+
+def test_the_default_model_moves_both_ways_while_smollm2_is_as_shipped() -> None:
+    migration = _default_model_migration()
+    migration.smollm2_by_default(django_apps, None)
+    assert LanguageModel.default().source == "bundled"
+    assert not LanguageModel.objects.filter(source=migration.MODEL_SOURCE).exists()
+    migration.qwen_by_default(django_apps, None)
+    assert LanguageModel.default().source == migration.MODEL_SOURCE
+    assert LanguageModel.default().dtype == migration.MODEL_DTYPE
+    assert LanguageModel.objects.filter(source="bundled", is_enabled=True).exists()
+
+
+@pytest.mark.parametrize("edit", [{"dtype": "int8"}, {"max_context": 2048}, {"eos_token_ids": [2]}])
+def test_an_edited_smollm2_default_stays_the_default(edit) -> None:
+    migration = _default_model_migration()
+    migration.smollm2_by_default(django_apps, None)
+    LanguageModel.objects.filter(source="bundled").update(**edit)
+    migration.qwen_by_default(django_apps, None)
+    assert LanguageModel.default().source == "bundled"
+    assert LanguageModel.objects.filter(source=migration.MODEL_SOURCE, is_default=False).exists()
 
 
 def test_saving_a_new_default_model_unsets_the_old_one() -> None:

@@ -84,7 +84,7 @@ async def test_models_lists_the_enabled_models() -> None:
     assert response.status_code == 200
     body = response.json()
     assert body["object"] == "list"
-    assert [m["id"] for m in body["data"]] == [MODEL]
+    assert [m["id"] for m in body["data"]] == ["Qwen2.5-Coder-0.5B-Instruct (bundled)", MODEL]  # both bundled
     assert body["data"][0]["object"] == "model"
 
 
