@@ -163,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         name = loaded.precision or str(loaded.dtype).removeprefix("torch.")
         engine = Engine(loaded, EngineConfig())
         prompts = [
-            engine.prompts.encode(engine.prompts.render_chat([{"role": "user", "content": q}]).text)
-            for q in questions(num_prompts)
+            engine.prompts.build(messages=[{"role": "user", "content": q}]).token_ids for q in questions(num_prompts)
         ]
         print(f"{name} ({precision}):")
         started = time.perf_counter()

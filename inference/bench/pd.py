@@ -109,7 +109,7 @@ def make_workload(
     engine: Engine, num_chats: int, chat_tokens: int, num_long: int, long_len: int, long_tokens: int
 ) -> Workload:
     def chat(text: str) -> list[int]:
-        return engine.prompts.encode(engine.prompts.render_chat([{"role": "user", "content": text}]).text)
+        return engine.prompts.build(messages=[{"role": "user", "content": text}]).token_ids
 
     filler = engine.prompts.encode(FILLER)
     long_text = engine.loaded.tokenizer.decode((filler * (long_len // len(filler) + 1))[:long_len])

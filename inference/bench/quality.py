@@ -170,10 +170,7 @@ def measure(
     probe = preset_params(preset, max_new_tokens, 0)
     if probe.is_greedy or probe.is_beam_search:
         seeds, weight = seeds[:1], num_seeds  # every seed gives the same answer
-    asked = [
-        (q, engine.prompts.encode(engine.prompts.render_chat([{"role": "user", "content": q.text}]).text))
-        for q in questions
-    ]
+    asked = [(q, engine.prompts.build(messages=[{"role": "user", "content": q.text}]).token_ids) for q in questions]
     requests = [
         (q, ids, preset_params(preset, q.max_new_tokens or max_new_tokens, seed)) for q, ids in asked for seed in seeds
     ]

@@ -56,7 +56,7 @@ def engine(loaded: LoadedModel) -> Engine:
 
 
 def chat(engine: Engine, question: str) -> list[int]:
-    return engine.prompts.encode(engine.prompts.render_chat([{"role": "user", "content": question}]).text)
+    return engine.prompts.build(messages=[{"role": "user", "content": question}]).token_ids
 
 
 def numbers(events: list) -> list[tuple[int, list[tuple[int, float]]]]:

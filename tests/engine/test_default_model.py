@@ -32,7 +32,7 @@ def qwen(qwen_dir: Path, data_dir: Path) -> Engine:
 
 
 def answer(engine: Engine, question: str, max_new_tokens: int) -> str:
-    ids = engine.prompts.encode(engine.prompts.render_chat([{"role": "user", "content": question}]).text)
+    ids = engine.prompts.build(messages=[{"role": "user", "content": question}]).token_ids
     return list(engine.generate(ids, SamplingParams(greedy=True, max_new_tokens=max_new_tokens)))[-1].text
 
 

@@ -81,8 +81,6 @@ class FakePrompts:
 
 
 class FakeEngine:
-    tokenizer = _NoBosTokenizer()
-
     def __init__(
         self,
         answer: str = "Hello there, friend!",
