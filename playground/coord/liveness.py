@@ -158,7 +158,10 @@ _NO_WORKER_MESSAGE = (
     "no worker picked up this generation; is a worker running (celery -A playground worker -Q gpu -P threads)?"
 )
 _WORKER_GONE_MESSAGE = "the worker running this generation stopped responding; the partial answer was kept"
-_TASK_LOST_MESSAGE = "the task queue lost this request when Redis restarted, so no worker will run it; send it again"
+_TASK_LOST_MESSAGE = (
+    "no worker will run this request: its task was lost (Redis restarted, or the server process that held it "
+    "stopped); send it again"
+)
 
 
 def _why_lost(generation: Generation) -> tuple[str, str] | None:
@@ -181,8 +184,12 @@ def _why_lost(generation: Generation) -> tuple[str, str] | None:
             next(r.scan_iter(match=worker_routing.alive_key("*"), count=100), None) is None
         ):
             return "worker_lost", _NO_WORKER_MESSAGE
-        if generation.created_at < now - timedelta(seconds=TASK_SENT_WITHIN_S) and worker_routing.is_task_lost(
-            r, generation.pk
+        # An API generation waiting for its client's turn is held by its web process (marked, refreshed):
+        # its task is not sent yet, and that is no loss (web/openai_api/turns.py).
+        if (
+            generation.created_at < now - timedelta(seconds=TASK_SENT_WITHIN_S)
+            and worker_routing.is_task_lost(r, generation.pk)
+            and not r.exists(keys.api_turn(generation.pk))
         ):
             return "service_unavailable", _TASK_LOST_MESSAGE
     return None

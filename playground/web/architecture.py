@@ -17,8 +17,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.translation import gettext
 
+import inference.introspect.architecture as arch
 from inference.bundled_models import bundled_model
-from inference.introspect import architecture as arch
 from playground.models import LanguageModel
 from playground.protocol import CommandError
 from playground.web.api import endpoint

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
+
+import torch
 
 from inference.events import Alternative, Beam, BeamStep, Event, Finished, Prefilled, Step
 from inference.model_info import ModelInfo
@@ -81,6 +84,9 @@ class FakePrompts:
 
 
 class FakeEngine:
+    device = torch.device("cpu")
+    loaded = SimpleNamespace(dtype=torch.float32)  # what the metrics read of a real engine's LoadedModel
+
     def __init__(
         self,
         answer: str = "Hello there, friend!",
@@ -118,6 +124,7 @@ class FakeEngine:
             kv_bytes_per_token=16,
             runner="fake",
             kernels="torch ops",
+            batch_invariant=False,
             has_chat_template=True,
             sliding_window=None,
             num_moe_layers=0,

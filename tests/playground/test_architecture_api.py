@@ -40,7 +40,10 @@ def test_reference_card_is_the_real_v3() -> None:
 def test_list_names_models_and_references(bundled_model: LanguageModel) -> None:
     listing = Client().get("/api/architectures/").json()
     # is_default: the page opens on the model the chat uses (not the first name in the list)
-    assert {"id": bundled_model.pk, "name": bundled_model.name, "is_default": True} in listing["models"]
+    default = LanguageModel.default()
+    assert default != bundled_model  # Qwen2.5-Coder since migration 0011, listed after SmolLM2
+    assert {"id": default.pk, "name": default.name, "is_default": True} in listing["models"]
+    assert {"id": bundled_model.pk, "name": bundled_model.name, "is_default": False} in listing["models"]
     assert "deepseek_v2_lite_16b" in [r["key"] for r in listing["references"]]
 
 

@@ -41,8 +41,17 @@ ENGINE_CONTRACTS = (
     "inference.text.reasoning",
     "inference.vision.images",
     "inference.introspect.architecture",
+    "inference.bundled_models",
 )
-SHARED = ("playground.protocol", "playground.models", "playground.limits", "playground.images", "playground.coord")
+SHARED = (
+    "playground.protocol",
+    "playground.models",
+    "playground.limits",
+    "playground.images",
+    "playground.coord",
+    "playground.choices",
+    "playground.model_choice",
+)
 ALLOWED = {
     "web": (
         *SHARED,

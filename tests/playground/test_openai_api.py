@@ -536,8 +536,21 @@ async def test_a_backlog_full_of_a_dead_processes_rows_is_cleared(settings: Any,
     store.client().set(keys.worker_alive("w"), 1)  # a worker lives: they are not "lost", only orphaned
     response = await post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
     assert response.status_code == 200, response.content
-    statuses = await sync_to_async(list)(Generation.objects.order_by("pk").values_list("status", flat=True))
-    assert statuses == ["cancelled", "cancelled", "finished"]
+    rows = await sync_to_async(list)(Generation.objects.order_by("pk").values_list("status", "error_code"))
+    # ended by the lost rule (no task was ever sent for them, and no process holds them)
+    assert rows == [("error", "service_unavailable")] * 2 + [("finished", "")]
+
+
+def test_a_generation_waiting_for_its_turn_is_not_lost(settings: Any) -> None:
+    """Held by its web process (marked waiting), an API generation's task is not sent for as long
+    as it waits; the lost rule leaves it queued however long that is."""
+    waiting = Generation.objects.create(owner=owners.LOCAL_API_OWNER, params={})
+    Generation.objects.filter(pk=waiting.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    store.client().set(keys.worker_alive("w"), 1)
+    store.client().set(keys.api_turn(waiting.pk), "waiting")
+    assert not liveness.mark_lost_if_stale(Generation.objects.get(pk=waiting.pk))
+    store.client().delete(keys.api_turn(waiting.pk))  # its process died: nothing will ever send it
+    assert liveness.mark_lost_if_stale(Generation.objects.get(pk=waiting.pk))
 
 
 async def test_a_full_server_queue_is_503_with_retry_after(settings: Any, engine: FakeEngine) -> None:

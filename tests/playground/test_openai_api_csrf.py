@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from django.test import AsyncClient
 
-from playground import tasks
+from playground import dispatch
 from playground.models import Generation
 from playground.worker import generation
 
 from .fake_engine import FakeEngine
+from .sent_tasks import on_task
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
@@ -23,7 +24,8 @@ BODY = json.dumps({"model": "SmolLM2-135M-Instruct (bundled)", "prompt": "Hi", "
 @pytest.fixture(autouse=True)
 def no_broker(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sent: list[int] = []
-    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: sent.append(args[0]))
+    # every task, whatever its name: nothing may reach a worker
+    monkeypatch.setattr(dispatch.app, "send_task", lambda name, args=(), **options: sent.append(args[0]))
     return sent
 
 
@@ -62,10 +64,10 @@ async def test_json_from_a_script_or_this_sites_own_page_is_served(
     headers: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = FakeEngine("Hi you")
-    monkeypatch.setattr(
-        tasks.run_generation,
-        "apply_async",
-        lambda args, **options: generation.run_generation(args[0], "eager", load_engine=lambda model: fake),
+    on_task(
+        monkeypatch,
+        "run_generation",
+        apply_async=lambda args, **options: generation.run_generation(args[0], "eager", load_engine=lambda model: fake),
     )
     response = await post("application/json; charset=utf-8", **headers)
     assert response.status_code == 200, response.content

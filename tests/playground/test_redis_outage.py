@@ -17,11 +17,12 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
-from playground import protocol, tasks
+from playground import protocol
 from playground.asgi import application
 from playground.models import Generation, Message
 from playground.web import submit
 from playground.worker import generation
+from tests.playground.sent_tasks import on_task
 
 from .fake_engine import FakeEngine
 from .test_consumer import HOST, ORIGIN, TIMEOUT_S, command, connect
@@ -70,7 +71,7 @@ def layer(settings: Any) -> FlakyLayer:
 @pytest.fixture
 def queued_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     ids: list[int] = []
-    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: ids.append(args[0]))
+    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: ids.append(args[0]))
     return ids
 
 
@@ -194,6 +195,7 @@ async def test_the_serving_socket_joins_its_group_again_after_the_outage(layer: 
         await asyncio.sleep(0.05)
         if layer.groups.get(protocol.SERVING_GROUP):
             break
+    assert (await ws.receive_json_from(timeout=TIMEOUT_S))["type"] == "serving.workers"  # said on connect
     await layer.group_send(protocol.SERVING_GROUP, {"type": "serving.step", "step": 1})
     assert (await ws.receive_json_from(timeout=TIMEOUT_S))["step"] == 1
     await ws.disconnect()

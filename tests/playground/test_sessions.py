@@ -15,10 +15,10 @@ from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
 from django.test import Client
 
-from playground import tasks
 from playground.asgi import application
 from playground.models import ApiKey, Conversation, Generation
 from playground.web import consumers, owners, submit
+from tests.playground.sent_tasks import on_task
 
 from .conftest import Browser, new_browser
 from .test_api import csrf, owner_of, send
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)  
 
 @pytest.fixture(autouse=True)
 def no_broker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tasks.run_generation, "apply_async", lambda args, **options: None)
+    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: None)
 
 
 def api_key() -> ApiKey:
@@ -66,8 +66,9 @@ def socket(session_key: str | None, page_token: str | None = None) -> WebsocketC
 )
 def test_a_forged_session_cookie_sees_nothing_and_a_page_gives_it_a_fresh_session(forged: str) -> None:
     key = api_key()
-    keyed = submit.api_chat(owners.api_key_owner(key.pk), {}, [{"role": "user", "content": "the key's secret"}])
-    local = submit.api_complete(owners.LOCAL_API_OWNER, {"text": "the local client's secret"})
+    secret = [{"role": "user", "content": "the key's secret"}]
+    keyed = submit.api_chat(owners.api_key_owner(key.pk), {}, secret, 1, 2)[0]
+    local = submit.api_complete(owners.LOCAL_API_OWNER, {}, [("the local client's secret", [])], 1, 2)[0][0]
     forged = forged.format(key_id=key.pk)
     attacker = client_with_cookie(forged)
     assert attacker.get("/api/conversations/").json() == []
@@ -88,7 +89,7 @@ def test_a_forged_session_cookie_sees_nothing_and_a_page_gives_it_a_fresh_sessio
 async def test_a_forged_cookie_cannot_follow_stop_or_spend_another_clients_generations() -> None:
     key = await sync_to_async(api_key)()
     owner = owners.api_key_owner(key.pk)
-    theirs = await sync_to_async(submit.api_complete)(owner, {"text": "secret"}, 1)
+    ((theirs,),) = await sync_to_async(submit.api_complete)(owner, {}, [("secret", [])], 1, 1)
     ws = socket(f"api-key-{key.pk}")
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
     for name in ("attach", "stop"):
