@@ -87,6 +87,11 @@ def po_entries(path: Path) -> list[dict[str, str]]:
     field = None
     for line in text.splitlines():
         line = line.strip()
+        # A blank or comment line after a msgstr starts the next entry: its flags are its own.
+        if (not line or line.startswith("#")) and any(key.startswith("msgstr") for key in entry):
+            entries.append(entry)
+            entry = {"flags": ""}
+            field = None
         if line.startswith("#,"):
             entry["flags"] += line[2:]
             continue

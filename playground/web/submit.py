@@ -149,9 +149,12 @@ def _check_images(
             earlier = earlier.filter(position__lt=before_position)
         has_images = earlier.exists()
     if has_images and accepts_images(model) is False:
-        where = "this message has" if images else "the conversation has"
-        message = f"model {model.name!r} takes no images ({where} some): choose a vision-language model"
-        raise CommandError("images_not_supported", message)
+        message = (
+            gettext("model %(name)r takes no images (this message has some): choose a vision-language model")
+            if images
+            else gettext("model %(name)r takes no images (the conversation has some): choose a vision-language model")
+        )
+        raise CommandError("images_not_supported", message % {"name": model.name})
 
 
 def _text(content: dict[str, Any], name: str) -> str:

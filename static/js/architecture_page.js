@@ -84,10 +84,11 @@ function render(card) {
       kv.sliding_window ? [gettext("sliding window"), interpolate(gettext("%(n)s tokens"), { n: exact(kv.sliding_window) }),
         gettext("attention sees only the last tokens: the cache keeps at most this many, and a longer conversation cannot be reused from the prefix cache")] : null,
     ]),
-    table(`FLOPs (context ${exact(f.context)})`, [
-      ["decode, one token", flop(f.decode_per_token.as_run), s.is_mla ? "as transformers runs MLA: every cached latent re-expanded each step" : ""],
-      s.is_mla ? ["decode, absorbed", flop(f.decode_per_token.absorbed), "kv_b folded into query and output, attention over latents (DeepSeek's inference)"] : null,
-      ["prefill, per token", flop(f.prefill_per_token), `prefill of ${exact(f.context)} tokens: ${flop(f.prefill_total)} (logits of the last position only, the one sampled from)`],
+    table(interpolate(gettext("FLOPs (context %(n)s)"), { n: exact(f.context) }), [
+      [gettext("decode, one token"), flop(f.decode_per_token.as_run), s.is_mla ? gettext("as transformers runs MLA: every cached latent re-expanded each step") : ""],
+      s.is_mla ? [gettext("decode, absorbed"), flop(f.decode_per_token.absorbed), gettext("kv_b folded into query and output, attention over latents (DeepSeek's inference)")] : null,
+      [gettext("prefill, per token"), flop(f.prefill_per_token), interpolate(gettext("prefill of %(n)s tokens: %(flops)s (logits of the last position only, the one sampled from)"),
+        { n: exact(f.context), flops: flop(f.prefill_total) })],
     ]),
     card.vision ? visionTable(card.vision) : null,
     table(gettext("Bytes read per decoded token (batch 1)"), [

@@ -4,8 +4,8 @@
 // the expandable list of the final hypotheses with the search tree. No requests, no page state.
 import { beamTree } from "./beam_tree.js";
 import { h } from "./dom.js";
-import { count, fmtNum, fmtProb, visiblePiece } from "./format.js";
-import { gettext, interpolate } from "./i18n.js";
+import { fmtNum, fmtProb, numSteps, visiblePiece } from "./format.js";
+import { gettext, interpolate, ngettext } from "./i18n.js";
 
 const MAX_BEAM_TEXT = 48;
 
@@ -87,8 +87,9 @@ export function beamsPanel(message) {
   const drawTree = () => tree.replaceChildren(...(message.isBeamsOpen ? [beamTree(beamSteps, chosen)] : []));
   const details = h("details", { class: "beam-panel", open: message.isBeamsOpen,
     ontoggle: () => { message.isBeamsOpen = details.open; drawTree(); } },
-    h("summary", {}, `Beam search · ${count(numBeams, "beam")} · ${count(beamSteps.length, "step")}`,
-      message.isStreaming ? " · searching…" : ` · ${hypotheses.length} hypotheses`),
+    h("summary", {}, interpolate(ngettext("Beam search · %(beams)s beam", "Beam search · %(beams)s beams", numBeams), { beams: numBeams }),
+      " · ", numSteps(beamSteps.length),
+      " · ", message.isStreaming ? gettext("searching…") : interpolate(gettext("%(n)s hypotheses"), { n: hypotheses.length })),
     h("ol", { class: "beam-list" }, hypotheses.map((beam) => {
       const isChosen = chosen !== null && sameIds(beam.token_ids, chosen);
       return h("li", { class: isChosen ? "chosen" : "", dataset: { score: beam.score } },

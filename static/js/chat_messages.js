@@ -13,7 +13,7 @@ import { charTokensFromSteps, renderAnswer } from "./markdown.js";
 import { reasoningNotes } from "./reasoning_stats.js";
 import { isDisaggregated, servingView } from "./serving.js";
 import { promptSummary, surpriseStrip } from "./surprise.js";
-import { gettext, interpolate } from "./i18n.js";
+import { gettext, interpolate, ngettext } from "./i18n.js";
 
 /** An assistant message as the page tracks it (server fields plus streaming state). */
 export function newAssistantMessage(fields = {}) {
@@ -89,7 +89,8 @@ function assistantElement(message, actions) {
     h("div", { class: "msg-serving" }),
     h("div", { class: "msg-actions export-row" },
       ...["json", "csv"].map((fmt) => h("a", { class: `btn ghost small export-btn export-${fmt}`, download: "",
-        title: `every step record of this answer as ${fmt.toUpperCase()}` }, icon("download", 14), `Steps ${fmt.toUpperCase()}`))));
+        title: interpolate(gettext("every step record of this answer as %(format)s"), { format: fmt.toUpperCase() }) },
+      icon("download", 14), interpolate(gettext("Steps %(format)s"), { format: fmt.toUpperCase() })))));
   const iconButton = (cls, name, label, onclick) => h("button", { class: `btn ghost small icon-only ${cls}`, type: "button",
     title: label, "aria-label": label, onclick }, icon(name, 15));
   return h("div", { class: "msg msg-assistant", dataset: { role: "assistant" } },
@@ -101,29 +102,30 @@ function assistantElement(message, actions) {
       h("span", { class: "msg-summary muted small" }),
       h("span", { class: "msg-finish" }),
       h("span", { class: "msg-actions" },
-        iconButton("regenerate-btn", "refresh", "Regenerate: answer again. Under a greedy preset this samples "
-          + "(temperature 0.8): greedy would repeat the same answer.", () => actions.regenerate(message)),
-        iconButton("copy-btn", "copy", "Copy the answer", (e) => copyText(e.currentTarget, message)),
-        iconButton("prompt-btn", "code", "Show the prompt sent to the model", () => actions.showPrompt(message)),
+        iconButton("regenerate-btn", "refresh", gettext("Regenerate: answer again. Under a greedy preset this samples "
+          + "(temperature 0.8): greedy would repeat the same answer."), () => actions.regenerate(message)),
+        iconButton("copy-btn", "copy", gettext("Copy the answer"), (e) => copyText(e.currentTarget, message)),
+        iconButton("prompt-btn", "code", gettext("Show the prompt sent to the model"), () => actions.showPrompt(message)),
         h("button", { class: "btn ghost small details-btn", type: "button", "aria-expanded": "false",
-          title: "the surprise per token, every number, how it was served, the step records",
+          title: gettext("the surprise per token, every number, how it was served, the step records"),
           onclick: () => { message.isDetailsOpen = !message.isDetailsOpen; updateAssistant(message); } },
-        "Details", icon("chevron", 14)))),
+        gettext("Details"), icon("chevron", 14)))),
     details);
 }
 
 async function copyText(button, message) {
   const label = button.getAttribute("aria-label");
-  let done;
+  let isCopied;
   try {
     await navigator.clipboard.writeText(message.content || streamedText(message));
-    done = "Copied";
+    isCopied = true;
   } catch {
-    done = "Copy failed";
+    isCopied = false;
   }
+  const done = isCopied ? gettext("Copied") : gettext("Copy failed");
   button.title = done;
   button.setAttribute("aria-label", done);
-  button.replaceChildren(icon(done === "Copied" ? "check" : "x", 15));
+  button.replaceChildren(icon(isCopied ? "check" : "x", 15));
   setTimeout(() => { button.title = label; button.setAttribute("aria-label", label); button.replaceChildren(icon("copy", 15)); }, 1500);
 }
 
@@ -159,8 +161,8 @@ export function updateAssistant(message) {
   el.querySelector(".msg-summary").replaceChildren(...summaryLine(message, cutBytes));
   const reason = message.stats?.finish_reason;
   el.querySelector(".msg-finish").replaceChildren(
-    ...(reason ? [h("span", { class: `badge finish finish-${reason}`, title: "finish reason" }, reason)] : []));
-  el.querySelector(".model-name").textContent = message.modelName || "Assistant";
+    ...(reason ? [h("span", { class: `badge finish finish-${reason}`, title: gettext("finish reason") }, finishReasonLabel(reason))] : []));
+  el.querySelector(".model-name").textContent = message.modelName || gettext("Assistant");
   for (const btn of el.querySelectorAll(".regenerate-btn, .copy-btn")) btn.hidden = message.isStreaming;
   el.querySelector(".prompt-btn").hidden = !message.prompt && !message.generation_id;
   const detailsBtn = el.querySelector(".details-btn");
@@ -182,18 +184,24 @@ export function updateAssistant(message) {
 /** The compact line under an answer: tokens, time to first token, speed (or the queue position). */
 function summaryLine(message, cutBytes) {
   const stats = message.stats ?? liveStats(message);
-  if (stats?.waiting) return [h("span", { class: "waiting" }, stats.waiting)];
+  if (stats?.waiting) {
+    return [h("span", { class: "waiting", title: gettext("every place in the worker's batch is taken: this request runs when one frees up") },
+      stats.waiting)];
+  }
   const parts = [];
   const numTokens = stats?.num_generated_tokens ?? (message.steps.length || null);
-  if (numTokens != null) parts.push(`${numTokens} token${numTokens === 1 ? "" : "s"}${message.isStreaming ? "…" : ""}`);
-  if (stats?.ttft_ms != null) parts.push(`first token ${fmtMs(stats.ttft_ms)}`);
-  else if (message.isStreaming && !message.prefilled && !message.steps.length) parts.push("waiting for the worker…");
-  if (stats?.decode_tok_s) parts.push(`${fmtNum(stats.decode_tok_s, 1)} tok/s`);
-  if (isDisaggregated(message.stats) || message.handoff) parts.push("prefill → decode on two workers");
+  if (numTokens != null) {
+    parts.push(interpolate(ngettext("%(n)s token", "%(n)s tokens", numTokens), { n: numTokens }) + (message.isStreaming ? "…" : ""));
+  }
+  if (stats?.ttft_ms != null) parts.push(interpolate(gettext("first token %(time)s"), { time: fmtMs(stats.ttft_ms) }));
+  else if (message.isStreaming && !message.prefilled && !message.steps.length) parts.push(gettext("waiting for the worker…"));
+  if (stats?.decode_tok_s) parts.push(interpolate(gettext("%(speed)s tok/s"), { speed: fmtNum(stats.decode_tok_s, 1) }));
+  if (isDisaggregated(message.stats) || message.handoff) parts.push(gettext("prefill → decode on two workers"));
   const line = [parts.join(" · ")];
   if (cutBytes !== null) {
-    line.push(h("span", { class: "cut-note", title: "the held-back bytes are not a whole UTF-8 character, so they are "
-      + "left out of the text" }, ` · ended inside a character${cutBytes ? ` (${cutBytes})` : ""}`));
+    line.push(h("span", { class: "cut-note", title: gettext("the held-back bytes are not a whole UTF-8 character, so they are "
+      + "left out of the text") }, " · ", cutBytes ? interpolate(gettext("ended inside a character (%(bytes)s)"), { bytes: cutBytes })
+      : gettext("ended inside a character")));
   }
   return line;
 }
@@ -250,9 +258,9 @@ function statBadges(message) {
   if (!stats || stats.waiting) return [];
   const badges = [];
   const add = (title, text, extraClass = "") => badges.push(h("span", { class: `badge ${extraClass}`, title }, text));
-  if (stats.queue_ms >= 1) add("time spent waiting for a place in the batch (counted in the TTFT)", `queued ${fmtMs(stats.queue_ms)}`);
-  if (stats.num_prompt_tokens != null) add("tokens in the prompt", `${stats.num_prompt_tokens} prompt tok`);
-  if (stats.num_cached_tokens != null) add("prompt tokens reused from the prefix cache", `${stats.num_cached_tokens} cached`);
+  if (stats.queue_ms >= 1) add(gettext("time spent waiting for a place in the batch (counted in the TTFT)"), interpolate(gettext("queued %(time)s"), { time: fmtMs(stats.queue_ms) }));
+  if (stats.num_prompt_tokens != null) add(gettext("tokens in the prompt"), interpolate(gettext("%(n)s prompt tok"), { n: stats.num_prompt_tokens }));
+  if (stats.num_cached_tokens != null) add(gettext("prompt tokens reused from the prefix cache"), interpolate(gettext("%(n)s cached"), { n: stats.num_cached_tokens }));
   if (stats.num_prompt_tokens != null && stats.num_cached_tokens != null) {
     add(gettext("prompt tokens the prefill computed (the rest came from the prefix cache)"),
       interpolate(gettext("%(n)s prefilled"), { n: stats.num_prompt_tokens - stats.num_cached_tokens }));

@@ -50,8 +50,9 @@ export class ChatSettings {
     [this.models, this.presets] = await Promise.all([getJson("/api/models/"), getJson("/api/presets/")]);
     // Names only: a 300 px panel cuts longer labels ("… (bundlec"); the context is in the title.
     fillSelect(this.modelSelect, this.models, (m) => m.name,
-      (m) => (m.max_context ? `${m.name}: at most ${m.max_context.toLocaleString()} tokens of context` : m.name));
-    fillSelect(this.presetSelect, this.presets, (p) => p.name);
+      (m) => (m.max_context ? interpolate(gettext("%(name)s: at most %(n)s tokens of context"),
+        { name: m.name, n: m.max_context.toLocaleString() }) : m.name));
+    fillSelect(this.presetSelect, this.presets, (p) => presetName(p.name));
     this.modelStatus?.setModels(this.models);
     this.showPresetPlaceholders();
     this.showModel();
@@ -79,14 +80,17 @@ export class ChatSettings {
   /** Each field's placeholder is the preset's value, or why the preset does not use it. */
   showPresetPlaceholders() {
     const params = this.presets.find((p) => p.id === this.presetId)?.params ?? {};
-    const unusedBy = params.num_beams > 1 ? "beams" : params.greedy || params.temperature === 0 ? "greedy" : null;
+    // [short, long]: the placeholder has room for a word only
+    const unusedBy = params.num_beams > 1 ? [gettext("beams"), gettext("beam search")]
+      : params.greedy || params.temperature === 0 ? [gettext("greedy"), gettext("greedy")] : null;
     for (const [id, spec] of Object.entries(OVERRIDE_FIELDS)) {
       const input = $(`#${id}`);
       const value = params[spec.name];
       const isUnused = spec.isSampling && unusedBy !== null;
-      input.placeholder = isUnused ? `n/a (${unusedBy})` : value === null || value === undefined ? "preset" : String(value);
-      input.title = isUnused ? `${unusedBy === "beams" ? "beam search" : unusedBy} picks each token without ${spec.name}: `
-        + "a value here changes nothing" : "";
+      input.placeholder = isUnused ? interpolate(gettext("n/a (%(method)s)"), { method: unusedBy[0] })
+        : value === null || value === undefined ? gettext("preset") : String(value);
+      input.title = isUnused ? interpolate(gettext("%(method)s picks each token without %(name)s: a value here changes nothing"),
+        { method: unusedBy[1], name: spec.name }) : "";
     }
   }
 
@@ -95,7 +99,8 @@ export class ChatSettings {
   showModel() {
     const model = this.model;
     const injected = model?.default_system_prompt;
-    this.systemPrompt.placeholder = injected ? `Empty: the template sends its own, “${injected}”` : GENERIC_SYSTEM_PROMPT;
+    this.systemPrompt.placeholder = injected ? interpolate(gettext("Empty: the template sends its own, “%(prompt)s”"), { prompt: injected })
+      : GENERIC_SYSTEM_PROMPT;
     this.modelSelect.title = this.modelSelect.selectedOptions[0]?.title ?? "";
     this.onModel(model);
   }

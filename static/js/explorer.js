@@ -7,7 +7,7 @@ import { beamTree } from "./beam_tree.js";
 import { $, bindSlider, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
 import { flatNote } from "./flat_note.js";
-import { SETTING_FORMATS, count, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, tokenLabel, visiblePiece } from "./format.js";
+import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, numSteps, phaseLabel, tokenLabel, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
 import { readExplorerUrl } from "./explorer_url.js";
@@ -366,7 +366,7 @@ function processedFor(step) {
   if (preview.isExact) return preview;
   const canAsk = !isBusy() && state.generationId !== null && !state.beamSteps.length;
   return Object.assign(new Map(), { isExact: false, isPending: true,
-    pendingText: canAsk ? "computing exact…" : isBusy() ? "exact once the request ends" : "not available" });
+    pendingText: canAsk ? gettext("computing exact…") : isBusy() ? gettext("exact once the request ends") : gettext("not available") });
 }
 
 let exactTimer = null;
@@ -393,11 +393,11 @@ function renderAlternatives(step, processed) {
   const list = $("#ex-alternatives-list");
   if (!step) { list.replaceChildren(h("p", { class: "empty" }, gettext("Press “Next token” to see the distribution."))); return; }
   const head = h("div", { class: "alt-row alt-head", role: "presentation" },
-    h("span", {}, "#"), h("span", {}, "token"), h("span", { class: "num" }, "raw"),
+    h("span", {}, "#"), h("span", {}, gettext("token")), h("span", { class: "num" }, gettext("raw")),
     h("span", { class: "num", id: "ex-processed-head", dataset: { exact: processed.isExact, pending: Boolean(processed.isPending) },
-      title: processed.isPending ? "a worker recomputes the distribution under these settings from the step's full scores"
-        : "the distribution a token is drawn from under these settings" },
-    processed.isPending ? processed.pendingText : "processed"));
+      title: processed.isPending ? gettext("a worker recomputes the distribution under these settings from the step's full scores")
+        : gettext("the distribution a token is drawn from under these settings") },
+    processed.isPending ? processed.pendingText : gettext("processed")));
   const rows = step.top_raw.map((alt, i) => {
     const known = processed.get(alt.token_id);
     const prob = known ?? processed.below ?? 0;
@@ -423,7 +423,7 @@ function renderBeams() {
   const isBeam = Number($("#ex-beams").value) > 1;
   $("#ex-beam-section").hidden = !isBeam && !state.beamSteps.length;
   const best = state.beamSequences[0]?.token_ids ?? null;
-  $("#ex-beam-label").textContent = state.beamSteps.length ? count(state.beamSteps.length, "step") : "press Run";
+  $("#ex-beam-label").textContent = state.beamSteps.length ? numSteps(state.beamSteps.length) : gettext("press Run");
   $("#ex-beam-tree").replaceChildren(state.beamSteps.length ? beamTree(state.beamSteps, best)
     : h("p", { class: "empty" }, gettext("Press “Run” to search; each column is a step, each box a live beam.")));
   updateBeamCharts(beamCharts, state.beamSteps);
@@ -486,7 +486,7 @@ async function init() {
     const models = await getJson("/api/models/");
     const select = $("#ex-model");
     select.replaceChildren(...models.map((m) => h("option", { value: m.id }, m.name)));
-    select.value = (models.find((m) => m.is_default) ?? models[0])?.id ?? "";
+    select.value = (models.find((m) => m.id === urlSettings.model) ?? models.find((m) => m.is_default) ?? models[0])?.id ?? "";
     // The Image button only for a model that takes images.
     const showModel = () => attachments.setModel(models.find((m) => String(m.id) === select.value) ?? null);
     select.addEventListener("change", showModel);

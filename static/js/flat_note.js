@@ -23,9 +23,10 @@ export function flatNote(step, processed) {
     gettext("No token is a clear favourite:"), " ",
     shown.flatMap((alt, i) => [i ? ", " : "", piece(alt), " ", h("span", { class: "note-prob", dataset: { tokenId: alt.token_id } },
       fmtProb(alt.prob))]),
-    ` (entropy ${fmtNum(step.entropy)} nats, like a choice between ${fmtNum(Math.exp(step.entropy), 1)} equally likely tokens). `,
-    "Sampling from it picks something other than ", piece(top), " ",
-    h("b", { class: "note-others" }, others === null ? "…" : fmtProb(others)), " of the time with these settings, ",
-    "and the first tokens steer the rest: a start the model rarely takes can lead into another language or a garbled answer. ",
-    "Greedy decoding or a lower temperature (which sharpens the distribution) avoids the rare starts.");
+    " ", interpolate(gettext("(entropy %(nats)s nats, like a choice between %(n)s equally likely tokens)."),
+      { nats: fmtNum(step.entropy), n: fmtNum(Math.exp(step.entropy), 1) }), " ",
+    gettext("Sampling from it picks something other than"), " ", piece(top), " ",
+    h("b", { class: "note-others" }, others === null ? "…" : fmtProb(others)), " ", gettext("of the time with these settings,"), " ",
+    gettext("and the first tokens steer the rest: a start the model rarely takes can lead into another language or a garbled answer."), " ",
+    gettext("Greedy decoding or a lower temperature (which sharpens the distribution) avoids the rare starts."));
 }

@@ -1,5 +1,5 @@
 // Number and token formatting shared by both pages. Pure functions, no DOM.
-import { gettext, interpolate, language, pgettext } from "./i18n.js";
+import { gettext, interpolate, language, ngettext, pgettext } from "./i18n.js";
 
 export function fmtProb(prob) {
   if (prob === null || prob === undefined || Number.isNaN(prob)) return "–";
@@ -25,18 +25,26 @@ export function fmtNum(value, digits = 2) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 }
 
-/** "1 step", "3 steps": a count with its noun (plural: `plural`, else the noun + "s"). */
-export function count(n, noun, plural = `${noun}s`) {
-  return `${n.toLocaleString()} ${n === 1 ? noun : plural}`;
+/** A count of parameters as papers write them: 134515008 -> "135M", 671026419712 -> "671.0B". */
+export function fmtCount(n) {
+  if (n == null) return "?";
+  if (n >= 1e9) return `${(n / 1e9).toFixed(1)}B`;
+  if (n >= 1e6) return `${Math.round(n / 1e6)}M`;
+  return n.toLocaleString();
+}
+
+/** "1 step", "3 steps" in the page's language: how many `n` of them (ngettext). */
+export function numSteps(n) {
+  return interpolate(ngettext("%(n)s step", "%(n)s steps", n), { n: n.toLocaleString() });
 }
 
 /** How a sampling slider shows its value ("off" where the setting does nothing). */
 export const SETTING_FORMATS = {
-  temperature: (v) => (v === 0 ? "0 · greedy" : v.toFixed(2)),
-  top_k: (v) => (v === 0 ? "off" : String(v)),
-  top_p: (v) => (v >= 1 ? "off" : v.toFixed(2)),
-  min_p: (v) => (v === 0 ? "off" : v.toFixed(2)),
-  repetition_penalty: (v) => (v === 1 ? "off" : v.toFixed(2)),
+  temperature: (v) => (v === 0 ? gettext("0 · greedy") : v.toFixed(2)),
+  top_k: (v) => (v === 0 ? gettext("off") : String(v)),
+  top_p: (v) => (v >= 1 ? gettext("off") : v.toFixed(2)),
+  min_p: (v) => (v === 0 ? gettext("off") : v.toFixed(2)),
+  repetition_penalty: (v) => (v === 1 ? gettext("off") : v.toFixed(2)),
 };
 
 /** A KL divergence in nats; null is infinite (JSON has no Infinity). */

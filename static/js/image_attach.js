@@ -52,7 +52,7 @@ export class ImageAttachments {
   /** Offer images only for a model that takes them (`/api/models/` `accepts_images`: false is
    * refused by the server; null, unknown, is left to the worker). */
   setModel(model) {
-    this.refusal = model?.accepts_images === false ? `${model.name} takes no images: choose a vision-language model.` : null;
+    this.refusal = model?.accepts_images === false ? interpolate(gettext("%(name)s takes no images: choose a vision-language model."), { name: model.name }) : null;
     this.button.hidden = this.refusal !== null;
   }
 

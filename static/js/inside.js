@@ -155,9 +155,11 @@ function renderWaterfall(r) {
 function renderWhatIf(r, target, onBranch) {
   const d = r.diverged_at;
   const summary = d === null
-    ? `Seed ${r.seed}: these settings draw the same ${r.num_steps} tokens.`
-    : `Seed ${r.seed}: ${d === 0 ? "the very first token differs" : `same tokens up to step ${d - 1}`}; at step ${d} `
-      + `these settings draw “${visiblePiece(r.steps[d].piece)}” instead of “${visiblePiece(r.steps[d].original_piece)}”.`;
+    ? interpolate(gettext("Seed %(seed)s: these settings draw the same %(n)s tokens."), { seed: r.seed, n: r.num_steps })
+    : interpolate(d === 0
+      ? gettext("Seed %(seed)s: the very first token differs; at step %(step)s these settings draw “%(piece)s” instead of “%(original)s”.")
+      : gettext("Seed %(seed)s: same tokens up to step %(last)s; at step %(step)s these settings draw “%(piece)s” instead of “%(original)s”."),
+    { seed: r.seed, last: d - 1, step: d, piece: visiblePiece(r.steps[d].piece), original: visiblePiece(r.steps[d].original_piece) });
   const rows = r.steps.map((s) => h("tr", { class: s.token_id !== s.original_token_id ? "diverged" : "", dataset: { step: s.index, tokenId: s.token_id } },
     h("td", { class: "num" }, s.index), h("td", {}, piece(s.original_piece)),
     h("td", { class: "num" }, fmtProb(s.original_prob)), h("td", {}, piece(s.piece)), h("td", { class: "num" }, fmtProb(s.prob)),
@@ -192,7 +194,7 @@ function renderLens(r, chooseLayer) {
     h("tbody", {}, ...rows));
   const att = r.attention;
   const select = h("select", { class: "select small inline", id: "lens-layer", onchange: (ev) => chooseLayer(Number(ev.target.value)) },
-    ...Array.from({ length: r.num_layers }, (_, i) => h("option", { value: i, selected: i === att.layer }, `layer ${i + 1}`)));
+    ...Array.from({ length: r.num_layers }, (_, i) => h("option", { value: i, selected: i === att.layer }, interpolate(gettext("layer %(layer)s"), { layer: i + 1 }))));
   const grid = h("table", { class: "attention-grid", id: "attention-grid" },
     h("thead", {}, h("tr", {}, h("th", {}, gettext("head")), ...r.context.map((c) => h("th", { class: "tok" }, visiblePiece(c.piece))))),
     h("tbody", {}, ...att.weights.map((row, head) => h("tr", {}, h("th", {}, head + 1),

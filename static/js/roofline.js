@@ -5,7 +5,7 @@
 // says which roof limits each phase). Must not know: requests, the explorer's state.
 import { createRooflineChart } from "./explorer_charts.js";
 import { h } from "./dom.js";
-import { count, fmtBytes, fmtMs, fmtSi } from "./format.js";
+import { fmtBytes, fmtMs, fmtSi, phaseLabel } from "./format.js";
 import { gettext, interpolate, ngettext } from "./i18n.js";
 
 export const EXPLAIN = gettext("A step waits either for arithmetic (FLOP/s) or for memory to deliver the weights and the KV "
@@ -39,8 +39,8 @@ function timelineBar(segments) {
   const decode = segments.filter((s) => s.phase === "decode");
   const legend = ["queue", "prefill", "handoff"].filter((phase) => segments.some((s) => s.phase === phase))
     .map((phase) => [PHASE_NAME[phase], segments.find((s) => s.phase === phase).ms, phase]);
-  if (decode.length) legend.push([`decode (${count(decode.length, "step")})`, decode.reduce((sum, s) => sum + s.ms, 0), "decode"]);
-  return h("div", { class: "rl-timeline" }, h("p", { class: "chart-title" }, "Timeline of the request"), bar,
+  if (decode.length) legend.push([interpolate(ngettext("decode (%(n)s step)", "decode (%(n)s steps)", decode.length), { n: decode.length }), decode.reduce((sum, s) => sum + s.ms, 0), "decode"]);
+  return h("div", { class: "rl-timeline" }, h("p", { class: "chart-title" }, gettext("Timeline of the request")), bar,
     h("div", { class: "pd-legend" }, legend.map(([name, ms, phase]) => h("span", { class: "pd-item", dataset: { legend: phase } },
       h("span", { class: `swatch rl-${phase}` }), h("b", {}, name), ` ${fmtMs(ms)}`))));
 }

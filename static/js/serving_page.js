@@ -5,8 +5,8 @@
 // tokens it ran: the rows share one scale, the longest step shown filling the row (a decode
 // step of 3 tokens would be invisible against a 2,048-token budget).
 import { h, $ } from "./dom.js";
-import { count, fmtMs } from "./format.js";
-import { gettext, interpolate } from "./i18n.js";
+import { fmtMs, phaseLabel } from "./format.js";
+import { gettext, interpolate, ngettext } from "./i18n.js";
 
 const MAX_ROWS = 60;
 const MIN_SCALE = 16;  // tokens that fill a row at least: a lone decode token is not a full bar
@@ -45,8 +45,9 @@ function onStep(message) {
   while (rows.length > MAX_ROWS) rows.pop().el.remove();
   rescale();
   $("#sv-skipped").textContent = message.num_skipped
-    ? `(${count(message.num_skipped, "step")} between these rows ${message.num_skipped === 1 ? "was" : "were"} not sent: `
-      + "the view shows at most 10 a second)" : "";
+    ? interpolate(ngettext("(%(n)s step between these rows was not sent: the view shows at most 10 a second)",
+      "(%(n)s steps between these rows were not sent: the view shows at most 10 a second)", message.num_skipped),
+    { n: message.num_skipped.toLocaleString() }) : "";
 }
 
 /** Every row's bar on one scale: the longest step shown fills the row. */
@@ -60,21 +61,26 @@ function stepRow({ worker, step }) {
   for (const chunk of step.chunks) {
     const who = chunk.generation_id ?? interpolate(gettext("request %(id)s"), { id: chunk.request_id });
     const title = chunk.kind === "decode"
-      ? `generation ${who}: decode, token ${chunk.start + 1}`
-      : `generation ${who}: prefill chunk of ${chunk.num_tokens} tokens (positions ${chunk.start}–${chunk.start + chunk.num_tokens - 1})${chunk.samples ? ", samples its first token" : ""}`;
+      ? interpolate(gettext("generation %(who)s: decode, token %(n)s"), { who, n: chunk.start + 1 })
+      : interpolate(gettext("generation %(who)s: prefill chunk of %(n)s tokens (positions %(first)s–%(last)s)"),
+        { who, n: chunk.num_tokens, first: chunk.start, last: chunk.start + chunk.num_tokens - 1 })
+        + (chunk.samples ? gettext(", samples its first token") : "");
     const seg = h("span", { class: `sv-seg sv-${chunk.kind}`, title }, `#${who}`);
     seg.style.flexGrow = String(chunk.num_tokens);
     bar.append(seg);
   }
   const decodes = step.chunks.filter((c) => c.kind === "decode").length;
   const prefills = step.chunks.length - decodes;
-  const summary = [decodes && `${decodes} decode`, prefills && `${prefills} prefill`].filter(Boolean).join(" · ");
-  const preempted = step.preempted_ids.length ? ` · preempted #${step.preempted_ids.join(", #")}` : "";
+  const summary = [decodes && `${decodes} ${phaseLabel("decode")}`, prefills && `${prefills} ${phaseLabel("prefill")}`].filter(Boolean).join(" · ");
+  const preempted = step.preempted_ids.length ? ` · ${interpolate(gettext("preempted %(ids)s"), { ids: `#${step.preempted_ids.join(", #")}` })}` : "";
   const el = h("li", { class: "sv-row" },
-    h("span", { class: "sv-meta sv-when mono" }, `${worker.split("@")[0]} · step ${step.index} · ${fmtMs(step.step_ms)}`),
+    h("span", { class: "sv-meta sv-when mono" },
+      `${worker.split("@")[0]} · ${interpolate(gettext("step %(step)s"), { step: step.index })} · ${fmtMs(step.step_ms)}`),
     h("div", { class: "sv-track" }, bar),
     h("span", { class: `sv-meta sv-what mono${preempted ? " sv-preempted" : ""}`,
-      title: `${step.num_batched_tokens} tokens ran in this step; the budget is ${step.max_num_batched_tokens} per step` },
+      title: interpolate(ngettext("%(n)s token ran in this step; the budget is %(budget)s per step",
+        "%(n)s tokens ran in this step; the budget is %(budget)s per step", step.num_batched_tokens),
+      { n: step.num_batched_tokens, budget: step.max_num_batched_tokens }) },
     `${summary} · ${step.num_batched_tokens}/${step.max_num_batched_tokens} tok${preempted}`));
   return { el, bar, numTokens: step.num_batched_tokens };
 }
@@ -89,7 +95,7 @@ function describe(step) {
 function renderCards() {
   if (!workers.size) {
     $("#sv-cards").replaceChildren(h("p", { class: "muted", id: "sv-status" },
-      "No worker is running: start one (make run starts one) and its steps show here."));
+      gettext("No worker is running: start one (make run starts one) and its steps show here.")));
     return;
   }
   $("#sv-cards").replaceChildren(...[...workers].map(([name, message]) => (message ? workerCard(message) : idleCard(name))));
@@ -97,15 +103,15 @@ function renderCards() {
 
 function idleCard(name) {
   return h("div", { class: "card sv-card sv-idle", dataset: { worker: name } },
-    h("div", { class: "sv-card-head" }, h("b", {}, name), h("span", { class: "muted small" }, " idle")),
-    h("p", { class: "muted small" }, "Up and waiting for requests: send a message in the chat (or several at once) "
-      + "and its steps appear here."));
+    h("div", { class: "sv-card-head" }, h("b", {}, name), h("span", { class: "muted small" }, " ", gettext("idle"))),
+    h("p", { class: "muted small" }, gettext("Up and waiting for requests: send a message in the chat (or several at once) "
+      + "and its steps appear here.")));
 }
 
 function workerCard({ worker, step }) {
   const b = step.blocks;
   const pct = (n) => `${Math.round((100 * n) / Math.max(b.num_blocks, 1))}%`;
-  const kv = h("div", { class: "sv-kv", title: "KV blocks: used by running requests | cached (free, kept by prefix hash) | empty" });
+  const kv = h("div", { class: "sv-kv", title: gettext("KV blocks: used by running requests | cached (free, kept by prefix hash) | empty") });
   for (const [cls, n] of [["sv-used", b.num_used_blocks], ["sv-cached", b.num_cached_free_blocks],
     ["sv-empty", b.num_free_blocks - b.num_cached_free_blocks]]) {
     const seg = h("span", { class: cls });
@@ -113,17 +119,18 @@ function workerCard({ worker, step }) {
     kv.append(seg);
   }
   return h("div", { class: "card sv-card", dataset: { worker } },
-    h("div", { class: "sv-card-head" }, h("b", {}, worker), h("span", { class: "muted small" }, ` step ${step.index}`)),
+    h("div", { class: "sv-card-head" }, h("b", {}, worker), h("span", { class: "muted small" }, " ", interpolate(gettext("step %(step)s"), { step: step.index }))),
     h("div", { class: "sv-numbers" },
-      number("running", step.num_running, "requests in the batch"),
-      number("waiting", step.num_waiting, "requests waiting for a place in the batch"),
-      number("tokens", `${step.num_batched_tokens}/${step.max_num_batched_tokens}`, "tokens in this step / the step's budget"),
-      number("step", fmtMs(step.step_ms), "time of this step: one forward pass for everyone, plus sampling"),
-      number("preempted", step.num_preemptions, "requests preempted since the worker started (out of KV blocks)"),
-      number("prefix hits", `${Math.round(100 * (b.hit_rate ?? 0))}%`, "prompt tokens served from shared blocks, over all prompt tokens")),
+      number(gettext("running"), step.num_running, gettext("requests in the batch")),
+      number(gettext("waiting"), step.num_waiting, gettext("requests waiting for a place in the batch")),
+      number(gettext("tokens"), `${step.num_batched_tokens}/${step.max_num_batched_tokens}`, gettext("tokens in this step / the step's budget")),
+      number(gettext("step"), fmtMs(step.step_ms), gettext("time of this step: one forward pass for everyone, plus sampling")),
+      number(gettext("preempted"), step.num_preemptions, gettext("requests preempted since the worker started (out of KV blocks)")),
+      number(gettext("prefix hits"), `${Math.round(100 * (b.hit_rate ?? 0))}%`, gettext("prompt tokens served from shared blocks, over all prompt tokens"))),
     h("div", { class: "small muted" },
-      `KV blocks (${b.block_size} tokens each): ${b.num_used_blocks} used, ${b.num_shared_blocks} shared, `
-      + `${b.num_cached_free_blocks} cached, ${b.num_free_blocks - b.num_cached_free_blocks} empty of ${b.num_blocks}`),
+      interpolate(gettext("KV blocks (%(size)s tokens each): %(used)s used, %(shared)s shared, %(cached)s cached, %(empty)s empty of %(n)s"),
+        { size: b.block_size, used: b.num_used_blocks, shared: b.num_shared_blocks, cached: b.num_cached_free_blocks,
+          empty: b.num_free_blocks - b.num_cached_free_blocks, n: b.num_blocks })),
     kv);
 }
 

@@ -47,6 +47,7 @@ def chat(page, data: set[str]) -> Report:
     page.press("#prompt-input", "Enter")
     answer = page.locator(".msg-assistant").last
     expect(answer.locator(".finish")).to_be_visible()
+    answer.locator(".details-btn").click()  # the strip, every number and how it was served are counted too
     expect(answer.locator(".msg-serving .colocated")).to_be_visible()
     report = coverage_report(page, "chat", data)
     answer.locator(".tok").first.hover()

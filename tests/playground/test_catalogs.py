@@ -25,6 +25,13 @@ def test_there_is_a_catalog_per_domain_for_chinese() -> None:
     }
 
 
+def test_a_fuzzy_flag_belongs_to_the_entry_under_it(tmp_path: Path) -> None:
+    po = tmp_path / "django.po"
+    po.write_text('msgid ""\nmsgstr ""\n\nmsgid "a"\nmsgstr "A"\n\n#, fuzzy\n#| msgid "old"\nmsgid "b"\nmsgstr "B"\n')
+    assert [entry["flags"].strip() for entry in messages.po_entries(po)] == ["", "", "fuzzy"]
+    assert messages.read_po(po) == {"a": "A"}
+
+
 @pytest.mark.parametrize("po", CATALOGS, ids=lambda p: p.name)
 def test_the_compiled_catalog_says_what_its_source_says(po: Path) -> None:
     with open(po.with_suffix(".mo"), "rb") as mo_file:
