@@ -128,6 +128,7 @@ ALLOWED = {
         "inference.gguf_file",
         "inference.sources",
         "inference.introspect.moe",
+        "inference.bundled_models",
     ),
     # exact views of finished generations; the engine only as a type
     "introspect": (*CONTRACTS, "inference.introspect", "inference.sampling", "inference.engine"),
