@@ -83,7 +83,7 @@ def enqueue_choices(generation_ids: list[int], pd_requested: bool | None = None)
 
 def reroute_if_stranded(generation_id: int) -> bool:
     """Re-sends a generation whose chosen worker died (or stalled) before claiming it to "gpu";
-    the worker-side claim makes the late original a no-op. Called by the consumer's watchdog."""
+    the worker-side claim makes the late original a no-op. Called by the watchdog (web/following.py)."""
     return worker_routing.reroute_if_unclaimed(store.client(), generation_id, lambda queue: _send(generation_id, queue))
 
 

@@ -37,7 +37,7 @@ def queue_consumer(queue: str, worker_name: str) -> str:
 
 
 def generation_alive(generation_id: int | str) -> str:
-    """Refreshed by the worker running a generation (the consumer's watchdog reads it)."""
+    """Refreshed by the worker running a generation (the watchdog reads it: web/following.py)."""
     return f"{PREFIX}generation:{generation_id}"
 
 

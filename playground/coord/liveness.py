@@ -4,9 +4,9 @@ declares a generation lost.
 A worker process refreshes `playground:worker:<name>` while it lives, and
 `playground:generation:<id>` while it runs that generation; both keys expire on their own,
 so a killed worker simply stops refreshing them. The rule (`mark_lost_if_stale`) is shared
-by the consumer's watchdog, the concurrency limit and the HTTP loads. It also ends a queued
-generation whose task message Redis lost (it restarted without its data): no worker will ever
-get it, and it would hold one of its owner's slots. `end_queued_for_outage` ends a queued
+by the watchdog (web/following.py), the concurrency limit and the HTTP loads. It also ends a
+queued generation whose task message Redis lost (it restarted without its data): no worker will
+ever get it, and it would hold one of its owner's slots. `end_queued_for_outage` ends a queued
 generation that its follower can no longer follow (Redis is gone).
 """
 

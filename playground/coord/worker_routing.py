@@ -140,7 +140,7 @@ def reroute_if_unclaimed(
 
     Stranded: routed to a private queue, not claimed, and its worker is dead or has not
     claimed it within `timeout_s`. At most one caller ever re-sends (an atomic flag); the
-    consumer's watchdog may call this as often as it likes. `send(queue)` enqueues the task.
+    watchdog (web/following.py) may call this as often as it likes. `send(queue)` enqueues the task.
     """
     if r.exists(_claim_key(generation_id)):
         return False

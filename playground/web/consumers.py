@@ -7,8 +7,8 @@ socket started (group membership, the worker watchdog) and delivering exactly on
 event for each, Redis outages included (`layer_outage`: the socket stays open, a queued
 generation ends as `service_unavailable` at once, a running one when its worker, which cannot
 publish either, has saved it so).
-The record keeping lives in `submit`, the wire shapes in `protocol`. Must not import torch
-or the engine.
+The record keeping lives in `submit`, the wire shapes in `protocol`, the watchdog's decision
+(re-route, report from the database) in `following`. Must not import torch or the engine.
 """
 
 from __future__ import annotations
@@ -26,19 +26,15 @@ from django.utils.translation import gettext
 
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
 from playground import dispatch, protocol
-from playground.coord import liveness, model_states, recent_steps
+from playground.coord import model_states, recent_steps
 from playground.coord.store import OUTAGE_ERRORS, OUTAGE_MESSAGE
 from playground.models import Generation
 from playground.protocol import CommandError, get_field
-from playground.web import frames, language, owners, submit
+from playground.web import following, frames, language, owners, submit
 from playground.web.layer_outage import SurvivesLayerOutage
 
 logger = logging.getLogger(__name__)
 
-WATCH_INTERVAL_S = 1.0
-# The watchdog reports an ended generation from the DB only after seeing it ended this many
-# times in a row: the worker's own terminal event may still be on its way.
-NUM_ENDED_CHECKS = 2
 SESSION_CHANGED_CLOSE_CODE = 4409
 
 
@@ -201,7 +197,7 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         generation still queued ends here; a running one is ended by its worker (it cannot
         publish either) and reported by its watchdog from the database."""
         for generation_id in list(self.watchdogs):
-            event = await database_sync_to_async(liveness.end_queued_for_outage)(generation_id)
+            event = await following.outage_event(generation_id)
             if event is not None:
                 await self._deliver(event)
 
@@ -233,20 +229,7 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
 
     async def _watch(self, generation_id: int) -> None:
         """Reports a generation whose worker died (or whose terminal event got lost, e.g. with Redis)."""
-        num_ended_checks = 0
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL_S)
-            with contextlib.suppress(*OUTAGE_ERRORS):  # routing needs Redis; the database check below does not
-                await database_sync_to_async(dispatch.reroute_if_stranded)(generation_id)
-            try:
-                event = await database_sync_to_async(liveness.ended_event)(generation_id)
-            except Exception:
-                logger.exception("watchdog of generation %s failed; retrying", generation_id)
-                continue
-            num_ended_checks = num_ended_checks + 1 if event else 0
-            if num_ended_checks >= NUM_ENDED_CHECKS:
-                await self._deliver(event)
-                return
+        await self._deliver(await following.Watchdog(generation_id).watch())
 
 
 @database_sync_to_async

@@ -17,7 +17,7 @@ from playground import protocol
 from playground.asgi import application
 from playground.coord import cancel, recent_steps
 from playground.models import Conversation, Generation, Message
-from playground.web import consumers
+from playground.web import following
 from playground.worker import generation
 from tests.playground.sent_tasks import on_task
 
@@ -222,7 +222,7 @@ async def test_events_of_a_generation_flow_from_the_worker_to_the_socket(
 async def test_a_dead_worker_is_reported_once_and_later_events_are_dropped(
     ws: WebsocketCommunicator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(consumers, "WATCH_INTERVAL_S", 0.05)
+    monkeypatch.setattr(following, "WATCH_INTERVAL_S", 0.05)
     queued = await command(ws, "generate", content="hi")
     generation_id = queued["generation_id"]
     # A worker took it long ago and has stopped beating (no heartbeat key), leaving a partial answer.
@@ -245,7 +245,7 @@ async def test_a_dead_worker_is_reported_once_and_later_events_are_dropped(
 async def test_a_worker_terminal_event_is_not_repeated_by_the_watchdog(
     ws: WebsocketCommunicator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(consumers, "WATCH_INTERVAL_S", 0.05)
+    monkeypatch.setattr(following, "WATCH_INTERVAL_S", 0.05)
     queued = await command(ws, "generate", content="hi")
     generation_id = queued["generation_id"]
     await sync_to_async(Generation.objects.filter(pk=generation_id).update)(status="finished", finish_reason="eos")

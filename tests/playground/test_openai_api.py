@@ -21,8 +21,8 @@ from django.utils import timezone
 from playground import protocol
 from playground.coord import cancel, keys, liveness, store
 from playground.models import ApiKey, Conversation, Generation
-from playground.web import owners
-from playground.web.openai_api import follow, turns
+from playground.web import following, owners
+from playground.web.openai_api import turns
 from playground.worker import choices, generation
 from playground.worker.publisher import send_to_group
 from tests.playground.sent_tasks import on_task
@@ -348,7 +348,7 @@ async def test_a_client_that_leaves_mid_stream_cancels_its_generation(monkeypatc
 
 async def _started_elsewhere(monkeypatch: pytest.MonkeyPatch, started_at: Any) -> list[int]:
     """The enqueue makes the row running (since `started_at`) and sends its started event, like a worker."""
-    monkeypatch.setattr(follow, "WATCH_INTERVAL_S", 0.05)
+    monkeypatch.setattr(following, "WATCH_INTERVAL_S", 0.05)
     queued: list[int] = []
 
     def start_it(args: tuple[int], **options: Any) -> None:

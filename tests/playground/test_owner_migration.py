@@ -3,6 +3,7 @@ conversations before keeps them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -19,6 +20,13 @@ pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 BEFORE = [("playground", "0009_weight_precision_help_names_q4_k")]
 AFTER = [("playground", "0010_owner")]
+
+
+@pytest.fixture(autouse=True)
+def latest_schema_after(transactional_db: None) -> Iterator[None]:
+    """The tests after this one need every migration: the database goes back to the latest."""
+    yield
+    migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
 
 
 def migrate(targets: list[tuple[str, str]]):

@@ -10,6 +10,7 @@ import pytest
 from playground import dispatch
 from playground.coord import store, worker_routing
 from playground.models import Generation
+from playground.web import submit
 from tests.playground.sent_tasks import on_task
 
 from .fake_engine import FakeEngine
@@ -51,13 +52,19 @@ def test_a_generation_claimed_elsewhere_is_not_run_twice(owner: str) -> None:
     assert Generation.objects.get(pk=queued.generation_id).status == Generation.Status.QUEUED
 
 
-def test_a_turn_stranded_on_a_dead_workers_queue_is_resent_once(owner: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def stranded_turn(owner: str) -> submit.Queued:
+    """A chat turn routed to its conversation's worker, which then dies before claiming the task."""
     queued = queue_chat(owner, "Hi!")
     r = store.client()
     worker_routing.record_owner(r, queued.conversation_id, "gone")
     r.set(worker_routing.alive_key("gone"), 1)
     assert worker_routing.route(r, queued.generation_id, queued.conversation_id) == "gpu.gone"
-    r.delete(worker_routing.alive_key("gone"))  # the owner dies before claiming the task
+    r.delete(worker_routing.alive_key("gone"))
+    return queued
+
+
+def test_a_turn_stranded_on_a_dead_workers_queue_is_resent_once(owner: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    queued = stranded_turn(owner)
     sent = sent_queues(monkeypatch)
     assert dispatch.reroute_if_stranded(queued.generation_id)
     assert not dispatch.reroute_if_stranded(queued.generation_id)

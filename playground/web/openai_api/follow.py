@@ -5,10 +5,10 @@ says: a queued generation ends as `service_unavailable` at once, a running one w
 (which cannot publish either) has saved it so.
 
 Owns: receiving (`generation.started/prefilled/tokens/finished/error`) until exactly one
-terminal event, the watchdog (a re-route of a stranded generation; a dead worker's
-generation declared lost by `liveness.mark_lost_if_stale`, so a stream ends with an error
-instead of hanging), and `close` (cancels the generation unless it ended). Must not know:
-OpenAI's shapes, HTTP.
+terminal event, asking the watchdog (`web/following.py`, the consumer's too: a re-route of a
+stranded generation, a dead worker's generation declared lost, so a stream ends with an error
+instead of hanging) after each WATCH_INTERVAL_S without an event, and `close` (cancels the
+generation unless it ended). Must not know: OpenAI's shapes, HTTP, the watchdog's rule.
 """
 
 from __future__ import annotations
@@ -22,16 +22,11 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
-from playground import dispatch, protocol
-from playground.coord import liveness
+from playground import protocol
 from playground.coord.store import OUTAGE_ERRORS
-from playground.web import submit
+from playground.web import following, submit
 
 logger = logging.getLogger(__name__)
-
-WATCH_INTERVAL_S = 1.0
-# The worker's own terminal event may still be on its way when the row says "ended".
-NUM_ENDED_CHECKS = 2
 
 
 class Follower:
@@ -41,6 +36,9 @@ class Follower:
         self.layer = get_channel_layer()
         self.channel: str | None = None
         self.ended = False
+        # Not thread-sensitive: the events are read by a task that outlives the view which
+        # started it (and with it the view's sync thread), and no transaction spans these calls.
+        self.watchdog = following.Watchdog(generation_id, thread_sensitive=False)
         self._receiving: asyncio.Future[dict[str, Any]] | None = None
 
     async def join(self) -> None:
@@ -50,8 +48,8 @@ class Follower:
 
     async def events(self, tick_s: float | None = None) -> AsyncIterator[dict[str, Any] | None]:
         """The events up to and including the terminal one; None after each idle `tick_s`."""
-        idle_s, num_ended_checks = 0.0, 0
-        wait_s = min(tick_s or WATCH_INTERVAL_S, WATCH_INTERVAL_S)
+        idle_s, watch_interval_s = 0.0, following.WATCH_INTERVAL_S
+        wait_s = min(tick_s or watch_interval_s, watch_interval_s)
         while not self.ended:
             if self._receiving is None:
                 self._receiving = asyncio.ensure_future(self.layer.receive(self.channel))
@@ -60,18 +58,15 @@ class Follower:
                 try:
                     event, idle_s = self._receiving.result(), 0.0
                 except OUTAGE_ERRORS:  # Redis is gone: no event will come, the database tells the end
-                    event = await database_sync_to_async(liveness.end_queued_for_outage)(self.generation_id)
+                    event = await following.outage_event(self.generation_id, thread_sensitive=False)
                     if event is None:
-                        await asyncio.sleep(WATCH_INTERVAL_S)
+                        await asyncio.sleep(watch_interval_s)
                 self._receiving = None
             else:
                 event, idle_s = None, idle_s + wait_s
-                if idle_s >= WATCH_INTERVAL_S:
+                if idle_s >= watch_interval_s:
                     idle_s = 0.0
-                    ended = await self._check()
-                    num_ended_checks = num_ended_checks + 1 if ended else 0
-                    if num_ended_checks >= NUM_ENDED_CHECKS:
-                        event = ended
+                    event = await self.watchdog.tick()
             if event is not None and event.get("generation_id") != self.generation_id:
                 continue
             if event is not None and protocol.is_terminal(event):
@@ -94,13 +89,3 @@ class Follower:
         if self.channel is not None:
             with contextlib.suppress(Exception):
                 await self.layer.group_discard(self.group, self.channel)
-
-    async def _check(self) -> dict[str, Any] | None:
-        # Not thread-sensitive: the events are read by a task that outlives the view which
-        # started it (and with it the view's sync thread), and no transaction spans these calls.
-        try:
-            await database_sync_to_async(dispatch.reroute_if_stranded, thread_sensitive=False)(self.generation_id)
-            return await database_sync_to_async(liveness.ended_event, thread_sensitive=False)(self.generation_id)
-        except Exception:
-            logger.exception("watchdog of generation %s failed; retrying", self.generation_id)
-            return None
