@@ -70,5 +70,12 @@ export function pipelineStrip({ model = null, numPromptTokens = null, numPrefill
     m.kv_bytes_per_token ? interpolate(gettext("%(bytes)s KV / token"), { bytes: fmtBytes(m.kv_bytes_per_token) }) : null,
     m.max_context ? interpolate(gettext("%(n)s ctx"), { n: m.max_context.toLocaleString() }) : null,
   ].filter(Boolean).join(" · ")) : null;
-  return h("div", { class: "pipeline-strip" }, flow, phases, meta);
+  // Whether this run's numbers are reproducible: what a class comparing answers needs (docs/inside.md).
+  const determinism = model && m.batch_invariant != null ? h("div", {
+    class: `pipe-determinism small ${m.batch_invariant ? "is-deterministic" : "muted"}`,
+    title: gettext("Batch invariance: each token is computed in one fixed order, whatever else shares its step and however its prefix was computed, so asking again (or replaying a seed) gives the same tokens and probabilities."),
+  }, m.batch_invariant
+    ? gettext("Deterministic: the same request gives the same tokens and probabilities, alone or batched, cold or from the prefix cache.")
+    : gettext("Not batch-invariant: the last digits of a probability may change with what shares the step.")) : null;
+  return h("div", { class: "pipeline-strip" }, flow, phases, meta, determinism);
 }

@@ -68,7 +68,10 @@ def run_section(page, section: str) -> list[dict]:
     for select, value in SMALL.get(section, {}).items():
         page.select_option(select, value)
     page.click(BUTTON[section])
-    expect(page.locator(f"#learn-{section}")).to_have_attribute("data-state", "done")
+    box = page.locator(f"#learn-{section}")
+    expect(box).not_to_have_attribute("data-state", "running", timeout=180_000)
+    state = box.get_attribute("data-state")
+    assert state == "done", f"section {section} ended {state}: {box.inner_text()[-1500:]}"
     return [run for run in runs(page)[before:] if run["finished"]]
 
 

@@ -214,7 +214,8 @@ def test_api_calls_add_no_session_rows(path: str) -> None:
 
 
 def test_only_the_pages_that_need_a_session_make_one() -> None:
-    for path, makes_one in [("/", True), ("/explorer/", True), ("/serving/", False), ("/architecture/", False)]:
+    pages = [("/", True), ("/explorer/", True), ("/learn/", True), ("/serving/", False), ("/architecture/", False)]
+    for path, makes_one in pages:
         before = Session.objects.count()
         response = Client().get(path)
         assert response.status_code == 200
