@@ -196,6 +196,8 @@ def test_an_api_call_whose_cookie_was_swapped_under_its_page_is_refused(browser_
     victim = client_with_cookie(attacker.session_key)
     response = victim.get("/api/conversations/", headers={owners.PAGE_TOKEN_HEADER: browser_session.page_token})
     assert (response.status_code, response.json()["error"]["code"]) == (409, "session_changed")
+    headers = {owners.PAGE_TOKEN_HEADER: browser_session.page_token, "Accept-Language": "zh-CN"}
+    assert "请重新加载页面" in victim.get("/api/conversations/", headers=headers).json()["error"]["message"]
     own = client_with_cookie(browser_session.session_key)
     assert own.get("/api/conversations/", headers={owners.PAGE_TOKEN_HEADER: browser_session.page_token}).json() == []
 
