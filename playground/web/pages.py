@@ -67,7 +67,8 @@ def architecture(request: HttpRequest) -> HttpResponse:
     return render(request, "architecture.html", {"page": "architecture"})
 
 
-@ensure_csrf_cookie
+@owner_page
 def learn(request: HttpRequest) -> HttpResponse:
-    """The lesson, live: one section per chapter, each an experiment on the running model."""
-    return render(request, "learn.html", {"page": "learn"})
+    """The lesson, live: one section per chapter, each an experiment on the running model (its
+    generations are the browser's: the roofline asks about one by id)."""
+    return _render(request, "learn.html", "learn")

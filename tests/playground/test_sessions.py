@@ -216,11 +216,14 @@ def test_api_calls_add_no_session_rows(path: str) -> None:
 
 
 def test_only_the_pages_that_need_a_session_make_one() -> None:
-    for path, makes_one in [("/", True), ("/explorer/", True), ("/serving/", False), ("/architecture/", False)]:
+    # the lesson starts generations and asks about them by id (its roofline): it is an owner's page too
+    pages = [("/", True), ("/explorer/", True), ("/explorer/ab/", True), ("/learn/", True)]
+    for path, makes_one in [*pages, ("/serving/", False), ("/architecture/", False)]:
         before = Session.objects.count()
         response = Client().get(path)
         assert response.status_code == 200
         assert ("sessionid" in response.cookies, Session.objects.count() - before) == (makes_one, int(makes_one))
+        assert ('<meta name="page-token"' in response.content.decode()) == makes_one, path
 
 
 def test_a_cookieless_post_is_refused_without_writing_anything(settings: Any) -> None:
