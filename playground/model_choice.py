@@ -2,7 +2,8 @@
 
 Owns: the effective default model (the default row, unless it is a bundled model this host could
 not prepare: then the bundled SmolLM2 row, and the reason), and each row's `unavailable_reason`
-and one-line `summary` (the catalog's, for bundled models: how big it is, what it speaks). Read
+and one-line `summary` (the catalog's, for bundled models: how big it is, what it speaks), both in
+the active language (a page's; English where none is active: the worker, the OpenAI API). Read
 from files only (`inference.bundled_models`), so the web process and the worker ask alike.
 Must not import torch.
 """
@@ -12,9 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.utils.translation import gettext, gettext_noop
 
-from inference.bundled_models import SMOLLM2, bundled_model, preparation_problem
+from inference.bundled_models import SMOLLM2, BundledModel, bundled_model, preparation_problem
 from playground.models import LanguageModel
+
+# The catalog's summaries, marked here for `make messages` (inference/ knows no Django) and looked
+# up by their English when a page asks: a test keeps them equal to `BundledModel.summary`.
+SUMMARIES = (
+    gettext_noop(
+        "A very small model (135M parameters): fast, but it often gets facts wrong, drifts into French "
+        "and does not speak Chinese."
+    ),
+    gettext_noop(
+        "A small model (0.5B parameters) that answers in English and Chinese (中文); still small: check its facts."
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -26,13 +40,30 @@ class DefaultChoice:
 def unavailable_reason(model: LanguageModel) -> str | None:
     """Why `model` cannot answer on this host (a bundled model not prepared here), else None."""
     bundled = bundled_model(model.source)
-    return preparation_problem(bundled, settings.PLAYGROUND_DATA_DIR) if bundled else None
+    problem = preparation_problem(bundled, settings.PLAYGROUND_DATA_DIR) if bundled else None
+    return None if problem is None else _translated_problem(bundled, problem)
+
+
+def _translated_problem(bundled: BundledModel, problem: str) -> str:
+    """`preparation_problem`'s sentence in the active language; what a failed preparation wrote
+    (pip's or the checksum's words) stays as written. A sentence not known here stays English."""
+    failed = f"{bundled.name} could not be prepared: "
+    if problem.startswith(failed):
+        return gettext("%(name)s could not be prepared: %(reason)s") % {
+            "name": bundled.name,
+            "reason": problem[len(failed) :],
+        }
+    if problem.startswith(f"{bundled.name} is not prepared yet: "):
+        return gettext(
+            "%(name)s is not prepared yet: `python -m inference.models.bundled` (run by `make run`) downloads it"
+        ) % {"name": bundled.name}
+    return problem
 
 
 def summary(model: LanguageModel) -> str:
     """One sentence about the model the page shows under its name (bundled models have one)."""
     bundled = bundled_model(model.source)
-    return bundled.summary if bundled else ""
+    return gettext(bundled.summary) if bundled else ""
 
 
 def default_model() -> DefaultChoice:

@@ -240,9 +240,8 @@ class LanguageModel(DefaultFlagModel):
             try:
                 validate_repo_id(source)
             except HFValidationError as exc:
-                raise ValidationError(
-                    {"source": f"{source[:100]!r} is not a model folder, a .gguf file or a Hugging Face id: {exc}"}
-                ) from exc
+                message = gettext("%(source)s is not a model folder, a .gguf file or a Hugging Face id: %(reason)s")
+                raise ValidationError({"source": message % {"source": repr(source[:100]), "reason": exc}}) from exc
             return
         try:
             check_local_source(Path(source), trust_remote_code=self.trust_remote_code)

@@ -73,9 +73,18 @@ def read_po(path: Path) -> dict[str, str]:
     for entry in po_entries(path):
         if "fuzzy" in entry["flags"] or entry.get("msgid", "") == "":
             continue
-        key = entry["msgid"] if "msgctxt" not in entry else f"{entry['msgctxt']}\x04{entry['msgid']}"
-        catalog[key] = entry.get("msgstr", entry.get("msgstr[0]", ""))
+        catalog[_key(entry)] = entry.get("msgstr", entry.get("msgstr[0]", ""))
     return catalog
+
+
+def marked_keys(path: Path) -> list[str]:
+    """Every string a `.po` file lists, fuzzy ones too (a fresh extraction marks a string fuzzy
+    when it changed but resembles an old one: it is still a string the sources mark)."""
+    return [_key(entry) for entry in po_entries(path) if entry.get("msgid", "")]
+
+
+def _key(entry: dict[str, str]) -> str:
+    return entry["msgid"] if "msgctxt" not in entry else f"{entry['msgctxt']}\x04{entry['msgid']}"
 
 
 def po_entries(path: Path) -> list[dict[str, str]]:
@@ -127,7 +136,7 @@ def missing_strings() -> dict[str, list[str]]:
         makemessages(copy, locales())
         for fresh in sorted((copy / "locale").glob("*/LC_MESSAGES/*.po")):
             committed = read_po(LOCALE_DIR / fresh.relative_to(copy / "locale"))
-            lacking = [key for key in read_po(fresh) if not committed.get(key)]
+            lacking = [key for key in marked_keys(fresh) if not committed.get(key)]
             if lacking:
                 missing[str(fresh.relative_to(copy))] = lacking
     return missing

@@ -229,7 +229,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         if owner is None:
             raise CommandError(
-                "no_session", "conversations belong to a browser session: load a page of this site first"
+                "no_session", gettext("conversations belong to a browser session: load a page of this site first")
             )
         conversation = Conversation(owner=owner)
         _apply_fields(conversation, _body(request))

@@ -51,7 +51,8 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         self.language = await database_sync_to_async(language.scope_language)(self.scope)
         await self.accept()
         try:
-            owners.check_page_token(self.owner, owners.scope_page_token(self.scope))
+            with translation.override(self.language):
+                owners.check_page_token(self.owner, owners.scope_page_token(self.scope))
         except CommandError as exc:  # the cookie changed under the page: it reloads on this code
             self.owner, self.is_refused = None, True  # nothing it sends until the close is read
             await self.send_json(protocol.error(exc.code, exc.message, None))

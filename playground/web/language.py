@@ -6,7 +6,9 @@ The order: the choice stored on the signed-in account, else the one stored in th
 `django_language` cookie, then the browser's Accept-Language), else English. A choice is made
 with `POST /i18n/setlang/` (the language switch of every page) and stored in all three places:
 the account, so it follows a person to another browser; the session, so the socket knows it;
-the cookie, so it outlives a sign-out. Must not know: the pages or what they say.
+the cookie, so it outlives a sign-out. The OpenAI-compatible API (`/v1/`) speaks English to
+every client, as OpenAI's does (its clients are programs; a browser's language there is no
+choice of theirs). Must not know: the pages or what they say.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from playground.web.api import error_response
 SESSION_KEY = "language"
 # What the choice is read from in a form or query: Django's own set_language uses the same name.
 FIELD = "language"
+ENGLISH_ONLY_PREFIX = "/v1/"  # the OpenAI-compatible API
 
 
 def supported(code: Any) -> str | None:
@@ -50,6 +53,10 @@ class LanguageMiddleware(LocaleMiddleware):
     choice first. Sits after the session and authentication middleware."""
 
     def process_request(self, request: HttpRequest) -> None:
+        if request.path_info.startswith(ENGLISH_ONLY_PREFIX):
+            translation.activate(settings.LANGUAGE_CODE)
+            request.LANGUAGE_CODE = translation.get_language()
+            return
         chosen = stored_language(getattr(request, "session", None), getattr(request, "user", None))
         translation.activate(chosen or translation.get_language_from_request(request))
         request.LANGUAGE_CODE = translation.get_language()

@@ -32,6 +32,7 @@ from urllib.parse import parse_qs
 from django.contrib.sessions.backends.base import SessionBase
 from django.http import HttpRequest
 from django.utils.crypto import constant_time_compare, salted_hmac
+from django.utils.translation import gettext
 
 from playground.protocol import CommandError
 
@@ -113,8 +114,10 @@ def check_page_token(owner: str | None, token: str | None) -> None:
     if not constant_time_compare(token, page_token(owner)):
         raise CommandError(
             "session_changed",
-            "this browser's session changed since the page was loaded (another site may have set its cookie); "
-            "reload the page",
+            gettext(
+                "this browser's session changed since the page was loaded (another site may have set its cookie); "
+                "reload the page"
+            ),
         )
 
 

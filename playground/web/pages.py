@@ -70,5 +70,5 @@ def architecture(request: HttpRequest) -> HttpResponse:
 @owner_page
 def learn(request: HttpRequest) -> HttpResponse:
     """The lesson, live: one section per chapter, each an experiment on the running model (its
-    generations are the browser's: the sections inspect them over HTTP, as the explorer does)."""
+    generations are the browser's: the roofline asks about one by id)."""
     return _render(request, "learn.html", "learn")

@@ -344,7 +344,7 @@ def attach(owner: str | None, content: dict[str, Any]) -> Generation:
     has been applied, so a dead worker's generation reads as ended)."""
     generation_id = get_field(content, "generation_id", int, required=True)
     if owner is None:
-        raise CommandError("not_found", f"generation {generation_id} does not exist")
+        raise CommandError("not_found", gettext("generation %(id)s does not exist") % {"id": generation_id})
     generation = owned_generation(owner, generation_id)
     liveness.reconcile([generation])
     generation.refresh_from_db()

@@ -283,7 +283,8 @@ function statBadges(message) {
 function liveStats(message) {
   if (message.modelLoading && !message.prefilled) {
     const load = message.modelLoading;
-    return { waiting: `waiting for ${load.worker} to load ${load.modelName}: ${fmtMs(load.elapsedMs)} so far` };
+    return { waiting: interpolate(gettext("waiting for %(worker)s to load %(model)s: %(time)s so far"),
+      { worker: load.worker, model: load.modelName, time: fmtMs(load.elapsedMs) }) };
   }
   if (message.waiting && !message.prefilled) {
     const w = message.waiting;

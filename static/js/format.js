@@ -89,6 +89,8 @@ const WORKER_ERRORS = {
   inspection_timeout: () => gettext("No worker answered in time: is a generation worker running?"),
   not_moe: () => gettext("This model is dense: it has no experts to show."),
   not_comparable: () => gettext("These two generations cannot be compared: they ran different models or texts."),
+  service_unavailable: () => gettext("The server lost its connection to Redis (its message broker) or this request's task: "
+    + "the answer so far is kept. Try again in a moment."),
 };
 
 /** A refused command or failed request as one line: "message (code)". */
@@ -107,7 +109,7 @@ export function precisionLabel(info) {
   if (!q) return info.precision || info.dtype;
   const groups = (q.groups ?? []).map((g) => {
     const what = g.is_head
-      ? (g.file_type ? interpolate(gettext("head %(type)s"), { type: g.file_type }) : gettext("head"))
+      ? (g.file_type ? interpolate(gettext("head %(type)s"), { type: g.file_type }) : pgettext("output layer", "head"))
       : `${g.num_layers} ${g.file_type || gettext("layers")}`;
     const form = g.is_head && q.is_head_tied ? interpolate(gettext("%(form)s, tied to the embeddings"), { form: g.served_as }) : g.served_as;
     return `${what} → ${form}${g.is_exact ? ` ${gettext("(the file's blocks)")}` : ""}`;

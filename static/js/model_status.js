@@ -5,6 +5,7 @@
 // or "not loaded yet: the first request loads it". Owns only that note and the workers' states.
 import { h } from "./dom.js";
 import { fmtMs } from "./format.js";
+import { gettext, interpolate } from "./i18n.js";
 
 export class ModelStatus {
   /** `select`: the model picker; `onTick`: called while a load is under way (every 500 ms). */
@@ -41,7 +42,8 @@ export class ModelStatus {
   render() {
     const id = Number(this.select.value) || null;
     const model = this.models.find((m) => m.id === id);
-    this.summary.textContent = model?.unavailable ? `Not available here: ${model.unavailable}` : model?.summary ?? "";
+    this.summary.textContent = model?.unavailable
+      ? interpolate(gettext("Not available here: %(reason)s"), { reason: model.unavailable }) : model?.summary ?? "";
     this.note.classList.toggle("is-unavailable", Boolean(model?.unavailable));
     this.state.textContent = model && !model.unavailable ? this.stateText(id) : "";
     this.note.hidden = !this.summary.textContent && !this.state.textContent;
@@ -54,11 +56,15 @@ export class ModelStatus {
   stateText(modelId) {
     const events = [...this.workers.values()].filter((e) => e.model_id === modelId);
     const load = this.loading(modelId);
-    if (load) return ` Loading on ${load.worker}… ${fmtMs(load.elapsedMs)} (answers wait for it).`;
+    // A leading space: the state follows the summary sentence in the same line.
+    if (load) {
+      return " " + interpolate(gettext("Loading on %(worker)s… %(time)s (answers wait for it)."),
+        { worker: load.worker, time: fmtMs(load.elapsedMs) });
+    }
     const ready = events.find((e) => e.state === "ready");
-    if (ready) return ` Loaded on ${ready.worker} in ${fmtMs(ready.load_ms)}.`;
+    if (ready) return " " + interpolate(gettext("Loaded on %(worker)s in %(time)s."), { worker: ready.worker, time: fmtMs(ready.load_ms) });
     const failed = events.find((e) => e.state === "error");
-    if (failed) return ` Failed to load on ${failed.worker}: ${failed.error}`;
-    return this.workers.size ? " Not loaded on a worker yet: the first request loads it (a few seconds)." : "";
+    if (failed) return " " + interpolate(gettext("Failed to load on %(worker)s: %(error)s"), { worker: failed.worker, error: failed.error });
+    return this.workers.size ? " " + gettext("Not loaded on a worker yet: the first request loads it (a few seconds).") : "";
   }
 }

@@ -90,8 +90,10 @@ export function droppedMessagesNote(prompt) {
   const n = prompt.num_dropped_messages ?? 0;
   if (!n) return null;
   return h("p", { class: "hint small dropped-messages" },
-    `The conversation no longer fits the model's context: its ${n} oldest message${n === 1 ? " was" : "s were"} `
-    + "left out of this prompt, so the model does not see them.");
+    interpolate(ngettext("The conversation no longer fits the model's context: its %(n)s oldest message was left "
+      + "out of this prompt, so the model does not see it.",
+    "The conversation no longer fits the model's context: its %(n)s oldest messages were left out of this prompt, "
+      + "so the model does not see them.", n), { n }));
 }
 
 /** The whole view: legend, what was left out, text, tokens. */

@@ -9,7 +9,7 @@ from playwright.sync_api import expect
 
 from .test_chat import open_chat, send
 from .test_explorer import open_explorer
-from .ui import set_range, wait_for_events
+from .ui import overflowing, set_range, wait_for_events
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -33,7 +33,7 @@ def page_width(page) -> dict:
 
 def assert_no_sideways_scroll(page, where: str) -> None:
     width = page_width(page)
-    wide = f"{where} scrolls sideways at {width['inner']} px: {width['scroll']} px wide"
+    wide = f"{where} scrolls sideways at {width['inner']} px: {width['scroll']} px wide, {overflowing(page)}"
     assert width["scroll"] <= width["inner"], wide
 
 

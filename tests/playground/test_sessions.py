@@ -196,6 +196,8 @@ def test_an_api_call_whose_cookie_was_swapped_under_its_page_is_refused(browser_
     victim = client_with_cookie(attacker.session_key)
     response = victim.get("/api/conversations/", headers={owners.PAGE_TOKEN_HEADER: browser_session.page_token})
     assert (response.status_code, response.json()["error"]["code"]) == (409, "session_changed")
+    headers = {owners.PAGE_TOKEN_HEADER: browser_session.page_token, "Accept-Language": "zh-CN"}
+    assert "请重新加载页面" in victim.get("/api/conversations/", headers=headers).json()["error"]["message"]
     own = client_with_cookie(browser_session.session_key)
     assert own.get("/api/conversations/", headers={owners.PAGE_TOKEN_HEADER: browser_session.page_token}).json() == []
 
@@ -214,12 +216,14 @@ def test_api_calls_add_no_session_rows(path: str) -> None:
 
 
 def test_only_the_pages_that_need_a_session_make_one() -> None:
-    pages = [("/", True), ("/explorer/", True), ("/learn/", True), ("/serving/", False), ("/architecture/", False)]
-    for path, makes_one in pages:
+    # the lesson starts generations and asks about them by id (its roofline): it is an owner's page too
+    pages = [("/", True), ("/explorer/", True), ("/explorer/ab/", True), ("/learn/", True)]
+    for path, makes_one in [*pages, ("/serving/", False), ("/architecture/", False)]:
         before = Session.objects.count()
         response = Client().get(path)
         assert response.status_code == 200
         assert ("sessionid" in response.cookies, Session.objects.count() - before) == (makes_one, int(makes_one))
+        assert ('<meta name="page-token"' in response.content.decode()) == makes_one, path
 
 
 def test_a_cookieless_post_is_refused_without_writing_anything(settings: Any) -> None:
