@@ -3,7 +3,8 @@
 Modes: `precision` (default: every weight precision's decode and prefill speed, bytes read per
 token and quality against float32, and llama.cpp on the same GGUF when installed), `decode`
 (our prefill/decode vs `model.generate`, and decode speed as a fraction of the memory-bandwidth
-bound), `batch` (continuous batching: N streams at once vs one by one), `prefix` (prefix-cache
+bound), `batch` (continuous batching: N streams at once vs one by one), `stack` (the real
+serving stack's WebSocket clients against the engine alone on the same requests), `prefix` (prefix-cache
 time to first token), `pd` (colocated vs disaggregated prefill/decode), `determinism` (the same
 request cold, warm, batched and chunked: identical tokens and logprobs, and what that costs),
 `quality` (every bundled model x precision x preset answering English and Chinese questions,
@@ -16,12 +17,26 @@ from __future__ import annotations
 
 import statistics
 
-MODES = ("precision", "decode", "batch", "prefix", "pd", "determinism", "quality")
+MODES = ("precision", "decode", "batch", "stack", "prefix", "pd", "determinism", "quality")
 
 
 def format_keys(results: dict) -> str:
     """The last line of every benchmark: `key=value` pairs, floats to 4 significant digits."""
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items())
+
+
+def parse_keys(line: str) -> dict[str, float | str]:
+    """The inverse of `format_keys`: a benchmark's last line as a dict (numbers as floats)."""
+    results: dict[str, float | str] = {}
+    for pair in line.split():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{pair!r} is not key=value")
+        try:
+            results[key] = float(value)
+        except ValueError:
+            results[key] = value
+    return results
 
 
 def percentile(values: list[float], q: int) -> float:

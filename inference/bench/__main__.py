@@ -1,4 +1,4 @@
-"""`python -m inference.bench [precision|decode|batch|prefix|pd|determinism|quality] [--quick] [...]`: one benchmark."""
+"""`python -m inference.bench [MODE] [--quick] [...]`: one benchmark (modes: `inference.bench.MODES`)."""
 
 from __future__ import annotations
 

@@ -69,8 +69,9 @@ def prompts(engine: Engine, n: int) -> list[list[int]]:
     return [engine.prompts.encode(engine.prompts.render_chat(chat).text) for chat in chats]
 
 
-def _summary(token_times: list[list[float]], started: float, ended: float) -> dict[str, float]:
-    """token_times[i]: when each token of request i came out."""
+def summarize(token_times: list[list[float]], started: float, ended: float) -> dict[str, float]:
+    """token_times[i]: when each token of request i came out (the stack benchmark reads its
+    clients' tokens the same way)."""
     ttft = [(times[0] - started) * 1000 for times in token_times]
     itl = [(b - a) * 1000 for times in token_times for a, b in zip(times, times[1:])]
     num_tokens = sum(len(times) for times in token_times)
@@ -93,7 +94,7 @@ def run_batched(engine: Engine, prompt_ids: list[list[int]], params: SamplingPar
         for request_id, event in engine.step():
             if isinstance(event, Step):
                 times[request_id].append(time.perf_counter())
-    return _summary([times[i] for i in ids], started, time.perf_counter())
+    return summarize([times[i] for i in ids], started, time.perf_counter())
 
 
 def bare_decode_tok_s(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> float:

@@ -17,12 +17,11 @@ import time
 from typing import Any
 
 import redis
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 
 from playground import protocol
 from playground.coord import model_states
 from playground.worker import observer
+from playground.worker.publisher import group_send
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ def _set(record: dict[str, Any]) -> None:
     with contextlib.suppress(redis.RedisError):
         model_states.write(worker, record)
     try:
-        async_to_sync(get_channel_layer().group_send)(protocol.MODELS_GROUP, model_states.as_event(worker, record))
+        group_send(protocol.MODELS_GROUP, model_states.as_event(worker, record)).result()
     except Exception as exc:  # the pages learn the state on their next connect; loading goes on
         logger.warning("could not announce the model state %s: %s", record["state"], exc)
 

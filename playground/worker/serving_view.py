@@ -7,15 +7,14 @@ turned into generation ids) and the throttle. Must not know: sockets, the ORM.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-
 from playground import protocol
 from playground.coord.store import OUTAGE_ERRORS
+from playground.worker.publisher import group_send
 
 if TYPE_CHECKING:
     from inference.engine_core import BatchStep
@@ -23,24 +22,31 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_PER_S = 10.0
-_state = {"last_sent": 0.0, "num_skipped": 0}
+_state: dict[str, Any] = {"last_sent": 0.0, "num_skipped": 0, "in_flight": None}
 
 
 def publish(step: BatchStep, generation_of: dict[int, int], worker: str) -> None:
-    """Sends the step unless one went out less than 1/MAX_PER_S ago (then counts it as skipped)."""
+    """Hands the step to the sending loop unless one went out less than 1/MAX_PER_S ago or the
+    last one is still on its way (then counts it as skipped). Called on the engine thread: it
+    never waits for Redis."""
     now = time.monotonic()
-    if now - _state["last_sent"] < 1.0 / MAX_PER_S:
+    in_flight = _state["in_flight"]
+    if now - _state["last_sent"] < 1.0 / MAX_PER_S or (in_flight is not None and not in_flight.done()):
         _state["num_skipped"] += 1
         return
     _state["last_sent"] = now
     message = serving_step(step, generation_of, worker, _state["num_skipped"])
     _state["num_skipped"] = 0
-    try:
-        async_to_sync(get_channel_layer().group_send)(protocol.SERVING_GROUP, message)
-    except OUTAGE_ERRORS as exc:
+    _state["in_flight"] = group_send(protocol.SERVING_GROUP, message)
+    _state["in_flight"].add_done_callback(_log_failure)
+
+
+def _log_failure(sent: concurrent.futures.Future) -> None:
+    exc = sent.exception()
+    if isinstance(exc, OUTAGE_ERRORS):
         logger.warning("could not publish the serving view: Redis is unreachable (%s)", exc)
-    except Exception:  # the view is a nicety: never let it stop the engine loop
-        logger.warning("could not publish the serving view", exc_info=True)
+    elif exc is not None:  # the view is a nicety: a failure is logged, never raised
+        logger.warning("could not publish the serving view", exc_info=exc)
 
 
 def serving_step(step: BatchStep, generation_of: dict[int, int], worker: str, num_skipped: int) -> dict[str, Any]:

@@ -1,8 +1,14 @@
-"""Step coalescing: a message every few steps or a few ms, whichever comes first."""
+"""Step coalescing (a message every few steps or a few ms, whichever comes first) and the
+worker's one sending loop."""
 
 from __future__ import annotations
 
-from playground.worker.publisher import StepCoalescer
+import concurrent.futures
+import threading
+
+from playground.coord import store
+from playground.worker import serving_view
+from playground.worker.publisher import StepCoalescer, send_to_group
 
 
 class FakeClock:
@@ -53,3 +59,38 @@ def test_flushing_nothing_sends_nothing() -> None:
     coalescer, batches, _ = make()
     coalescer.flush()
     assert batches == []
+
+
+def test_a_workers_sends_share_one_redis_connection_whatever_thread_sends(settings, redis_url) -> None:
+    """asgiref's async_to_sync made a new event loop per send, and channels_redis a new
+    connection per loop: every published message connected to Redis again."""
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}}
+    }
+    send_to_group({"type": "generation.started", "generation_id": 1})  # the first send connects
+    connections_before = store.client().info("stats")["total_connections_received"]
+    for generation_id in range(6):  # one after another (sends at once may each need a connection of the pool)
+        sender = threading.Thread(target=send_to_group, args=({"type": "x", "generation_id": generation_id},))
+        sender.start()
+        sender.join(timeout=30)
+    assert store.client().info("stats")["total_connections_received"] - connections_before <= 1
+
+
+def test_the_serving_view_never_waits_for_a_send_still_on_its_way(monkeypatch) -> None:
+    sends: list[concurrent.futures.Future] = []
+
+    def never_finishing_send(group: str, message: dict) -> concurrent.futures.Future:
+        sends.append(concurrent.futures.Future())
+        return sends[-1]
+
+    monkeypatch.setattr(serving_view, "group_send", never_finishing_send)
+    monkeypatch.setattr(serving_view, "_state", {"last_sent": 0.0, "num_skipped": 0, "in_flight": None})
+    monkeypatch.setattr(serving_view, "serving_step", lambda step, generation_of, worker, num_skipped: {})
+    serving_view.publish(None, {}, "w")  # handed over, not awaited (Redis is slow)
+    serving_view._state["last_sent"] = 0.0  # the throttle allows the next one...
+    serving_view.publish(None, {}, "w")  # ...but the last one is still on its way: skipped
+    assert len(sends) == 1 and serving_view._state["num_skipped"] == 1
+    sends[0].set_result(None)
+    serving_view._state["last_sent"] = 0.0
+    serving_view.publish(None, {}, "w")
+    assert len(sends) == 2 and serving_view._state["num_skipped"] == 0

@@ -1,0 +1,436 @@
+"""Serving-stack benchmark: what the real stack delivers of what the engine makes.
+
+`python -m inference.bench stack [--quick] [--model bundled|bundled:...] [--dtype D] [--url http://host:port]
+[--llama-server PATH]`
+
+Owns: the side by side, in one run, on the same prompts (`batch.prompts`: one chat question each,
+rendered with the model's template), model and precision, greedy, a fixed number of new tokens
+each and top-20 alternatives every step: for N = 1, 8, 16 (`--quick`: 1, 8 and fewer tokens)
+the engine alone in this process (`batch.run_batched`), then N WebSocket clients at once against
+the stack, each a browser of its own (a page load for its session cookie and page token, then
+`/ws/generate/?page_token=`, docs/protocol.md) sending one `generate`; and, with `--llama-server`,
+N HTTP streaming clients against that binary on the model's GGUF (16 slots, continuous
+batching). Each side: aggregate tokens/s (all tokens over first send to last token) and time to
+first token p50/p95 from the send. The last line is `key=value` pairs (`report_keys`):
+`stack_efficiency_N` is the stack's aggregate over the engine's.
+
+The stack is the one `make run` starts (`scripts/run.py`: Redis, one Celery worker, daphne) on a
+throw-away SQLite DB, with `PLAYGROUND_DTYPE`/`PLAYGROUND_DEVICE` set to `--dtype`/`--device`,
+and stopped at the end; `--url` measures a running one instead (its worker's precision is its own:
+pass the same `--dtype`). Must not know: the stack's internals (it is driven as subprocesses and
+over its wire protocol only, so `inference/` imports none of django, celery or channels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import http.cookiejar
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from inference.bench import format_keys, percentile
+from inference.bench.batch import QUESTIONS, load, prompts, run_batched, summarize
+from inference.bundled_models import bundled_model
+from inference.config import EngineConfig
+from inference.models.loader import gguf_source
+from inference.sampling_params import SamplingParams
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+STACK_READY_TIMEOUT_S = 300.0
+GENERATION_TIMEOUT_S = 900.0  # 16 clients of the larger model on a busy 2-core machine
+NUM_ALTERNATIVES = 20  # as the chat page asks for
+LLAMA_SERVER_SLOTS = 16
+PAGE_TOKEN = re.compile(r'<meta name="page-token" content="([0-9a-f]+)">')
+
+
+@dataclass
+class ClientRun:
+    """One client's request: when it was sent, when each of its tokens arrived, how it ended."""
+
+    sent: float = 0.0
+    token_times: list[float] = field(default_factory=list)
+    ended: float = 0.0
+    outcome: str = "not run"  # "generation.finished" when it got its whole answer
+
+
+def summarize_clients(runs: list[ClientRun]) -> dict[str, float]:
+    """The N clients as one measurement, the way `batch.summarize` reads the engine's streams."""
+    answered = [r for r in runs if r.token_times]
+    if not answered:
+        raise RuntimeError(f"no client got a token: {sorted({r.outcome for r in runs})}")
+    started = min(r.sent for r in runs)
+    summary = summarize([r.token_times for r in answered], started, max(r.token_times[-1] for r in answered))
+    summary["num_finished"] = float(sum(r.outcome == "generation.finished" for r in runs))
+    # TTFT from each client's own send (they send within a few ms of each other)
+    ttft_ms = [(r.token_times[0] - r.sent) * 1000 for r in answered]
+    summary["ttft_p50"], summary["ttft_p95"] = percentile(ttft_ms, 50), percentile(ttft_ms, 95)
+    return summary
+
+
+def report_keys(
+    engine: dict[int, dict[str, float]], stack: dict[int, dict[str, float]], llama: dict[int, dict[str, float]]
+) -> dict[str, float]:
+    """The last line's pairs for every N the stack ran (and the engine and llama-server with it)."""
+    results: dict[str, float] = {}
+    for n in sorted(stack):
+        results[f"stack_tok_s_{n}"] = stack[n]["tok_s"]
+        results[f"engine_tok_s_{n}"] = engine[n]["tok_s"]
+        results[f"stack_efficiency_{n}"] = stack[n]["tok_s"] / engine[n]["tok_s"]
+        results[f"stack_ttft_p50_ms_{n}"] = stack[n]["ttft_p50"]
+        results[f"stack_ttft_p95_ms_{n}"] = stack[n]["ttft_p95"]
+        results[f"engine_ttft_p95_ms_{n}"] = engine[n]["ttft_p95"]
+        if n in llama:
+            results[f"llama_server_tok_s_{n}"] = llama[n]["tok_s"]
+            results[f"vs_llama_server_{n}"] = stack[n]["tok_s"] / llama[n]["tok_s"]
+    return results
+
+
+def run_clients(n: int, one_client: Callable[[int, threading.Barrier, ClientRun], None]) -> list[ClientRun]:
+    """N threads; each prepares (connects), waits for the others, then sends its request."""
+    runs = [ClientRun() for _ in range(n)]
+    barrier = threading.Barrier(n)
+
+    def guarded(index: int) -> None:
+        try:
+            one_client(index, barrier, runs[index])
+        except Exception as error:  # reported in the client's outcome
+            barrier.abort()  # the others must not wait for a client that died preparing
+            runs[index].outcome = f"{type(error).__name__}: {error}"
+
+    threads = [threading.Thread(target=guarded, args=(i,), daemon=True) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(GENERATION_TIMEOUT_S + 60)
+    return runs
+
+
+# ---- the stack's side: browsers speaking the WebSocket protocol ------------------------------
+
+
+class Browser:
+    """One browser's session against the stack: a page load, then its generation socket."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.cookies = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.cookies))
+
+    def load_page(self) -> str:
+        """GET / (the session cookie) and the page token it renders."""
+        with self.opener.open(self.base_url + "/", timeout=60) as response:
+            match = PAGE_TOKEN.search(response.read().decode("utf-8", errors="replace"))
+        if match is None:
+            raise RuntimeError(f"{self.base_url}/ rendered no page token")
+        return match.group(1)
+
+    def connect(self, page_token: str):  # -> websockets.sync.client.ClientConnection
+        try:
+            from websockets.sync.client import connect  # requirements-dev.txt
+        except ImportError:
+            raise SystemExit("the stack benchmark needs `websockets` (pip install -r requirements-dev.txt)") from None
+        host = urlparse(self.base_url).netloc
+        return connect(
+            f"ws://{host}/ws/generate/?page_token={page_token}",
+            origin=self.base_url,
+            additional_headers={"Cookie": "; ".join(f"{c.name}={c.value}" for c in self.cookies)},
+            open_timeout=60,
+            max_size=None,
+        )
+
+
+def stack_client(base_url: str, model_id: int, questions: list[str], num_tokens: int) -> Callable:
+    """Client i asks questions[i] as a new conversation, greedy, for `num_tokens` tokens."""
+    overrides = {
+        "max_new_tokens": num_tokens,
+        "greedy": True,
+        "ignore_eos": True,
+        "num_alternatives": NUM_ALTERNATIVES,
+        "use_prefix_cache": False,
+    }
+
+    def one_client(index: int, barrier: threading.Barrier, run: ClientRun) -> None:
+        browser = Browser(base_url)
+        with browser.connect(browser.load_page()) as ws:
+            barrier.wait(timeout=120)
+            run.sent = time.perf_counter()
+            command = {"command": "generate", "content": questions[index], "model_id": model_id, "overrides": overrides}
+            ws.send(json.dumps(command))
+            deadline = run.sent + GENERATION_TIMEOUT_S
+            while True:
+                event = json.loads(ws.recv(timeout=max(1.0, deadline - time.perf_counter())))
+                if event.get("type") == "generation.tokens":
+                    now = time.perf_counter()  # each token of a coalesced message arrived with it
+                    run.token_times.extend(now for _ in event["steps"])
+                elif event.get("type") in ("generation.finished", "generation.error", "error"):
+                    run.ended, run.outcome = time.perf_counter(), event["type"]
+                    if event["type"] != "generation.finished":
+                        run.outcome += f" {event.get('code') or event.get('error_code')}: {event.get('message')}"
+                    return
+
+    return one_client
+
+
+def stack_model_id(base_url: str, source: str) -> int:
+    """The stack's id for the model `source` names (a bundled one by its catalogue name)."""
+    bundled = bundled_model(source)
+    name = bundled.name if bundled is not None else source
+    with urllib.request.urlopen(base_url.rstrip("/") + "/api/models/", timeout=60) as response:
+        models = json.loads(response.read())
+    for model in models:  # the shipped rows say where they come from: "SmolLM2-135M-Instruct (bundled)"
+        if model["name"] in (name, f"{name} (bundled)"):
+            if model.get("unavailable"):
+                raise SystemExit(f"the stack cannot serve {name}: {model['unavailable']}")
+            return model["id"]
+    raise SystemExit(f"the stack has no model named {name!r}; it has {[m['name'] for m in models]}")
+
+
+# ---- starting and stopping processes ----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_http(
+    url: str, process: subprocess.Popen, log_path: Path, timeout_s: float = STACK_READY_TIMEOUT_S
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{process.args[0]} exited ({process.returncode}); see {log_path}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{url} did not answer 200 within {timeout_s:.0f} s; see {log_path}")
+
+
+def stop_group(process: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM the process group (the supervisor stops its children in order), then SIGKILL."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@contextlib.contextmanager
+def started_stack(port: int, redis_port: int, dtype: str, device: str, work_dir: Path) -> Iterator[str]:
+    """`scripts/run.py` on `port` with its own Redis and a fresh DB; yields its base URL."""
+    env = os.environ | {
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "DATABASE_URL": f"sqlite:///{work_dir / 'db.sqlite3'}",
+        "DJANGO_SETTINGS_MODULE": "playground.settings",
+        "PLAYGROUND_DTYPE": dtype,
+        "PLAYGROUND_DEVICE": device,
+    }
+    log_path = work_dir / "stack.log"
+    migrate = [sys.executable, "-m", "django", "migrate", "--noinput"]
+    subprocess.run(migrate, cwd=REPO_DIR, env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, str(REPO_DIR / "scripts" / "run.py")],
+            cwd=REPO_DIR,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_for_http(base_url + "/", process, log_path)
+        yield base_url
+    finally:
+        stop_group(process)
+
+
+@contextlib.contextmanager
+def started_llama_server(binary: str, gguf: Path, num_tokens: int, work_dir: Path) -> Iterator[str]:
+    """llama-server on the GGUF with 16 slots and continuous batching; yields its base URL."""
+    port = free_port()
+    argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(LLAMA_SERVER_SLOTS)]
+    argv += ["-c", str(LLAMA_SERVER_SLOTS * (256 + num_tokens)), "--cont-batching", "-t", str(os.cpu_count() or 1)]
+    log_path = work_dir / "llama-server.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_for_http(base_url + "/health", process, log_path)
+        yield base_url
+    finally:
+        stop_group(process, grace_s=10.0)
+
+
+# ---- llama-server's side: its HTTP streaming /completion --------------------------------------
+
+
+def llama_server_client(base_url: str, prompt_ids: list[list[int]], num_tokens: int) -> Callable:
+    """Each client posts its prompt's token ids (the same ones the engine gets), greedy, with the
+    top-20 probabilities every token, and reads the server-sent events."""
+    address = urlparse(base_url)
+
+    def one_client(index: int, barrier: threading.Barrier, run: ClientRun) -> None:
+        body = {
+            "prompt": prompt_ids[index],
+            "n_predict": num_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "n_probs": NUM_ALTERNATIVES,
+            "cache_prompt": False,
+            "stream": True,
+        }
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=GENERATION_TIMEOUT_S)
+        try:
+            barrier.wait(timeout=120)
+            run.sent = time.perf_counter()
+            connection.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"llama-server answered {response.status}: {response.read()[:200]!r}")
+            for line in response:
+                if not line.startswith(b"data: "):
+                    continue
+                chunk = json.loads(line[len(b"data: ") :])
+                if chunk.get("stop"):
+                    run.ended, run.outcome = time.perf_counter(), "generation.finished"
+                    return
+                run.token_times.append(time.perf_counter())
+            run.outcome = "the stream ended without its last event"
+        finally:
+            connection.close()
+
+    return one_client
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m inference.bench stack", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 and 8 clients, 32 tokens each")
+    parser.add_argument("--model", default="bundled", help="a bundled model ('bundled:qwen2.5-coder-0.5b-instruct')")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--clients", default=None, help="comma-separated client counts (default 1,8,16; quick 1,8)")
+    parser.add_argument("--url", default=None, help="a running stack (http://host:port) instead of starting one")
+    parser.add_argument("--port", type=int, default=None, help="the started stack's HTTP port (default: a free one)")
+    parser.add_argument("--redis-port", type=int, default=None, help="the started stack's Redis (default: a free one)")
+    parser.add_argument("--llama-server", default=None, metavar="PATH", help="also measure this llama-server binary")
+    parser.add_argument("--gguf", default=None, help="the GGUF llama-server loads (default: the model's own)")
+    args = parser.parse_args(argv)
+    args.num_tokens = args.max_new_tokens or (32 if args.quick else 64)
+    try:
+        args.client_counts = tuple(int(c) for c in (args.clients or ("1,8" if args.quick else "1,8,16")).split(","))
+    except ValueError:
+        parser.error(f"--clients {args.clients!r}: comma-separated numbers, e.g. 1,8,16")
+    if args.num_tokens < 2 or any(n < 1 or n > len(QUESTIONS) for n in args.client_counts):
+        parser.error(f"--max-new-tokens >= 2 and 1 <= clients <= {len(QUESTIONS)} (got {args.client_counts})")
+    if args.url is not None and urlparse(args.url).hostname not in ("127.0.0.1", "localhost"):
+        parser.error(f"--url {args.url!r}: the load goes to this machine only (127.0.0.1 or localhost)")
+    return args
+
+
+def print_row(n: int, engine: dict[str, float], stack: dict[str, float], llama: dict[str, float] | None) -> None:
+    row = (
+        f"{n:>7} {engine['tok_s']:>10.1f} {engine['ttft_p50']:>6.0f}/{engine['ttft_p95']:<6.0f}"
+        f" {stack['tok_s']:>9.1f} {stack['ttft_p50']:>6.0f}/{stack['ttft_p95']:<6.0f}"
+        f" {stack['tok_s'] / engine['tok_s']:>10.2f} {stack['num_finished']:>8.0f}"
+    )
+    if llama is not None:
+        row += f" {llama['tok_s']:>12.1f} {llama['ttft_p50']:>6.0f}/{llama['ttft_p95']:<6.0f}"
+    print(row, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    engine = load(args.model, args.device, args.dtype, max(args.client_counts))
+    params = SamplingParams(
+        greedy=True,
+        max_new_tokens=args.num_tokens,
+        ignore_eos=True,
+        num_alternatives=NUM_ALTERNATIVES,
+        use_prefix_cache=False,
+    )
+    run_batched(engine, prompts(engine, 2), params)  # warm up
+    gguf = None
+    if args.llama_server:
+        gguf = Path(args.gguf) if args.gguf else gguf_source(EngineConfig(source=args.model))
+        if gguf is None:
+            raise SystemExit(f"--llama-server: {args.model} has no GGUF; pass --gguf PATH")
+    with tempfile.TemporaryDirectory(prefix="stack-bench-") as tmp, contextlib.ExitStack() as services:
+        work_dir = Path(tmp)
+        base_url = args.url or services.enter_context(
+            started_stack(args.port or free_port(), args.redis_port or free_port(), args.dtype, args.device, work_dir)
+        )
+        model_id = stack_model_id(base_url, args.model)
+        llama_url = (
+            services.enter_context(started_llama_server(args.llama_server, gguf, args.num_tokens, work_dir))
+            if gguf is not None
+            else None
+        )
+        # the worker loads its model on its first request: one short answer first
+        warm_up = run_clients(1, stack_client(base_url, model_id, ["Hello!"], 4))
+        if warm_up[0].outcome != "generation.finished":
+            raise SystemExit(f"the stack's warm-up request failed: {warm_up[0].outcome}")
+        print(
+            f"model {engine.info.name} ({engine.info.precision}, {engine.device}), {args.num_tokens} new tokens per "
+            f"client, greedy, top-{NUM_ALTERNATIVES} alternatives every step; stack at {base_url}; times in ms"
+        )
+        header = f"{'clients':>7} {'engine tok/s':>10} {'ttft p50/p95':>13} {'stack tok/s':>9} {'ttft p50/p95':>13}"
+        print(
+            header
+            + f" {'efficiency':>10} {'finished':>8}"
+            + (f" {'llama tok/s':>12} {'ttft p50/p95':>13}" if llama_url else "")
+        )
+        results: dict[str, dict[int, dict[str, float]]] = {"engine": {}, "stack": {}, "llama": {}}
+        for n in args.client_counts:  # side by side: each N on the engine, then the stack, then llama-server
+            prompt_ids = prompts(engine, n)
+            results["engine"][n] = run_batched(engine, prompt_ids, params)
+            results["stack"][n] = summarize_clients(
+                run_clients(n, stack_client(base_url, model_id, QUESTIONS[:n], args.num_tokens))
+            )
+            if llama_url is not None:
+                runs = run_clients(n, llama_server_client(llama_url, prompt_ids, args.num_tokens))
+                results["llama"][n] = summarize_clients(runs)
+            print_row(n, results["engine"][n], results["stack"][n], results["llama"].get(n))
+    keys = report_keys(results["engine"], results["stack"], results["llama"])
+    keys["all_finished"] = int(all(s["num_finished"] == n for n, s in results["stack"].items()))
+    print(format_keys(keys))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
