@@ -9,6 +9,7 @@ batch of prompts scored as single requests, a key's turns, 429 with Retry-After.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import http.client
 import json
 import sqlite3
@@ -35,6 +36,13 @@ def client(live_stack) -> openai.OpenAI:
     live_stack.ensure_worker()
     # Keyless on localhost: the client insists on some key; one without our "pg-" prefix is ignored.
     return openai.OpenAI(base_url=live_stack.base_url + "/v1", api_key="none", timeout=180, max_retries=0)
+
+
+def run_apart(main):
+    """`asyncio.run(main())` on a thread of its own: the clients' loop must not depend on whether
+    an earlier test left an event loop running on the test runner's thread."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(main())).result()
 
 
 def generation_status(live_stack, generation_id: int) -> str:
@@ -251,7 +259,7 @@ def test_eight_concurrent_keyless_async_streams_all_finish(live_stack) -> None:
         finally:
             await client.close()
 
-    results = asyncio.run(main())
+    results = run_apart(main)
     assert all(text and reason == "length" for text, reason, _, _ in results), results
     for _, _, timings, seen_ms in results:
         assert timings["queue_ms"] is not None and timings["predicted_n"] == 24
@@ -339,7 +347,7 @@ def test_a_key_beyond_its_concurrency_waits_for_its_turn(live_stack) -> None:
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        texts = asyncio.run(main())
+        texts = run_apart(main)
     finally:
         done.set()
         watcher.join()
