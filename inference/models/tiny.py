@@ -28,6 +28,16 @@ from inference.text.tokenization import bytes_to_unicode
 TINY_VOCAB_SIZE = 320  # 256 byte tokens + room for special tokens
 TINY_ARCHITECTURES = ("gpt2", "llama", "qwen2", "deepseek_v3", "gemma3")
 _SHARED = dict(vocab_size=TINY_VOCAB_SIZE, bos_token_id=256, eos_token_id=257, pad_token_id=257)
+# Llama and Qwen2 share their shape (Qwen2 adds QKV biases of its own)
+_DENSE = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    **_SHARED,
+)
 
 
 def tiny_config(arch: str, scale: int = 1) -> PretrainedConfig:
@@ -63,25 +73,9 @@ def _tiny_config(arch: str) -> PretrainedConfig:
     if arch == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **_SHARED)
     if arch == "llama":
-        return LlamaConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            **_SHARED,
-        )
+        return LlamaConfig(**_DENSE)
     if arch == "qwen2":
-        return Qwen2Config(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            **_SHARED,
-        )
+        return Qwen2Config(**_DENSE)
     if arch == "deepseek_v3":
         # MLA (low-rank q and kv with a decoupled rope part) and MoE after one dense layer
         return DeepseekV3Config(
@@ -105,19 +99,7 @@ def _tiny_config(arch: str) -> PretrainedConfig:
             max_position_embeddings=256,
             **_SHARED,
         )
-    if arch == "gemma3":  # Gemma-style: its tokenizers ask for BOS before raw text (add_bos_token)
-        return Gemma3TextConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=8,
-            sliding_window=16,
-            max_position_embeddings=256,
-            **_SHARED,
-        )
-    raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHITECTURES} or 'gemma3'")
+    raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHITECTURES}")
 
 
 def make_tiny_model(arch: str, seed: int = 0, scale: int = 1) -> PreTrainedModel:
