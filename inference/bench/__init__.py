@@ -4,7 +4,8 @@ Modes: `precision` (default: every weight precision's decode and prefill speed, 
 token and quality against float32, and llama.cpp on the same GGUF when installed), `decode`
 (our prefill/decode vs `model.generate`, and decode speed as a fraction of the memory-bandwidth
 bound), `batch` (continuous batching: N streams at once vs one by one), `stack` (the real
-serving stack's WebSocket clients against the engine alone on the same requests), `prefix` (prefix-cache
+serving stack's WebSocket clients against the engine alone on the same requests), `fairness`
+(another user's time to first token through the stack while one user loads the worker), `prefix` (prefix-cache
 time to first token), `pd` (colocated vs disaggregated prefill/decode), `determinism` (the same
 request cold, warm, batched and chunked: identical tokens and logprobs, and what that costs),
 `quality` (every bundled model x precision x preset answering English and Chinese questions,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 
-MODES = ("precision", "decode", "batch", "stack", "prefix", "pd", "determinism", "quality")
+MODES = ("precision", "decode", "batch", "stack", "fairness", "prefix", "pd", "determinism", "quality")
 
 
 def format_keys(results: dict) -> str:
