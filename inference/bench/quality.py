@@ -201,7 +201,7 @@ def run_model(
     for precision in precisions:
         engine = Engine.load(EngineConfig(source=source, dtype=precision))
         speed = decode_speed(engine)
-        for preset in shipped_presets():
+        for preset in [p for p in shipped_presets() if not args.preset or p["name"] in args.preset]:
             started = time.perf_counter()
             tally = measure(engine, preset, questions, args.seeds, args.max_new_tokens)
             row = {"model": engine.loaded.name, "source": source, "precision": precision, "preset": preset["name"]}
@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--model", action="append", help="a bundled model's source (repeatable; default: all)")
     parser.add_argument("--precision", default=None, help="comma-separated (default: float32,bfloat16,int8,int4)")
+    parser.add_argument("--preset", action="append", help="a shipped preset's name (repeatable; default: all)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (a CPU shared with other work: 1)")
     args = parser.parse_args(argv)
     if args.threads:
@@ -251,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         if bundled_model(source) is None:
             known = ", ".join(m.source for m in BUNDLED_MODELS)
             raise ValueError(f"--model={source!r} is not a bundled model ({known})")
+    known_presets = [p["name"] for p in shipped_presets()]
+    for name in args.preset or []:
+        if name not in known_presets:
+            raise ValueError(f"--preset={name!r} is not a shipped preset ({', '.join(known_presets)})")
     precisions = args.precision.split(",") if args.precision else ["float32", "bfloat16", "int8", "int4"]
     questions = pick_questions(args.quick)
     num_en = sum(q.language == "en" for q in questions)

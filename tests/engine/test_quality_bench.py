@@ -14,6 +14,7 @@ from inference.bench.quality import (
     QUESTIONS,
     Question,
     default_choice,
+    main,
     measure,
     pick_questions,
     preset_params,
@@ -102,3 +103,8 @@ def test_measure_counts_every_seed_per_language_and_runs_greedy_once(engine: Eng
     assert greedy.num_coherent["zh"] + sum(greedy.reasons.values()) == 6 - greedy.num_coherent["en"]
     sampled = measure(engine, {"name": "T1", "temperature": 1.0}, questions[:1], num_seeds=3, max_new_tokens=8)
     assert sampled.num_answers == {"en": 3, "zh": 0}
+
+
+def test_an_unknown_preset_is_refused_by_name_before_any_model_loads() -> None:
+    with pytest.raises(ValueError, match="--preset='Greedyy' is not a shipped preset"):
+        main(["--quick", "--preset", "Greedy", "--preset", "Greedyy"])
