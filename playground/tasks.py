@@ -76,10 +76,12 @@ def _announce_worker(sender: str, instance: Any = None, **kwargs: Any) -> None:
 @worker_shutting_down.connect
 def _stop_generations(**kwargs: Any) -> None:
     """SIGTERM or Ctrl-C: the running generations end now, each with its terminal event and its
-    row saved, so the shutdown neither waits for them nor leaves rows `running`."""
+    row saved, so the shutdown neither waits for them nor leaves rows `running`; then the worker
+    stops saying it is alive (the serving page and the queue checks see it gone at once)."""
     from playground.worker import generation
 
     generation.stop_for_shutdown()
+    liveness.stop_worker_heartbeats()
 
 
 @shared_task(bind=True, name=task_names.RUN_TEST_LOAD)

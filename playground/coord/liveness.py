@@ -97,11 +97,23 @@ def generation_heartbeat(generation_id: int, beat_class: type[Heartbeat] = Heart
         beat.stop()
 
 
+# This process's worker and queue beats: a worker that stops cleanly deletes their keys at once
+# (`stop_worker_heartbeats`), so pages stop listing it then, not a TTL later.
+_worker_beats: list[Heartbeat] = []
+
+
 def start_worker_heartbeat(worker_name: str) -> Heartbeat:
     """Beats for this worker process until it exits (a daemon thread) or `stop()`."""
     beat = Heartbeat(worker_routing.alive_key(worker_name), _WORKER_TTL_S, 1.0)
     beat.start()
+    _worker_beats.append(beat)
     return beat
+
+
+def stop_worker_heartbeats() -> None:
+    """This worker is going away: its alive and queue keys go now (a crash leaves them to expire)."""
+    while _worker_beats:
+        _worker_beats.pop().stop()
 
 
 class _QueueHeartbeat(Heartbeat):
@@ -136,6 +148,7 @@ def start_queue_heartbeat(worker_name: str, queues: Iterable[str]) -> Heartbeat 
         return None
     beat = _QueueHeartbeat(queue_keys, QUEUE_SEEN_TTL_S, 1.0)
     beat.start()
+    _worker_beats.append(beat)
     return beat
 
 

@@ -97,3 +97,17 @@ def test_a_queued_generation_ends_at_an_outage_and_a_running_one_is_left_to_its_
     assert liveness.end_queued_for_outage(running.pk) is None
     Generation.objects.filter(pk=running.pk).update(status="finished", text="done")  # its worker ended it
     assert liveness.end_queued_for_outage(running.pk)["type"] == "generation.finished"
+
+
+def test_a_worker_that_stops_cleanly_is_not_listed_alive_a_ttl_later(monkeypatch) -> None:
+    """SIGTERM/Ctrl-C (Celery's worker_shutting_down): the serving page must not show it idle."""
+    from playground import tasks
+    from playground.worker import generation
+
+    monkeypatch.setattr(generation, "stop_for_shutdown", lambda: None)  # no generation runs here
+    liveness.start_worker_heartbeat("leaving@test")
+    liveness.start_queue_heartbeat("leaving@test", ["gpu"])
+    assert "leaving@test" in liveness.alive_workers() and liveness.queue_has_consumer("gpu")
+    tasks._stop_generations()
+    assert "leaving@test" not in liveness.alive_workers()
+    assert not liveness.queue_has_consumer("gpu")
