@@ -68,9 +68,13 @@ run: prepare
 
 # The bundled models are prepared up front (once: ~30 s for SmolLM2, ~1-3 min and a 478 MB
 # download for Qwen2.5-Coder, with progress) rather than inside the first test that needs them.
+# Two pytest processes (pytest-xdist): the live-stack tests (tests/browser, tests/system) in one,
+# mostly waiting on the stack's own processes, while the in-process tests fill both; PYTEST_WORKERS=0
+# runs everything in this process.
+PYTEST_WORKERS ?= 2
 test: $(DEV_STAMP)
 	$(PY) -m inference.models.bundled
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 # The lint gate: ruff's rules and formatting as configured in pyproject.toml.
 lint: $(DEV_STAMP)

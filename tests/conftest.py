@@ -30,7 +30,9 @@ from scripts.redis_server import start_redis  # noqa: E402
 from scripts.run import DAPHNE_OPTIONS  # noqa: E402
 from scripts.worker import worker_argv  # noqa: E402
 
-ARTIFACTS_DIR = REPO_DIR / "test-artifacts" / "services"
+# `make test` runs two pytest-xdist workers (gw0, gw1): each process logs into its own folder.
+ARTIFACTS_DIR = REPO_DIR / "test-artifacts" / "services" / os.environ.get("PYTEST_XDIST_WORKER", "main")
+STACK_DIRS = ("browser", "system")  # tests/<dir>/: the tests of the shared live stack
 PREPARE_TIMEOUT_S = 600  # first run converts the bundled model (about 30 s, slower on a busy box)
 READY_TIMEOUT_S = 120  # worker and web server start-up (imports torch / Django)
 LOG_TAIL_LINES = 60
@@ -40,6 +42,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # Also registered in pytest.ini; repeated here so these files work under --strict-markers.
     config.addinivalue_line("markers", "e2e: real Redis + Celery worker + ASGI server processes")
     config.addinivalue_line("markers", "browser: drives Chromium through Playwright (needs e2e services)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`), every test of the live stack runs in one worker
+    process, so one stack serves them all (a worker kills and restarts it, a page counts its
+    workers); the other tests spread over both processes while that one waits on the stack."""
+    for item in items:
+        if item.path.parent.name in STACK_DIRS or "live_stack" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("live-stack"))
 
 
 def run_prepare_step(name: str, argv: list[str], env: dict[str, str]) -> None:
