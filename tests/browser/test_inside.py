@@ -19,7 +19,7 @@ from inference.models.bundled import BUNDLED_FOLDER_NAME
 from tests.conftest import run_prepare_step
 
 from .test_explorer import all_steps, next_token, open_explorer
-from .ui import chart_data, events, set_range, steps_of_last_generation, visible_piece, wait_for_events
+from .ui import chart_data, events, fmt_prob, set_range, steps_of_last_generation, visible_piece, wait_for_events
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -39,6 +39,22 @@ def test_processed_column_is_the_engines_exact_distribution(page):
             assert prob == pytest.approx(engine[alt["token_id"]], rel=1e-3)
     chosen = next(p for a, p in zip(step["top_raw"], processed) if a["token_id"] == step["token_id"])
     assert chosen == pytest.approx(math.exp(step["logprob"]), rel=1e-3)  # the "sampled p" badge agrees
+
+
+def test_at_temperature_1_without_filters_the_processed_column_is_the_streamed_raw_one(page):
+    """Issue 24: the old recompute showed 76.3% beside the streamed 77.2% for the same token."""
+    open_explorer(page)  # the explorer's defaults: temperature 1, top-k 0, top-p 1, min-p 0, penalty 1
+    next_token(page, 1)
+    step = all_steps(page)[-1]
+    expect(page.locator("#ex-processed-head")).to_have_attribute("data-exact", "true")
+    rows = page.locator("#ex-alternatives-list .alt-row:not(.alt-head)")
+    expect(rows).to_have_count(len(step["top_raw"]))
+    cells = rows.evaluate_all("(rs) => rs.map((r) => [...r.querySelectorAll('.num')].map((c) => c.textContent))")
+    assert [raw for raw, _ in cells] == [fmt_prob(a["prob"]) for a in step["top_raw"]]
+    assert [processed for _, processed in cells] == [raw for raw, _ in cells]
+    processed = chart_data(page, "dist-chart")["datasets"][1]["data"]
+    assert processed == [a["prob"] for a in step["top_raw"]][: len(processed)]  # the same numbers, not close ones
+    assert step["logprob"] == step["raw_logprob"]  # the step was drawn from the raw distribution itself
 
 
 def test_sampler_stages(page, screenshot_dir):

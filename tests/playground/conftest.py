@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from django.contrib.sessions.backends.db import SessionStore
+from django.utils import translation
 
 from playground.coord import cancel, store
 from playground.models import Generation, LanguageModel
@@ -17,12 +18,15 @@ from playground.web import owners
 
 @pytest.fixture(autouse=True)
 def app_settings(settings: Any, redis_url: str) -> Iterator[Any]:
-    """In-memory channel layer; the flags go to an empty private Redis."""
+    """In-memory channel layer; the flags go to an empty private Redis; the site's own language
+    (a test that activated Chinese in this thread must not change the next one's messages)."""
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.REDIS_URL = redis_url
     store.client().flushdb()
     cancel._cancelled_here.clear()  # a worker's own stops: ids repeat from test to test
+    translation.deactivate()
     yield settings
+    translation.deactivate()
 
 
 @dataclass(frozen=True)
