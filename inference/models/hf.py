@@ -24,6 +24,7 @@ from transformers import AttentionInterface, DynamicCache
 
 from inference.core.scheduler import Chunk
 from inference.kv.paged import PagedKVPool
+from inference.models.matmul import route_linears
 
 PAGED_ATTENTION = "playground_paged"
 _ACTIVE: contextvars.ContextVar[StepKV | None] = contextvars.ContextVar("paged_step", default=None)
@@ -157,10 +158,13 @@ class KVGeometry:
 class HFBatchedRunner:
     name = "transformers"
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, kernel_matmuls: bool = True) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.text_config = model.config.get_text_config()
+        # The model's linear layers on the fused kernels' matmul (CPU): a weight is read once per
+        # step for all its rows. The fast mode (`batch_invariant=False`) keeps torch's.
+        self.num_kernel_linears = route_linears(model) if kernel_matmuls else 0
         self.geometry = self._probe()
 
     def _language_attention(self) -> Callable[[], None]:

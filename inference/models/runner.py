@@ -47,7 +47,7 @@ class ModelRunner:
             self.pool = PagedKVPool(len(lean.layers), num_blocks, config.block_size, *shape, lean.dtype, self.device)
             self.llama = BatchedLlamaRunner(lean, self.pool)
         else:
-            self.hf = HFBatchedRunner(self.model)
+            self.hf = HFBatchedRunner(self.model, kernel_matmuls=config.batch_invariant)
             g = self.hf.geometry
             num_blocks = _num_blocks(config, g.num_layers, g.key_shape, g.value_shape, g.dtype)
             self.pool = self.hf.new_pool(num_blocks, config.block_size)
