@@ -34,18 +34,26 @@ def invariant_linear(
     return kernels.matmul(x, _FLOAT_KINDS[weight.dtype], weight.contiguous(), None, bias, out_dtype)
 
 
-def route_linears(model: torch.nn.Module) -> int:
-    """Every `nn.Linear` of a transformers model multiplies through `invariant_linear` from now on
-    (its `forward` replaced on the instance); returns how many. On a CPU the kernels read each
-    weight once for all of a step's rows (torch's float32 GEMM packs the weight for a few rows:
-    Gemma-3's 262k-row output layer took 3x one row's time at 4 rows, the kernel 1.6x). A no-op
-    (0) where the kernels do not run: another device, no compiler, or weights they do not take."""
+# Smaller weights stay on torch: a kernel call costs more fixed time than torch's (tiny test
+# models ran a fifth slower), and there is no weight traffic to save.
+MIN_KERNEL_ELEMENTS = 1 << 18
+
+
+def route_linears(model: torch.nn.Module, min_elements: int = MIN_KERNEL_ELEMENTS) -> int:
+    """Every `nn.Linear` of a transformers model with at least `min_elements` weights multiplies
+    through `invariant_linear` from now on (its `forward` replaced on the instance); returns how
+    many. On a CPU the kernels read each weight once for all of a step's rows (torch's float32
+    GEMM packs the weight for a few rows: Gemma-3's 262k-row output layer took 3x one row's time
+    at 4 rows, the kernel 1.6x). A no-op (0) where the kernels do not run: another device, no
+    compiler, or weights they do not take."""
     if cpu_kernels.load() is None:
         return 0
     routed = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if type(module) is torch.nn.Linear and weight.device.type == "cpu" and weight.dtype in _FLOAT_KINDS:
+        if type(module) is not torch.nn.Linear or weight.numel() < min_elements:
+            continue
+        if weight.device.type == "cpu" and weight.dtype in _FLOAT_KINDS:
             module.forward = _kernel_forward(module)
             routed += 1
     return routed

@@ -114,22 +114,25 @@ def test_beams_decode_in_the_same_steps_as_other_requests() -> None:
 
 @pytest.mark.parametrize("arch", ["gpt2", "gemma3"])
 def test_the_transformers_runner_multiplies_on_the_kernels_by_default_and_on_torch_in_the_fast_mode(arch) -> None:
-    """Every linear layer reads its weight once per step for all its rows (issue 22: Gemma-3's
+    """Every large linear layer reads its weight once per step for all its rows (issue 22: Gemma-3's
     output layer on torch's GEMM took 3x one row's time at 4 rows); fast mode keeps torch's."""
     from inference.kernels import cpu as cpu_kernels
+    from inference.models.matmul import MIN_KERNEL_ELEMENTS, route_linears
 
     if cpu_kernels.load() is None:
         pytest.skip("no C compiler: the kernels are not built")
     engine = engine_for(arch)
-    assert engine.runner.hf is not None
     linears = [m for m in engine.model.modules() if type(m) is torch.nn.Linear]
-    assert engine.runner.hf.num_kernel_linears == len(linears) > 0
-    layer = linears[-1]
+    large = [m for m in linears if m.weight.numel() >= MIN_KERNEL_ELEMENTS]
+    assert engine.runner.hf.num_kernel_linears == len(large)
+    assert [m for m in linears if "forward" in vars(m)] == large
+    model = make_tiny_model(arch)
+    assert route_linears(model, min_elements=0) == len(linears) > 0
+    layer = [m for m in model.modules() if type(m) is torch.nn.Linear][-1]
     x = torch.randn(3, layer.in_features)
     expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
     assert "forward" in vars(layer) and torch.allclose(layer(x[None])[0], expected, atol=1e-5)
-    one_row = layer(x[:1])  # a row's numbers do not depend on what shares the call
-    assert torch.equal(one_row[0], layer(x)[0])
+    assert torch.equal(layer(x[:1])[0], layer(x)[0])  # a row's numbers do not depend on what shares the call
     fast = engine_for(arch, batch_invariant=False)
     assert fast.runner.hf.num_kernel_linears == 0
     assert not any("forward" in vars(m) for m in fast.model.modules() if type(m) is torch.nn.Linear)
