@@ -56,6 +56,10 @@ class EngineConfig:
     block_size: int = 4
     max_num_seqs: int = 16  # sequences sharing one step
     max_num_batched_tokens: int = 512  # tokens (prefill chunks + decodes) in one step
+    # A step that prefills is cut to about this long (its tokens from the measured cost of one,
+    # `core.pacer`), so a newcomer's first token and every running answer's next one wait about
+    # two steps whatever the prompts beside them. None: the token budget alone.
+    max_step_ms: float | None = None
     # "auto": the lean Llama-family runner when it supports the model; "transformers": always generic.
     runner: str = "auto"
     # True: every token's logits are computed in one fixed order whatever shares its step (the
@@ -80,6 +84,8 @@ class EngineConfig:
         for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.max_step_ms is not None and not self.max_step_ms > 0:
+            raise ValueError(f"max_step_ms={self.max_step_ms} must be > 0 (or None: no time goal)")
         if self.runner not in ("auto", "transformers"):
             raise ValueError(f"runner={self.runner!r} is not 'auto' or 'transformers'")
         if self.eos_token_ids is not None and (

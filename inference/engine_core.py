@@ -26,6 +26,7 @@ import torch
 from inference.beams import BeamRequest
 from inference.config import EngineConfig
 from inference.core.block_manager import BlockManager
+from inference.core.pacer import StepPacer
 from inference.core.scheduler import Chunk, Scheduler, SchedulerOutput
 from inference.core.sequence import Sequence
 from inference.events import Event, Prefilled
@@ -51,6 +52,7 @@ class BatchStep:
     step_ms: float
     num_batched_tokens: int
     max_num_batched_tokens: int
+    token_budget: int  # this step's: the maximum, or fewer to keep the step near max_step_ms
     chunks: tuple[dict[str, Any], ...]  # {request_id, kind: prefill|decode, start, num_tokens, samples}
     num_running: int
     num_waiting: int
@@ -68,6 +70,7 @@ class EngineCore:
         self.runner, self.vocab, self.vision = runner, vocab, vision
         self.block_manager = BlockManager(runner.pool.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.pacer = StepPacer(config.max_step_ms, config.max_num_batched_tokens)
         self.requests: dict[int, AnyRequest] = {}
         self.owners: dict[int, AnyRequest] = {}  # seq_id -> the request it computes for
         self._ids = itertools.count()
@@ -206,7 +209,7 @@ class EngineCore:
     def step(self) -> list[tuple[int, Event]]:
         """One scheduler step: cancellations, then one forward pass for every scheduled chunk."""
         events = self._cancelled()
-        out = self.scheduler.schedule()
+        out = self.scheduler.schedule(self.pacer.token_budget())
         for seq in out.imported:
             owner = self.owners[seq.seq_id]
             events += self._guarded(owner, partial(self._import, owner))
@@ -222,6 +225,8 @@ class EngineCore:
             stepped = {self.owners[c.seq.seq_id].request_id: self.owners[c.seq.seq_id] for c in out.chunks}
             return events + self._fail(list(stepped.values()), exc)
         forward_ms = (time.perf_counter() - started) * 1000
+        if any(c.kind == "prefill" for c in out.chunks):
+            self.pacer.observe(out.num_batched_tokens, forward_ms)
         self.scheduler.update(out)
         events += self._sample(out.chunks, output, started, forward_ms)
         self._record(out, started)
@@ -412,6 +417,7 @@ class EngineCore:
             step_ms=(time.perf_counter() - started) * 1000,
             num_batched_tokens=out.num_batched_tokens,
             max_num_batched_tokens=self.scheduler.max_num_batched_tokens,
+            token_budget=self.scheduler.step_budget,
             chunks=tuple(
                 {
                     "request_id": self._request_id_of(c.seq),

@@ -81,6 +81,10 @@ PLAYGROUND_MAX_MESSAGE_BYTES = env_int(
 PLAYGROUND_WORKER_SLOTS = env_int("PLAYGROUND_WORKER_SLOTS", 16)
 PLAYGROUND_KV_CACHE_MB = env_int("PLAYGROUND_KV_CACHE_MB", 512)
 PLAYGROUND_MAX_BATCHED_TOKENS = env_int("PLAYGROUND_MAX_BATCHED_TOKENS", 512)
+# A step that prefills is kept near this many milliseconds (fewer tokens when one costs more), so
+# one user's long prompts delay another's first token by about two steps, not by the whole
+# prompt (docs/continuous-batching.md, "Fair sharing"). 0: the token budget alone.
+PLAYGROUND_MAX_STEP_MS = env_int("PLAYGROUND_MAX_STEP_MS", 500)
 
 # Liveness (see playground/liveness.py): a worker refreshes a per-generation key every
 # HEARTBEAT_INTERVAL; the key lives HEARTBEAT_TTL, so a missing key means a dead worker.

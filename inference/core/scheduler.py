@@ -60,6 +60,9 @@ class SchedulerOutput:
         return not self.chunks
 
 
+MIN_PREFILL_TOKENS = 16  # a step's prefill room however small its token budget
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         if max_num_seqs < 1:
@@ -69,6 +72,7 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.step_budget = max_num_batched_tokens  # this step's: at most the maximum (see schedule)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -91,7 +95,13 @@ class Scheduler:
     def num_used_slots(self) -> int:
         return sum(seq.num_slots for seq in self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, token_budget: int | None = None) -> SchedulerOutput:
+        """The next step's chunks, within `token_budget` tokens (None: `max_num_batched_tokens`;
+        never below one token per decoding sequence plus MIN_PREFILL_TOKENS, so a small budget
+        still lets every running answer take its token and a prompt move on)."""
+        num_decoding = sum(1 for s in self.running if not s.is_prefilling)
+        budget = self.max_num_batched_tokens if token_budget is None else token_budget
+        self.step_budget = min(self.max_num_batched_tokens, max(budget, num_decoding + MIN_PREFILL_TOKENS))
         out = SchedulerOutput()
         # Decodes first (one token each: time between tokens stays short), then prefill chunks.
         for seq in [s for s in self.running if not s.is_prefilling]:
@@ -109,7 +119,7 @@ class Scheduler:
 
     def _budget(self, out: SchedulerOutput) -> int:
         """Tokens left this step (a preempted chunk gives its share back)."""
-        return self.max_num_batched_tokens - out.num_batched_tokens
+        return self.step_budget - out.num_batched_tokens
 
     def _schedule_running(self, seq: Sequence, out: SchedulerOutput, limit: int) -> None:
         """The next chunk of a running sequence, of at most `limit` tokens (none once scheduled,

@@ -50,6 +50,7 @@ def get_engine(model: LanguageModel) -> Engine:
         max_num_seqs=settings.PLAYGROUND_WORKER_SLOTS,
         kv_cache_bytes=settings.PLAYGROUND_KV_CACHE_MB * 1024 * 1024,
         max_num_batched_tokens=settings.PLAYGROUND_MAX_BATCHED_TOKENS,
+        max_step_ms=settings.PLAYGROUND_MAX_STEP_MS or None,
     )
     key = (model.pk, config)
     with _lock:

@@ -80,8 +80,8 @@ function stepRow({ worker, step }) {
     h("span", { class: `sv-meta sv-what mono${preempted ? " sv-preempted" : ""}`,
       title: interpolate(ngettext("%(n)s token ran in this step; the budget is %(budget)s per step",
         "%(n)s tokens ran in this step; the budget is %(budget)s per step", step.num_batched_tokens),
-      { n: step.num_batched_tokens, budget: step.max_num_batched_tokens }) },
-    `${summary} · ${step.num_batched_tokens}/${step.max_num_batched_tokens} tok${preempted}`));
+      { n: step.num_batched_tokens, budget: step.token_budget }) },
+    `${summary} · ${step.num_batched_tokens}/${step.token_budget} tok${preempted}`));
   return { el, bar, numTokens: step.num_batched_tokens };
 }
 
@@ -89,7 +89,7 @@ function describe(step) {
   const decodes = step.chunks.filter((c) => c.kind === "decode").length;
   const prefills = step.chunks.length - decodes;
   return interpolate(gettext("step %(step)s: %(decodes)s decodes, %(prefills)s prefill chunks, %(n)s of %(budget)s tokens"),
-    { step: step.index, decodes, prefills, n: step.num_batched_tokens, budget: step.max_num_batched_tokens });
+    { step: step.index, decodes, prefills, n: step.num_batched_tokens, budget: step.token_budget });
 }
 
 function renderCards() {
@@ -123,7 +123,7 @@ function workerCard({ worker, step }) {
     h("div", { class: "sv-numbers" },
       number(gettext("running"), step.num_running, gettext("requests in the batch")),
       number(gettext("waiting"), step.num_waiting, gettext("requests waiting for a place in the batch")),
-      number(gettext("tokens"), `${step.num_batched_tokens}/${step.max_num_batched_tokens}`, gettext("tokens in this step / the step's budget")),
+      number(gettext("tokens"), `${step.num_batched_tokens}/${step.token_budget}`, gettext("tokens in this step / the step's budget")),
       number(gettext("step"), fmtMs(step.step_ms), gettext("time of this step: one forward pass for everyone, plus sampling")),
       number(gettext("preempted"), step.num_preemptions, gettext("requests preempted since the worker started (out of KV blocks)")),
       number(gettext("prefix hits"), `${Math.round(100 * (b.hit_rate ?? 0))}%`, gettext("prompt tokens served from shared blocks, over all prompt tokens"))),

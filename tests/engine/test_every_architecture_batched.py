@@ -136,3 +136,23 @@ def test_the_transformers_runner_multiplies_on_the_kernels_by_default_and_on_tor
     fast = engine_for(arch, batch_invariant=False)
     assert fast.runner.hf.num_kernel_linears == 0
     assert not any("forward" in vars(m) for m in fast.model.modules() if type(m) is torch.nn.Linear)
+
+
+def test_with_a_step_time_goal_a_long_prompt_is_cut_small_and_a_newcomer_answers_in_the_next_step() -> None:
+    """max_step_ms (core.pacer): once a prefill step was measured, steps shrink to the goal (here
+    below any step: the scheduler's floor), so another client's first token is one step away."""
+    from inference.core.scheduler import MIN_PREFILL_TOKENS
+
+    engine = engine_for("llama", max_step_ms=1e-6, max_num_batched_tokens=64)
+    params = SamplingParams(greedy=True, max_new_tokens=4, ignore_eos=True)
+    long = engine.add_request([(i * 7) % 250 + 3 for i in range(200)], params, client="a")
+    engine.step()
+    assert engine.last_batch_step.num_batched_tokens == 64  # nothing measured before it
+    engine.step()
+    assert engine.last_batch_step.token_budget == MIN_PREFILL_TOKENS
+    newcomer = engine.add_request([5, 6, 7, 8, 9], params, client="b")
+    events = engine.step()
+    assert any(rid == newcomer and isinstance(e, Step) for rid, e in events)  # its first token, now
+    assert engine.last_batch_step.num_batched_tokens <= MIN_PREFILL_TOKENS + 1
+    finished = step_all(engine, [long, newcomer])
+    assert len(tokens(finished[long])) == 4 and len(tokens(finished[newcomer])) == 3

@@ -315,3 +315,49 @@ def test_a_no_kv_cache_recompute_is_charged_to_its_client() -> None:
     s.add(light)
     out = step(s)
     assert any(c.seq is light and c.is_last for c in out.chunks)
+
+
+def test_a_step_budget_below_the_maximum_chunks_the_prompt_but_never_starves_the_decodes() -> None:
+    """The pacer's budget (core.pacer): a smaller step, still room for every decode and a prompt."""
+    from inference.core.scheduler import MIN_PREFILL_TOKENS
+
+    s = Scheduler(BlockManager(256, 4), max_num_seqs=40, max_num_batched_tokens=512)
+    decoding = [seq(2, first=1000 + 10 * i) for i in range(30)]
+    for x in decoding:
+        s.add(x)
+    step(s)  # all prefilled: 30 sequences decode from now on
+    long = seq(400, first=5000)
+    s.add(long)
+    out = s.schedule(token_budget=8)  # below the decodes: raised to them + MIN_PREFILL_TOKENS
+    assert s.step_budget == 30 + MIN_PREFILL_TOKENS
+    assert [c.seq for c in out.chunks if c.kind == "decode"] == decoding
+    assert [(c.seq, c.num_tokens) for c in out.chunks if c.kind == "prefill"] == [(long, MIN_PREFILL_TOKENS)]
+    s.update(out)
+    for c in out.chunks:
+        if c.is_last:
+            c.seq.append_token(7)
+    out = s.schedule(token_budget=100)
+    assert s.step_budget == 100 and out.num_batched_tokens == 100  # 30 decodes + 70 of the prompt
+    s.update(out)
+    assert s.schedule(token_budget=10_000) and s.step_budget == 512  # never above the maximum
+
+
+def test_the_pacer_keeps_prefill_steps_near_the_time_goal() -> None:
+    from inference.core.pacer import StepPacer
+
+    pacer = StepPacer(max_step_ms=500, max_num_batched_tokens=512)
+    assert pacer.token_budget() == 512  # nothing measured yet
+    pacer.observe(num_tokens=8, forward_ms=400)  # a small step is mostly fixed cost: not a token's
+    assert pacer.token_budget() == 512
+    pacer.observe(num_tokens=512, forward_ms=5120)  # 10 ms a token: a 0.5B model on 2 cores
+    assert pacer.token_budget() == 50
+    pacer.observe(num_tokens=50, forward_ms=1000)  # the context grew: 20 ms a token now
+    assert pacer.token_budget() == int(500 / (0.7 * 10 + 0.3 * 20))
+    fast = StepPacer(max_step_ms=500, max_num_batched_tokens=512)
+    fast.observe(num_tokens=512, forward_ms=50)
+    assert fast.token_budget() == 512  # a fast model keeps the whole budget
+    untimed = StepPacer(max_step_ms=None, max_num_batched_tokens=512)
+    untimed.observe(num_tokens=512, forward_ms=1e6)
+    assert untimed.token_budget() == 512
+    with pytest.raises(ValueError, match="max_step_ms=0"):
+        StepPacer(max_step_ms=0, max_num_batched_tokens=512)

@@ -1,0 +1,39 @@
+"""How many tokens the next step may batch so that a step which prefills stays near a time goal.
+
+Owns: the measured cost of one batched token (a forward pass's milliseconds over its tokens,
+averaged over recent steps that prefilled) and the token budget it gives for `max_step_ms`.
+A step cannot be interrupted, so whoever arrives waits for the one in flight and then for their
+own: with steps near `max_step_ms`, a newcomer's first token comes within about two of them, and
+every running answer gets a token at least that often, however long the prompts beside them
+(a 512-token chunk of a 0.5B model takes ~5 s on a 2-core CPU; the budget then falls to ~50).
+Plain bookkeeping: the engine core feeds it each step's size and time.
+Must not know: requests, clients, the model.
+"""
+
+from __future__ import annotations
+
+MIN_SAMPLE_TOKENS = 32  # smaller steps are mostly fixed cost: they would overstate a token's
+SMOOTHING = 0.3  # weight of the newest step in the running average (costs drift with context)
+
+
+class StepPacer:
+    def __init__(self, max_step_ms: float | None, max_num_batched_tokens: int) -> None:
+        if max_step_ms is not None and max_step_ms <= 0:
+            raise ValueError(f"max_step_ms={max_step_ms} must be > 0 (or None: no time goal)")
+        self.max_step_ms = max_step_ms
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.ms_per_token: float | None = None  # None until a prefill step was measured
+
+    def observe(self, num_tokens: int, forward_ms: float) -> None:
+        """One step's size and the time of its forward pass."""
+        if num_tokens < MIN_SAMPLE_TOKENS:
+            return
+        cost = forward_ms / num_tokens
+        previous = cost if self.ms_per_token is None else self.ms_per_token
+        self.ms_per_token = (1 - SMOOTHING) * previous + SMOOTHING * cost
+
+    def token_budget(self) -> int:
+        """Tokens the next step may batch: the configured maximum, or fewer to stay near the goal."""
+        if self.max_step_ms is None or self.ms_per_token is None:
+            return self.max_num_batched_tokens
+        return max(1, min(self.max_num_batched_tokens, int(self.max_step_ms / self.ms_per_token)))
