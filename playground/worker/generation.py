@@ -188,8 +188,14 @@ class GenerationRun:
     # ---- the generation ----------------------------------------------------------------
 
     def _generate(self, load_engine: Callable[[LanguageModel], Engine]) -> Finished:
-        _, params, prompt_ids = self._start(load_engine)
-        return self._stream(self._submit(prompt_ids, params))
+        params = self._read_params()
+        engine = self._load(load_engine)
+        prompt_ids, prompt = self._prompt(engine, engine.info.max_context)
+        # Into the batch at once, while the loop waits for it (serve_loop.FOLLOW_UP_S); its events
+        # wait in its outbox until `generation.started` (saved and sent next) went out first.
+        events = self._submit(prompt_ids, params)
+        self.announce(prompt, len(prompt_ids))
+        return self._stream(events)
 
     def _submit(
         self, prompt_ids: list[int], params: SamplingParams, handoff: Handoff | None = None, prefill_only: bool = False
@@ -345,7 +351,7 @@ class GenerationRun:
             )
 
         try:
-            return _Built(self.loop.call(build), image_records)
+            return _Built(self.loop.call(build, follow_up=True), image_records)  # its request comes next
         except PromptError as exc:
             raise CommandError(exc.code, str(exc)) from exc
 

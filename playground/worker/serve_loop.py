@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PollCancelled = Callable[[list[int]], set[int]]  # generation ids -> those whose user pressed stop
+FOLLOW_UP_S = 0.05  # how long the loop waits for a command announced as following (`call`)
 EVENT_TIMEOUT_S = 600.0  # a request that gets no event for this long: the loop is stuck
 
 
@@ -60,7 +61,7 @@ class ServeLoop:
         self.engine = engine
         self.poll_cancelled = poll_cancelled
         self.observer = observer
-        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue, bool]] = queue.SimpleQueue()
         self._outboxes: dict[int, queue.SimpleQueue] = {}
         self._generation_of: dict[int, int] = {}  # request id -> generation id (for the cancel check)
         self._waiting_since: dict[int, float] = {}
@@ -74,10 +75,12 @@ class ServeLoop:
 
     # ---- called from task threads ------------------------------------------------------
 
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """Runs `fn` on the loop thread between two steps and returns its result (or raises)."""
+    def call(self, fn: Callable[[], Any], follow_up: bool = False) -> Any:
+        """Runs `fn` on the loop thread between two steps and returns its result (or raises).
+        `follow_up`: the caller sends another command right after (a prompt built, then its
+        request): the loop waits up to FOLLOW_UP_S for it before the next step."""
         reply: queue.SimpleQueue = queue.SimpleQueue()
-        self._commands.put((fn, reply))
+        self._commands.put((fn, reply, follow_up))
         ok, value = reply.get()
         if not ok:
             raise value
@@ -176,7 +179,7 @@ class ServeLoop:
 
     def _run_commands(self, block: bool) -> None:
         try:
-            fn, reply = self._commands.get(timeout=1.0) if block else self._commands.get_nowait()
+            fn, reply, follows = self._commands.get(timeout=1.0) if block else self._commands.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -185,7 +188,9 @@ class ServeLoop:
             except Exception as exc:
                 reply.put((False, exc))
             try:
-                fn, reply = self._commands.get_nowait()
+                # A task whose prompt was just built here hands its request in right after: wait a
+                # moment for it, or it would wait for a whole step (its first token: two steps).
+                fn, reply, follows = self._commands.get(timeout=FOLLOW_UP_S if follows else 0.0)
             except queue.Empty:
                 return
 
