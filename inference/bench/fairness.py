@@ -29,6 +29,7 @@ from pathlib import Path
 from inference.bench import format_keys, percentile
 from inference.bench.batch import QUESTIONS
 from inference.bench.stack import Browser, free_port, stack_model_id, started_stack
+from inference.bundled_models import QWEN_CODER
 
 B_TOKENS = 32
 NUM_ALTERNATIVES = 20
@@ -147,7 +148,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m inference.bench fairness", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 samples per load instead of 10")
     parser.add_argument("--samples", type=int, default=None, help="B's questions per load")
-    parser.add_argument("--model", default="bundled", help="a bundled model ('bundled:qwen2.5-coder-0.5b-instruct')")
+    parser.add_argument("--model", default=QWEN_CODER.source, help="the model B and A ask (default: make run's)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--loads", default="none,long_prompts,no_kv", help="comma-separated, from the default")

@@ -5,7 +5,7 @@ averaged over recent steps that prefilled) and the token budget it gives for `ma
 A step cannot be interrupted, so whoever arrives waits for the one in flight and then for their
 own: with steps near `max_step_ms`, a newcomer's first token comes within about two of them, and
 every running answer gets a token at least that often, however long the prompts beside them
-(a 512-token chunk of a 0.5B model takes ~5 s on a 2-core CPU; the budget then falls to ~50).
+(a 512-token chunk of a 0.5B model takes ~5 s on a 2-core CPU; the budget then falls to ~40).
 Plain bookkeeping: the engine core feeds it each step's size and time.
 Must not know: requests, clients, the model.
 """
@@ -22,15 +22,19 @@ class StepPacer:
             raise ValueError(f"max_step_ms={max_step_ms} must be > 0 (or None: no time goal)")
         self.max_step_ms = max_step_ms
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.ms_per_token: float | None = None  # None until a prefill step was measured
+        self.average_ms = 0.0  # a batched token's cost, averaged over recent prefill steps
+        self.ms_per_token: float | None = None  # the cost the budget assumes; None until measured
 
     def observe(self, num_tokens: int, forward_ms: float) -> None:
         """One step's size and the time of its forward pass."""
         if num_tokens < MIN_SAMPLE_TOKENS:
             return
         cost = forward_ms / num_tokens
-        previous = cost if self.ms_per_token is None else self.ms_per_token
-        self.ms_per_token = (1 - SMOOTHING) * previous + SMOOTHING * cost
+        previous = cost if self.ms_per_token is None else self.average_ms
+        self.average_ms = (1 - SMOOTHING) * previous + SMOOTHING * cost
+        # The larger of the average and the latest: a long prompt's tokens cost more as its context
+        # grows, and an average alone lags behind that growth (steps then overran the goal).
+        self.ms_per_token = max(self.average_ms, cost)
 
     def token_budget(self) -> int:
         """Tokens the next step may batch: the configured maximum, or fewer to stay near the goal."""

@@ -352,7 +352,9 @@ def test_the_pacer_keeps_prefill_steps_near_the_time_goal() -> None:
     pacer.observe(num_tokens=512, forward_ms=5120)  # 10 ms a token: a 0.5B model on 2 cores
     assert pacer.token_budget() == 50
     pacer.observe(num_tokens=50, forward_ms=1000)  # the context grew: 20 ms a token now
-    assert pacer.token_budget() == int(500 / (0.7 * 10 + 0.3 * 20))
+    assert pacer.token_budget() == 25  # the latest cost, not the lagging average (13 ms)
+    pacer.observe(num_tokens=50, forward_ms=250)  # a cheaper step: the average (10.6 ms) decides
+    assert pacer.token_budget() == int(500 / (0.7 * (0.7 * 10 + 0.3 * 20) + 0.3 * 5))
     fast = StepPacer(max_step_ms=500, max_num_batched_tokens=512)
     fast.observe(num_tokens=512, forward_ms=50)
     assert fast.token_budget() == 512  # a fast model keeps the whole budget
