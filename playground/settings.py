@@ -84,7 +84,7 @@ PLAYGROUND_MAX_BATCHED_TOKENS = env_int("PLAYGROUND_MAX_BATCHED_TOKENS", 512)
 # A step that prefills is kept near this many milliseconds (fewer tokens when one costs more), so
 # one user's long prompts delay another's first token by about two steps, not by the whole
 # prompt (docs/continuous-batching.md, "Fair sharing"). 0: the token budget alone.
-PLAYGROUND_MAX_STEP_MS = env_int("PLAYGROUND_MAX_STEP_MS", 400)
+PLAYGROUND_MAX_STEP_MS = env_int("PLAYGROUND_MAX_STEP_MS", 500)
 
 # Liveness (see playground/liveness.py): a worker refreshes a per-generation key every
 # HEARTBEAT_INTERVAL; the key lives HEARTBEAT_TTL, so a missing key means a dead worker.
