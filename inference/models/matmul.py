@@ -48,21 +48,21 @@ def route_linears(model: torch.nn.Module, min_elements: int = MIN_KERNEL_ELEMENT
     compiler, or weights they do not take."""
     if cpu_kernels.load() is None:
         return 0
-    routed = 0
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if type(module) is not torch.nn.Linear or weight.numel() < min_elements:
-            continue
-        if weight.device.type == "cpu" and weight.dtype in _FLOAT_KINDS:
-            module.forward = _kernel_forward(module)
-            routed += 1
-    return routed
+    routed = [
+        m
+        for m in model.modules()
+        if type(m) is torch.nn.Linear
+        and m.weight.numel() >= min_elements
+        and m.weight.device.type == "cpu"
+        and m.weight.dtype in _FLOAT_KINDS
+    ]
+    for module in routed:
+        module.forward = _kernel_forward(module)
+    return len(routed)
 
 
 def _kernel_forward(module: torch.nn.Linear):
-    def forward(x: torch.Tensor) -> torch.Tensor:  # x (..., in) -> (..., out)
-        if x.dtype not in _FLOAT_KINDS:
-            return torch.nn.functional.linear(x, module.weight, module.bias)
+    def forward(x: torch.Tensor) -> torch.Tensor:  # x (..., in) -> (..., out); other dtypes: torch's
         out = invariant_linear(x.reshape(-1, x.shape[-1]), module.weight, module.bias)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 

@@ -28,16 +28,16 @@ from inference.text.tokenization import bytes_to_unicode
 TINY_VOCAB_SIZE = 320  # 256 byte tokens + room for special tokens
 TINY_ARCHITECTURES = ("gpt2", "llama", "qwen2", "deepseek_v3", "gemma3")
 _SHARED = dict(vocab_size=TINY_VOCAB_SIZE, bos_token_id=256, eos_token_id=257, pad_token_id=257)
-# Llama and Qwen2 share their shape (Qwen2 adds QKV biases of its own)
-_DENSE = dict(
+# Llama, Qwen2 (QKV biases of its own) and the tests' Mistral share one shape
+DENSE_SHAPE = dict(
     hidden_size=32,
     intermediate_size=64,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=256,
-    **_SHARED,
 )
+_DENSE = dict(**DENSE_SHAPE, **_SHARED)
 
 
 def tiny_config(arch: str, scale: int = 1) -> PretrainedConfig:

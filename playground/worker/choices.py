@@ -29,6 +29,7 @@ from playground.worker.publisher import send_to_group
 
 if TYPE_CHECKING:
     from inference.engine import Engine
+    from inference.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -93,19 +94,23 @@ class UnitRun:
 
     def _start(self, load_engine: Callable[[LanguageModel], Engine]) -> list[Any]:
         leader = self.runs[0]
-        _, params, prompt_ids = leader._start(load_engine)
+
+        def submit(prompt_ids: list[int], params: SamplingParams) -> list[Any]:
+            try:
+                return leader.loop.submit_parallel(
+                    prompt_ids,
+                    params,
+                    [run.generation.pk for run in self.runs],
+                    images=leader.images,
+                    client=leader.generation.owner,
+                )
+            except ValueError as exc:  # the engine refused the request (e.g. it could never fit the KV pool)
+                raise CommandError("invalid_params", str(exc)) from exc
+
+        _, _, prompt_ids, streams = leader._start(load_engine, submit)
         for run in self.runs[1:]:
             run.start_like(leader, leader.prompt_record, len(prompt_ids))
-        try:
-            return leader.loop.submit_parallel(
-                prompt_ids,
-                params,
-                [run.generation.pk for run in self.runs],
-                images=leader.images,
-                client=leader.generation.owner,
-            )
-        except ValueError as exc:  # the engine refused the request (e.g. it could never fit the KV pool)
-            raise CommandError("invalid_params", str(exc)) from exc
+        return streams
 
     def _end_all(self, error: CommandError) -> None:
         for run in self.runs:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from django.conf import settings
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from inference.kv.transfer import Handoff
     from inference.vision.images import PromptImage
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 SAVE_PARTIAL_EVERY_S = 1.0  # what a killed worker loses at most
@@ -188,13 +189,7 @@ class GenerationRun:
     # ---- the generation ----------------------------------------------------------------
 
     def _generate(self, load_engine: Callable[[LanguageModel], Engine]) -> Finished:
-        params = self._read_params()
-        engine = self._load(load_engine)
-        prompt_ids, prompt = self._prompt(engine, engine.info.max_context)
-        # Into the batch at once, while the loop waits for it (serve_loop.FOLLOW_UP_S); its events
-        # wait in its outbox until `generation.started` (saved and sent next) went out first.
-        events = self._submit(prompt_ids, params)
-        self.announce(prompt, len(prompt_ids))
+        _, _, _, events = self._start(load_engine, self._submit)
         return self._stream(events)
 
     def _submit(
@@ -214,13 +209,19 @@ class GenerationRun:
         except ValueError as exc:  # the engine refused the request (e.g. it could never fit the KV pool)
             raise CommandError("invalid_params", str(exc)) from exc
 
-    def _start(self, load_engine: Callable[[LanguageModel], Engine]) -> tuple[Engine, SamplingParams, list[int]]:
-        """Loads the model, builds and saves the prompt, announces `generation.started`."""
+    def _start(
+        self, load_engine: Callable[[LanguageModel], Engine], submit: Callable[[list[int], SamplingParams], T]
+    ) -> tuple[Engine, SamplingParams, list[int], T]:
+        """Loads the model, builds the prompt, hands it to `submit` (what it returns comes back
+        last), then saves the prompt and announces `generation.started`. Submitted first: the loop
+        waits for a request right after its prompt's build (serve_loop.FOLLOW_UP_S), so it joins
+        the next step; its events wait in their outbox until the announcement went out."""
         params = self._read_params()
         engine = self._load(load_engine)
         prompt_ids, prompt = self._prompt(engine, engine.info.max_context)
+        submitted = submit(prompt_ids, params)
         self.announce(prompt, len(prompt_ids))
-        return engine, params, prompt_ids
+        return engine, params, prompt_ids, submitted
 
     def _read_params(self) -> SamplingParams:
         self.answer_id = self.generation.answer_message_id()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -36,7 +36,10 @@ from playground.worker.publisher import send_to_group
 
 if TYPE_CHECKING:
     from inference.engine import Engine
+    from inference.events import Event
     from inference.kv.transfer import Handoff
+    from inference.sampling_params import SamplingParams
+    from playground.worker.serve_loop import Waiting
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,12 @@ EnqueueDecode = Callable[[int, str], None]
 
 def blob_store() -> kv_store.BlobStore:
     return kv_store.open_store(settings.PLAYGROUND_KV_STORE, settings.PLAYGROUND_KV_TTL_S, store.client())
+
+
+def _hands_over(params: SamplingParams) -> bool:
+    """Whether the prefill worker hands this request's KV to a decode worker: not for beam search
+    (several caches) nor without a KV cache (nothing to hand over)."""
+    return not params.is_beam_search and params.use_kv_cache
 
 
 def _now_ms() -> float:
@@ -115,13 +124,19 @@ class PrefillRun(GenerationRun):
         self.is_handed_off = False  # from then on the decode worker owns the row and reports the end
 
     def _generate(self, load_engine: LoadEngine) -> Finished | None:
-        engine, params, prompt_ids = self._start(load_engine)
-        if params.is_beam_search or not params.use_kv_cache:
+        prefill_start = 0.0
+
+        def submit(prompt_ids: list[int], params: SamplingParams) -> Iterator[Event | Waiting]:
+            nonlocal prefill_start
+            prefill_start = _now_ms()
             # Beam search keeps several caches and no-KV-cache mode none: nothing to hand over.
-            return self._stream(self._submit(prompt_ids, params))
-        prefill_start = _now_ms()
+            return self._submit(prompt_ids, params, prefill_only=_hands_over(params))
+
+        engine, params, _, events = self._start(load_engine, submit)
+        if not _hands_over(params):
+            return self._stream(events)
         # The prefill and first token in this worker's batch (streamed as usual), then the handoff.
-        outcome = self._stream(self._submit(prompt_ids, params, prefill_only=True), until=HandedOff)
+        outcome = self._stream(events, until=HandedOff)
         if isinstance(outcome, Finished):  # cancelled while it waited for room in the batch
             return outcome
         handoff = outcome.handoff

@@ -13,6 +13,7 @@ from inference.core.scheduler import Chunk
 from inference.core.sequence import Sequence
 from inference.engine import Engine
 from inference.models.runner import StepOutput
+from inference.models.tiny import DENSE_SHAPE, TINY_VOCAB_SIZE
 from tests.engine.engines import engine_for, hf_greedy, run
 
 TINY_ARCHS = ["gpt2", "llama", "qwen2", "deepseek_v3"]
@@ -265,16 +266,7 @@ class ScriptedRunner:
 def tiny_mistral(sliding_window: int | None):
     from transformers import AutoModelForCausalLM, MistralConfig
 
-    config = MistralConfig(
-        vocab_size=320,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        sliding_window=sliding_window,
-    )
+    config = MistralConfig(vocab_size=TINY_VOCAB_SIZE, **DENSE_SHAPE, sliding_window=sliding_window)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
