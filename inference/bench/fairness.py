@@ -44,7 +44,7 @@ RECV_TIMEOUT_S = 600.0
 class Load:
     """User A's side: its generations, started on one socket, followed until they end or stop."""
 
-    generation_ids: list[str] = field(default_factory=list)
+    generation_ids: list[int] = field(default_factory=list)
     is_running: threading.Event = field(default_factory=threading.Event)
     is_over: threading.Event = field(default_factory=threading.Event)
     outcomes: list[str] = field(default_factory=list)
