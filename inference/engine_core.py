@@ -15,8 +15,9 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
@@ -156,23 +157,46 @@ class EngineCore:
     def teacher_force(self, prompt_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
         """float32 logits (len(answer_ids) + 1, vocab) predicting each answer token and the one
         after, computed as a stream computes them: the prompt in one pass, then one decode step
-        per answer token (the served path's kernels and rounding). Runs between two steps, in
-        blocks of its own, shared with no one."""
-        seq = Sequence(list(prompt_ids), SamplingParams(use_prefix_cache=False))
-        num_blocks = seq.num_blocks_needed(self.block_manager.block_size, seq.num_tokens + len(answer_ids))
-        if num_blocks > self.block_manager.num_free_blocks:
-            raise ValueError("the KV pool has no room for this replay now: try again when the batch is smaller")
-        self.block_manager.allocate(seq)
-        try:
+        per answer token (the served path's kernels and rounding)."""
+        with self._scratch(prompt_ids, len(answer_ids)) as seq:
             rows = [self.runner.run([Chunk(seq, 0, seq.num_tokens, True, "prefill")]).logits[0]]
             for token_id in answer_ids:
                 seq.num_computed_tokens = seq.num_tokens
                 seq.append_token(token_id)
                 self.block_manager.append_slots(seq, seq.num_tokens)
                 rows.append(self.runner.run([Chunk(seq, seq.num_tokens - 1, 1, True, "decode")]).logits[0])
+        return torch.stack(rows)
+
+    def score(self, token_ids: list[int], read: Callable[[int, torch.Tensor], None], max_rows: int = 256) -> None:
+        """Every position's float32 logits through the served path (row i predicts token i + 1),
+        handed to `read(first_position, logits (n, vocab))` in chunks of at most `max_rows`
+        positions (a long prompt's whole logits would not fit: 2,000 x 152k x 4 bytes)."""
+        with self._scratch(token_ids) as seq:
+            for start in range(0, seq.num_tokens, max_rows):
+                num_tokens = min(max_rows, seq.num_tokens - start)
+                is_last = start + num_tokens == seq.num_tokens
+                chunk = Chunk(seq, start, num_tokens, is_last, "prefill", is_scored=True)
+                read(start, self.runner.run([chunk]).logits)
+
+    def read_layers(self, token_ids: list[int]) -> torch.Tensor:
+        """The logit lens at the last of `token_ids`: float32 (L + 1, vocab), read after the
+        embedding and after each layer of the served pass; the last row is its own logits."""
+        with self._scratch(token_ids) as seq:
+            return self.runner.run_layers([Chunk(seq, 0, seq.num_tokens, True, "prefill")])[:, 0]
+
+    @contextmanager
+    def _scratch(self, token_ids: list[int], num_more: int = 0) -> Iterator[Sequence]:
+        """A sequence of `token_ids` in blocks of its own (room for `num_more` tokens), shared
+        with no one and freed after: an inspection's. Runs between two steps."""
+        seq = Sequence(list(token_ids), SamplingParams(use_prefix_cache=False))
+        num_blocks = seq.num_blocks_needed(self.block_manager.block_size, seq.num_tokens + num_more)
+        if num_blocks > self.block_manager.num_free_blocks:
+            raise ValueError("the KV pool has no room for this replay now: try again when the batch is smaller")
+        self.block_manager.allocate(seq)
+        try:
+            yield seq
         finally:
             self.block_manager.deallocate(seq)
-        return torch.stack(rows)
 
     def stats(self) -> dict[str, Any]:
         """The batch and its KV pool now: for the live view and the metrics."""

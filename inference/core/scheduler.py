@@ -23,17 +23,29 @@ from dataclasses import dataclass, field
 from inference.core.block_manager import BlockManager
 from inference.core.sequence import Sequence, SequenceStatus
 
+# A step that gives someone their first token carries at most this fraction (1/N) of its budget
+# of other clients' long prompts: newcomers' first tokens come after a short step, not a full one.
+FIRST_TOKEN_SHARE = 4
+
 
 @dataclass(frozen=True)
 class Chunk:
     """`seq.token_ids[start:start + num_tokens]` go through the model in this step.
-    `is_last`: the chunk reaches the sequence's last token, so its logits give the next token."""
+    `is_last`: the chunk reaches the sequence's last token, so its logits give the next token.
+    `is_scored`: logits for every row of the chunk (scoring a prompt), not only a last one."""
 
     seq: Sequence
     start: int
     num_tokens: int
     is_last: bool
     kind: str  # "prefill" (the prompt, or a preempted sequence's recompute) or "decode"
+    is_scored: bool = False
+
+    def logit_offsets(self) -> range:
+        """The chunk's rows (from its first) whose logits the step computes."""
+        if self.is_scored:
+            return range(self.num_tokens)
+        return range(self.num_tokens - 1, self.num_tokens) if self.is_last else range(0)
 
     @classmethod
     def next_of(cls, seq: Sequence, num_tokens: int) -> Chunk:
@@ -134,14 +146,29 @@ class Scheduler:
         """When several clients have prompts to prefill, each first gets a chunk of an equal share
         of the step's budget (its oldest running prefill, else its oldest waiting request), so one
         client's long prompts (or no-KV-cache recomputes) cannot hold everyone else's first token;
-        what is left then goes in arrival order."""
+        what is left then goes in arrival order. First tokens first: when some clients' prompts end
+        within their share and others' do not, the short ones go whole and the long ones share a
+        `FIRST_TOKEN_SHARE`th of the budget, and the step takes nothing more, so a newcomer's first
+        token rides on a short step rather than on a full one of someone's long prompt."""
         work: dict[str, Sequence] = {}
         for seq in [s for s in self.running if s.is_prefilling and not s.is_idle] + list(self.waiting):
             work.setdefault(seq.client, seq)
         if len(work) < 2:
             return
         share = max(self._budget(out) // len(work), 1)
-        for seq in work.values():
+        short = [seq for seq in work.values() if seq.num_uncomputed_tokens <= share]
+        long = [seq for seq in work.values() if seq.num_uncomputed_tokens > share]
+        if short and long:
+            self._give(short, out, share)
+            self._give(long, out, max(self.step_budget // FIRST_TOKEN_SHARE // len(long), 1))
+            self.step_budget = out.num_batched_tokens  # the step is full: nothing else joins it
+        else:
+            self._give(list(work.values()), out, share)
+
+    def _give(self, seqs: list[Sequence], out: SchedulerOutput, share: int) -> None:
+        """A chunk of at most `share` tokens (within the step's budget) to each of `seqs`,
+        running or waiting, in order."""
+        for seq in seqs:
             if out.preempted:
                 return
             if seq.status == SequenceStatus.RUNNING:

@@ -26,7 +26,7 @@ class Inspector:
     def prompt_logprobs(self, prompt_ids: list[int], top_n: int) -> list[dict[str, Any]]:
         from inference.introspect.prompt_logprobs import prompt_logprobs
 
-        tokens = prompt_logprobs(self.engine.model, prompt_ids, top_n)
+        tokens = prompt_logprobs(self.engine.core.score, prompt_ids, top_n)
         for token in tokens:
             token["token_bytes"] = self.engine.prompts.table.bytes_of(token["token_id"]).hex()
         return self.named(tokens)
@@ -45,25 +45,41 @@ class Inspector:
         self, view: str, step: int, layer: int | None, top_n: int, params: SamplingParams, context_ids, path
     ) -> dict[str, Any]:
         """The logit lens, the waterfall or the what-if replay of step `step` of `path`."""
-        from inference.introspect import lens
         from inference.introspect.recompute import replay
         from inference.introspect.waterfall import waterfall
         from inference.introspect.whatif import what_if
 
-        model = self.engine.model
         if view == "lens":
-            position = len(context_ids) + step - 1  # the token read last before step `step`: it predicts the step
-            ids = context_ids + path
-            seen = lens.inspect_position(model, ids, position, layer=layer, top_n=min(top_n, 10))
-            seen["embedding"] = lens.embedding_of(model, ids[position], top_n=min(top_n, 10))
-            seen["num_layers"] = model.config.get_text_config().num_hidden_layers
-            seen["context"] = [{"token_id": i} for i in ids[: position + 1]]
-            return {"step": step, **self.named(seen)}
+            return {
+                "step": step,
+                **self.named(self._lens(context_ids + path, len(context_ids) + step - 1, layer, top_n)),
+            }
         again = replay(self.engine, context_ids, path if view == "whatif" else path[: step + 1])
         if view == "waterfall":
             fall = waterfall(again.logits(step), again.context(step), params, sampled_token_id=path[step], top_n=top_n)
             return {"step": step, "params": params.to_dict(), **self.named(fall)}
         return self.named(what_if(again, params, top_n=min(top_n, 10)))
+
+    def _lens(self, ids: list[int], position: int, layer: int | None, top_n: int) -> dict[str, Any]:
+        """The logit lens of the token at `position` (read last before the step it predicts), its
+        embedding and, when `layer` is given, that layer's attention."""
+        from inference.introspect import lens
+
+        model, top_n = self.engine.model, min(top_n, 10)
+        num_layers = model.config.get_text_config().num_hidden_layers
+        if not 0 <= position < len(ids):
+            raise ValueError(f"position {position} is outside the sequence (0..{len(ids) - 1})")
+        seen: dict[str, Any] = {
+            "position": position,
+            "token_id": ids[position],
+            "lens": lens.lens_rows(self.engine.core.read_layers(ids[: position + 1]), top_n),
+            "embedding": lens.embedding_of(model, ids[position], top_n=top_n),
+            "num_layers": num_layers,
+            "context": [{"token_id": i} for i in ids[: position + 1]],
+        }
+        if layer is not None:
+            seen["attention"] = {"layer": layer, "weights": lens.attention_of(model, ids[: position + 1], layer)}
+        return seen
 
     def kv(self, num_tokens: int, num_cached: int) -> dict[str, Any]:
         """The KV cache of a request of `num_tokens` tokens, `num_cached` of them reused."""
@@ -114,8 +130,9 @@ class Inspector:
     def precision(self, other, context_ids: list[int], path: list[int], top_n: int) -> dict[str, Any]:
         """The path under the served weights and under `other` (a `LoadedModel` in another precision)."""
         from inference.introspect.precision import compare_precisions
+        from inference.introspect.recompute import replay
 
-        result = self.named(compare_precisions(self.engine.model, other.model, context_ids, path, top_n))
+        result = self.named(compare_precisions(replay(self.engine, context_ids, path), other.model, top_n))
         return {"served_precision": self.engine.info.precision, "other_precision": other.precision, **result}
 
     def named(self, value: Any) -> Any:

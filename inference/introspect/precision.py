@@ -1,6 +1,6 @@
 """One generation's next-token distributions under two weight precisions, side by side.
 
-Owns: teacher-forcing the same path through the served model and through the same model in
+Owns: the same path teacher-forced through the served path and through the same model in
 another precision (float32, bfloat16, int8, int4), and per step: each side's top tokens, the KL
 divergence between the two raw distributions (the model's own softmax: the precision changes
 the model, not the sampler) and whether the most likely token differs. Must not know: where
@@ -14,15 +14,16 @@ from typing import Any
 import torch
 
 from inference.introspect.ab import kl_divergence
-from inference.introspect.recompute import recompute
+from inference.introspect.recompute import Recomputed, recompute
 from inference.sampling.sampler import top_alternatives
 
 
-def compare_precisions(
-    served_model: Any, other_model: Any, prompt_ids: list[int], path: list[int], top_n: int
-) -> dict[str, Any]:
-    """Every step of `path` (generated after `prompt_ids`) under both models."""
-    served = recompute(served_model, prompt_ids, path)
+def compare_precisions(served: Recomputed, other_model: Any, top_n: int) -> dict[str, Any]:
+    """Every step of `served`'s path (teacher-forced through the served path: the streamed
+    numbers) against the same path through `other_model`, a transformers model in another
+    precision that no engine serves."""
+    prompt_ids = served.token_ids[: served.num_prompt_tokens].tolist()
+    path = served.token_ids[served.num_prompt_tokens :].tolist()
     other = recompute(other_model, prompt_ids, path)
     steps = []
     for k in range(served.num_steps):

@@ -77,8 +77,7 @@ class BatchedLlamaRunner:
                 decode_slots.append(context)
             else:
                 prefills.append(_Prefill(row, chunk.num_tokens, chunk.start, context))
-            if chunk.is_last:
-                logit_rows.append(row + chunk.num_tokens - 1)
+            logit_rows += [row + offset for offset in chunk.logit_offsets()]
             row += chunk.num_tokens
         to = self.device
         lengths = [len(s) for s in decode_slots]
@@ -102,23 +101,44 @@ class BatchedLlamaRunner:
         )
 
     @torch.inference_mode()
-    def forward(self, step: StepInput) -> torch.Tensor:
-        """float32 logits (S, vocab) at `step.logit_rows`; writes every new token's KV to the pool."""
+    def forward(self, step: StepInput, residuals: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """float32 logits (S, vocab) at `step.logit_rows`; writes every new token's KV to the pool.
+        `residuals`, when given, receives the residual stream (S, hidden) at `step.logit_rows`
+        after the embedding and after each layer."""
         lean = self.lean
         if lean.fused is not None:
             kv = KVAddress.layers(self.pool.buffer, slot_dim=2, head_dim=3)  # (layers, 2, slots, KVH, D)
             attend = self._attend(step, kv)
-            return lean.fused.forward(step.input_ids, step.positions, step.slots, kv, attend, step.logit_rows)
+            return lean.fused.forward(
+                step.input_ids, step.positions, step.slots, kv, attend, step.logit_rows, residuals
+            )
         h = F.embedding(step.input_ids, lean.embed)  # (T, hidden)
         cos, sin = lean.cos[step.positions][:, None], lean.sin[step.positions][:, None]  # (T, 1, D)
+        keep = (lambda: residuals.append(h[step.logit_rows])) if residuals is not None else (lambda: None)
+        keep()
         for i, layer in enumerate(lean.layers):
             x = lean.rms_norm(h, layer.input_norm)
             h = h + linear(self._attention(i, layer, x, cos, sin, step), layer.o_weight)
             x = lean.rms_norm(h, layer.post_norm)
             gate, up = linear(x, layer.gate_up_weight).split(lean.intermediate_size, dim=-1)
             h = h + linear(F.silu(gate) * up, layer.down_weight)
-        last = lean.rms_norm(h[step.logit_rows], lean.final_norm)  # (S, hidden)
-        return linear(last, lean.lm_head).float()  # (S, vocab)
+            keep()
+        return self.read_out(h[step.logit_rows])  # (S, vocab)
+
+    def read_out(self, h: torch.Tensor) -> torch.Tensor:
+        """The final norm and output layer on residual rows h (S, hidden) -> float32 (S, vocab)."""
+        lean = self.lean
+        if lean.fused is not None:
+            return lean.fused.read_out(h)
+        return linear(lean.rms_norm(h, lean.final_norm), lean.lm_head).float()
+
+    def forward_layers(self, step: StepInput) -> torch.Tensor:
+        """The logit lens of one pass: float32 (L + 1, S, vocab), the final norm and output layer
+        on the residual stream after the embedding and after each layer; the last row is the
+        pass's own logits."""
+        residuals: list[torch.Tensor] = []
+        logits = self.forward(step, residuals)
+        return torch.stack([*(self.read_out(h) for h in residuals[:-1]), logits])
 
     def _attention(
         self, i: int, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: StepInput

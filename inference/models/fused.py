@@ -72,10 +72,12 @@ class FusedLlama:
         kv: Sequence[KVAddress],
         attend: Attend,
         logit_rows: torch.Tensor | slice,
+        residuals: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """input_ids, positions, slots (T,) int64: row t's token, its position in its sequence and
         the cache slot its keys and values go to; kv[i]: where layer i's cache is. -> float32
-        logits (S, vocab) of `logit_rows`."""
+        logits (S, vocab) of `logit_rows`. `residuals`, when given, receives the residual stream
+        (S, hidden) float32 at `logit_rows` after the embedding and after each layer."""
         lean, k, linear = self.lean, self.kernels, self.linear
         num_rows, eps = input_ids.shape[0], lean.eps
         h = lean.embed[input_ids].float()  # (T, hidden): the residual stream, float32
@@ -86,10 +88,22 @@ class FusedLlama:
         cos, sin = self.cos[positions], self.sin[positions]  # (T, D)
         norms = [*self.input_norms[1:], self.final_norm]
         k.add_rms_norm(h, None, self.input_norms[0], x, eps)
+        if residuals is not None:
+            residuals.append(h[logit_rows].clone())
         for i, layer in enumerate(lean.layers):
             k.rope_write_kv(linear(x, layer.qkv_weight, layer.qkv_bias), cos, sin, q, kv[i], slots)
             attend(i, q, attended)
             k.add_rms_norm(h, linear(attended.view(num_rows, lean.q_size), layer.o_weight), self.post_norms[i], x, eps)
             k.silu_mul(linear(x, layer.gate_up_weight), act)
             k.add_rms_norm(h, linear(act, layer.down_weight), norms[i], x, eps)  # and the next layer's norm
+            if residuals is not None:
+                residuals.append(h[logit_rows].clone())
         return linear(x[logit_rows], lean.lm_head, out_dtype=torch.float32)  # (S, vocab): summed and written in float32
+
+    @torch.inference_mode()
+    def read_out(self, h: torch.Tensor) -> torch.Tensor:
+        """The final norm and output layer on residual rows h (S, hidden) float32 -> (S, vocab)
+        float32, with `forward`'s kernels: on the last layer's rows, `forward`'s own logits."""
+        x = torch.empty(h.shape, dtype=self.lean.dtype)
+        self.kernels.add_rms_norm(h.clone(), None, self.final_norm, x, self.lean.eps)
+        return self.linear(x, self.lean.lm_head, out_dtype=torch.float32)

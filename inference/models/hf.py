@@ -155,6 +155,16 @@ class KVGeometry:
     dtype: torch.dtype
 
 
+def final_norm(model) -> torch.nn.Module:
+    """The norm the model applies before its LM head (Llama/Qwen2/Mistral/Gemma/DeepSeek:
+    `model.norm`, GPT-2: `transformer.ln_f`)."""
+    decoder = model.get_decoder()
+    for name in ("norm", "ln_f", "final_layer_norm"):
+        if isinstance(getattr(decoder, name, None), torch.nn.Module):
+            return getattr(decoder, name)
+    raise ValueError(f"no final norm found on {type(model).__name__}: the logit lens needs one")
+
+
 class HFBatchedRunner:
     name = "transformers"
 
@@ -213,8 +223,7 @@ class HFBatchedRunner:
             slots.append(context[chunk.start :])
             contexts.append(context)
             rows.append((row, chunk.num_tokens))
-            if chunk.is_last:
-                logit_rows.append(row + chunk.num_tokens - 1)
+            logit_rows += [row + offset for offset in chunk.logit_offsets()]
             row += chunk.num_tokens
         lengths = [len(c) for c in contexts]
         decode_chunks = [c for c, (_, n) in enumerate(rows) if n == 1]
@@ -234,9 +243,18 @@ class HFBatchedRunner:
         )
 
     @torch.inference_mode()
-    def forward(self, layout: StepLayout, pool: PagedKVPool, pixel_values: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        layout: StepLayout,
+        pool: PagedKVPool,
+        pixel_values: torch.Tensor | None = None,
+        all_layers: bool = False,
+    ) -> torch.Tensor:
         """float32 logits (S, vocab) at `layout.logit_rows`; writes every new token's KV to the pool.
-        `pixel_values` (num_images, 3, H, W): the images whose tokens are in this step, in order."""
+        `pixel_values` (num_images, 3, H, W): the images whose tokens are in this step, in order.
+        `all_layers`: the logit lens of the pass instead, float32 (L + 1, S, vocab): the final norm
+        and output layer on the hidden state after the embedding and after each layer, the last
+        row being the pass's own logits."""
         images = {} if pixel_values is None else {"pixel_values": pixel_values}
         token = _ACTIVE.set(StepKV(pool, layout))
         restore = self._language_attention()
@@ -247,9 +265,16 @@ class HFBatchedRunner:
                 past_key_values=_ACTIVE.get(),
                 use_cache=True,
                 logits_to_keep=layout.logit_rows,
+                output_hidden_states=all_layers,
                 **images,
             )
         finally:
             restore()
             _ACTIVE.reset(token)
-        return out.logits[0].float()  # (S, vocab)
+        logits = out.logits[0].float()  # (S, vocab)
+        if not all_layers:
+            return logits
+        norm, head = final_norm(self.model), self.model.get_output_embeddings()
+        # transformers' last hidden state already went through the final norm: its row is `logits`
+        layers = [head(norm(h[0, layout.logit_rows])).float() for h in out.hidden_states[:-1]]
+        return torch.stack([*layers, logits])

@@ -86,6 +86,14 @@ class ModelRunner:
                 logits = self.hf.forward(self.hf.prepare(chunks, self.pool), self.pool, pixel_values)
         return StepOutput(logits=logits, routing=routing or [None] * len(rows))
 
+    def run_layers(self, chunks: list[Chunk]) -> torch.Tensor:
+        """The logit lens of one forward pass: float32 (L + 1, S, vocab), the model's final norm
+        and output layer read after the embedding and after each layer at the rows that sample;
+        the last row is the pass's own logits (what a step computes)."""
+        if self.llama is not None:
+            return self.llama.forward_layers(self.llama.prepare(chunks))
+        return self.hf.forward(self.hf.prepare(chunks, self.pool), self.pool, all_layers=True)
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         self.pool.copy_blocks(pairs)
 
@@ -106,10 +114,10 @@ def _num_blocks(
 
 
 def _logit_rows(chunks: list[Chunk]) -> list[int]:
-    """Rows of the packed step whose logits are computed: each sampling chunk's last token."""
+    """Rows of the packed step whose logits are computed: each sampling chunk's last token (every
+    row of a scored one)."""
     rows, row = [], 0
     for chunk in chunks:
+        rows += [row + offset for offset in chunk.logit_offsets()]
         row += chunk.num_tokens
-        if chunk.is_last:
-            rows.append(row - 1)
     return rows

@@ -123,32 +123,51 @@ def test_what_if_reports_the_seed_it_drew(engine: Engine) -> None:
     assert replayed == [s.token_id for s in rerun][: len(replayed)]
 
 
-def test_lens_last_layer_is_the_models_output(engine: Engine) -> None:
+def test_lens_last_row_is_the_streamed_distribution(engine: Engine) -> None:
     prompt, steps = generated(engine, ALL_STAGES)
     ids = prompt + [s.token_id for s in steps]
     position = len(prompt) + 1  # predicts generated token 2
-    seen = lens.inspect_position(engine.model, ids, position, layer=4, top_n=5)
-    rows = seen["lens"]
-    assert len(rows) == engine.model.config.num_hidden_layers + 1
+    layer_logits = engine.core.read_layers(ids[: position + 1])  # (L + 1, vocab)
+    assert layer_logits.shape[0] == engine.model.config.num_hidden_layers + 1
+    streamed = engine.core.teacher_force(prompt, ids[len(prompt) : position + 1])[-1]  # the stream's step 2
+    assert torch.equal(layer_logits[-1], streamed)  # bitwise: the served runner and kernels
+    rows = lens.lens_rows(layer_logits, top_n=5)
     raw = {a.token_id: a.prob for a in steps[2].top_raw}
-    for top in rows[-1]["top"]:
-        assert top["prob"] == pytest.approx(raw[top["token_id"]], rel=1e-3)
     assert [t["token_id"] for t in rows[-1]["top"]] == list(raw)[:5]
-    weights = torch.tensor(seen["attention"]["weights"])
-    assert weights.shape == (engine.model.config.num_attention_heads, position + 1)
-    assert torch.allclose(weights.sum(dim=-1), torch.ones(weights.shape[0]), atol=1e-4)
-    assert engine.model.config._attn_implementation == "sdpa"  # restored for the served model
+    for top in rows[-1]["top"]:
+        assert top["prob"] == pytest.approx(raw[top["token_id"]], rel=1e-5)
 
 
 def test_lens_middle_layers_go_through_the_final_norm(engine: Engine) -> None:
     ids = engine.prompts.encode(PROMPT)
-    seen = lens.inspect_position(engine.model, ids, len(ids) - 1, top_n=3)
+    rows = lens.lens_rows(engine.core.read_layers(ids), top_n=3)
     with torch.inference_mode():
         hidden = engine.model(torch.tensor([ids]), output_hidden_states=True).hidden_states[10][0, -1]
         logits = engine.model.lm_head(engine.model.model.norm(hidden[None]))[0]
     expected = torch.softmax(logits, dim=-1).topk(3)
-    assert [t["token_id"] for t in seen["lens"][10]["top"]] == expected.indices.tolist()
-    assert "attention" not in seen
+    assert [t["token_id"] for t in rows[10]["top"]] == expected.indices.tolist()
+    assert rows[10]["top"][0]["prob"] == pytest.approx(float(expected.values[0]), rel=1e-3)
+
+
+def test_attention_weights_of_a_layer(engine: Engine) -> None:
+    ids = engine.prompts.encode(PROMPT)
+    weights = torch.tensor(lens.attention_of(engine.model, ids, layer=4))
+    assert weights.shape == (engine.model.config.num_attention_heads, len(ids))
+    assert torch.allclose(weights.sum(dim=-1), torch.ones(weights.shape[0]), atol=1e-4)
+    assert engine.model.config._attn_implementation == "sdpa"  # restored for the served model
+
+
+def test_scored_prompt_equals_the_stream(engine: Engine) -> None:
+    """A text scored in one pass (in chunks of 5 positions, every row's logits) gives each
+    position the logits the stream computed there, bitwise."""
+    prompt, steps = generated(engine, ALL_STAGES)
+    answer = [s.token_id for s in steps]
+    streamed = engine.core.teacher_force(prompt, answer[:-1])  # (n, vocab)
+    scored: dict[int, torch.Tensor] = {}
+    engine.core.score(prompt + answer[:-1], lambda first, logits: scored.update(enumerate(logits, first)), max_rows=5)
+    assert sorted(scored) == list(range(len(prompt) + len(answer) - 1))
+    for k in range(len(answer)):
+        assert torch.equal(scored[len(prompt) - 1 + k], streamed[k]), k
 
 
 def test_embedding_neighbours_by_cosine(engine: Engine) -> None:
@@ -164,11 +183,9 @@ def test_embedding_neighbours_by_cosine(engine: Engine) -> None:
     assert best["cosine"] == pytest.approx(float(direct), abs=1e-5)
 
 
-def test_bad_positions_and_layers_are_refused(engine: Engine) -> None:
+def test_bad_layers_are_refused(engine: Engine) -> None:
     with pytest.raises(ValueError, match="layer 99"):
-        lens.inspect_position(engine.model, [1, 2, 3], 1, layer=99)
-    with pytest.raises(ValueError, match="position 5"):
-        lens.inspect_position(engine.model, [1, 2, 3], 5)
+        lens.attention_of(engine.model, [1, 2, 3], layer=99)
 
 
 def test_kv_formula_is_the_measured_cache(engine: Engine) -> None:
@@ -193,5 +210,10 @@ def test_lens_and_recompute_on_other_architectures(arch: str) -> None:
     _, steps, _ = run(tiny, prompt, max_new_tokens=4, temperature=0.0, num_alternatives=3)
     again = recompute(tiny.model, prompt, [s.token_id for s in steps])
     assert int(again.logits(2).argmax()) == steps[2].token_id
-    rows = lens.inspect_position(tiny.model, prompt + [s.token_id for s in steps], len(prompt) + 1, layer=0)["lens"]
-    assert rows[-1]["top"][0]["token_id"] == steps[2].token_id
+    layer_logits = tiny.core.read_layers(prompt + [s.token_id for s in steps][:2])
+    assert layer_logits.shape[0] == tiny.model.config.num_hidden_layers + 1
+    assert int(layer_logits[-1].argmax()) == steps[2].token_id
+    assert len(lens.attention_of(tiny.model, prompt, layer=0)) == tiny.model.config.num_attention_heads
+    scored: dict[int, torch.Tensor] = {}
+    tiny.core.score(prompt + [s.token_id for s in steps], lambda first, logits: scored.update(enumerate(logits, first)))
+    assert [int(scored[len(prompt) - 1 + k].argmax()) for k in range(len(steps))] == [s.token_id for s in steps]
