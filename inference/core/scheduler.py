@@ -152,12 +152,14 @@ class Scheduler:
         token rides on a short step rather than on a full one of someone's long prompt."""
         work: dict[str, Sequence] = {}
         for seq in [s for s in self.running if s.is_prefilling and not s.is_idle] + list(self.waiting):
-            work.setdefault(seq.client, seq)
+            # a waiting request without a free slot (or blocks) takes no share: it cannot start now
+            if seq.client not in work and (seq.status == SequenceStatus.RUNNING or self._admissible(seq)):
+                work[seq.client] = seq
         if len(work) < 2:
             return
         share = max(self._budget(out) // len(work), 1)
-        short = [seq for seq in work.values() if seq.num_uncomputed_tokens <= share]
         long = [seq for seq in work.values() if seq.num_uncomputed_tokens > share]
+        short = [seq for seq in work.values() if seq.num_uncomputed_tokens <= share]
         if short and long:
             self._give(short, out, share)
             self._give(long, out, max(self.step_budget // FIRST_TOKEN_SHARE // len(long), 1))

@@ -304,6 +304,20 @@ def test_one_clients_long_prompts_do_not_hold_another_clients_first_token() -> N
     assert out.num_batched_tokens == 256 and sum(c.kind == "decode" for c in out.chunks) == 1  # b decodes
 
 
+def test_a_newcomer_without_a_free_slot_does_not_shorten_the_steps() -> None:
+    s = Scheduler(BlockManager(2048, 4), max_num_seqs=1, max_num_batched_tokens=256)
+    long = seq(2000)
+    long.client = "a"
+    s.add(long)
+    step(s)
+    short = seq(30, first=9000)
+    short.client = "b"
+    s.add(short)
+    out = step(s)
+    assert [c.seq for c in out.chunks] == [long] and out.num_batched_tokens == 256
+    assert short.status == SequenceStatus.WAITING
+
+
 def test_a_no_kv_cache_recompute_is_charged_to_its_client() -> None:
     """A request without a KV cache recomputes its whole context every step; with the fair share
     another client's prompt is still admitted at once beside it."""
