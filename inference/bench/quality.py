@@ -91,9 +91,10 @@ _ZH = [
     ("请简单解释一下什么是 KV Cache。", ()),  # the lesson's subject
 ]
 # The lesson's own example (lesson-zh.txt: `<|user|>请给我讲一个故事`) and its English twin lead
-# each list, so --quick keeps them. They are answered at length: a small model's greedy story
-# starts fine and falls into a loop of the same sentence after ~100 tokens, which 32 tokens hide.
-STORY_TOKENS = 192
+# each list, so --quick keeps them. They are answered at the chat's own length (the default
+# max_new_tokens): a small model's greedy story starts fine and falls into a loop of the same
+# sentence after ~100-200 tokens, which 32 tokens (or 192: the default model's) hide.
+STORY_TOKENS = SamplingParams().max_new_tokens
 QUESTIONS: tuple[Question, ...] = (
     Question("请给我讲一个故事", "zh", min_length=20, max_new_tokens=STORY_TOKENS),
     Question("Tell me a short story.", "en", min_length=15, max_new_tokens=STORY_TOKENS),
@@ -102,8 +103,14 @@ QUESTIONS: tuple[Question, ...] = (
 )
 QUICK_PER_LANGUAGE = 5
 REPO_DIR = Path(__file__).resolve().parents[2]
-PRESETS_MIGRATION = REPO_DIR / "playground" / "migrations" / "0002_bundled_model_and_presets.py"
-DEFAULT_MIGRATION = REPO_DIR / "playground" / "migrations" / "0011_bundled_qwen_is_the_default.py"
+MIGRATIONS_DIR = REPO_DIR / "playground" / "migrations"
+# The migrations that ship presets (each a plain `PRESETS` list), in order.
+PRESETS_MIGRATIONS = (
+    MIGRATIONS_DIR / "0002_bundled_model_and_presets.py",
+    MIGRATIONS_DIR / "0014_greedy_no_loops_is_the_default.py",
+)
+DEFAULT_MODEL_MIGRATION = MIGRATIONS_DIR / "0011_bundled_qwen_is_the_default.py"  # MODEL_SOURCE, MODEL_DTYPE
+DEFAULT_PRESET_MIGRATION = MIGRATIONS_DIR / "0014_greedy_no_loops_is_the_default.py"  # PRESET
 PRESET_FIELDS = set(SamplingParams.__dataclass_fields__)
 
 
@@ -137,12 +144,13 @@ def migration_value(path: Path, name: str):
 
 
 def shipped_presets() -> list[dict]:
-    return [dict(p) for p in migration_value(PRESETS_MIGRATION, "PRESETS")]
+    return [dict(p) for path in PRESETS_MIGRATIONS for p in migration_value(path, "PRESETS")]
 
 
 def default_choice() -> tuple[str, str, str]:
-    """(model source, precision, preset name) that `make run` starts with, as its migration chose."""
-    return tuple(migration_value(DEFAULT_MIGRATION, name) for name in ("MODEL_SOURCE", "MODEL_DTYPE", "PRESET"))
+    """(model source, precision, preset name) that `make run` starts with, as its migrations chose."""
+    source, dtype = (migration_value(DEFAULT_MODEL_MIGRATION, name) for name in ("MODEL_SOURCE", "MODEL_DTYPE"))
+    return source, dtype, migration_value(DEFAULT_PRESET_MIGRATION, "PRESET")
 
 
 def preset_params(preset: dict, max_new_tokens: int, seed: int) -> SamplingParams:

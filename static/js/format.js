@@ -148,10 +148,11 @@ export function phaseLabel(phase) {
   return labels[phase] ?? phase;
 }
 
-// The sampling presets the project ships (migration 0002) are records, but their names are the
+// The sampling presets the project ships (migrations 0002 and 0014) are records, but their names are the
 // product's own words: shown in the page's language. A preset someone adds keeps its name.
 const SHIPPED_PRESETS = {
   Greedy: pgettext("preset", "Greedy"),
+  "Greedy, no loops": pgettext("preset", "Greedy, no loops"),
   Balanced: pgettext("preset", "Balanced"),
   Creative: pgettext("preset", "Creative"),
   Precise: pgettext("preset", "Precise"),

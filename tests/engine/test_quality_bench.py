@@ -79,12 +79,16 @@ def test_twenty_everyday_questions_per_language_with_the_lessons_own_example_in_
 
 
 def test_the_presets_and_the_default_are_read_from_the_migrations_that_ship_them() -> None:
-    shipped = importlib.import_module("playground.migrations.0002_bundled_model_and_presets").PRESETS
+    shipped = [
+        *importlib.import_module("playground.migrations.0002_bundled_model_and_presets").PRESETS,
+        *importlib.import_module("playground.migrations.0014_greedy_no_loops_is_the_default").PRESETS,
+    ]
     assert shipped_presets() == shipped
     chosen = importlib.import_module("playground.migrations.0011_bundled_qwen_is_the_default")
-    assert default_choice() == (chosen.MODEL_SOURCE, chosen.MODEL_DTYPE, chosen.PRESET)
+    preset = importlib.import_module("playground.migrations.0014_greedy_no_loops_is_the_default").PRESET
+    assert default_choice() == (chosen.MODEL_SOURCE, chosen.MODEL_DTYPE, preset)
     assert bundled_model(chosen.MODEL_SOURCE) is not None
-    assert chosen.PRESET in {p["name"] for p in shipped}
+    assert preset in {p["name"] for p in shipped}
     balanced = next(p for p in shipped if p["name"] == "Balanced")
     params = preset_params(balanced, max_new_tokens=16, seed=3)
     assert (params.temperature, params.top_p, params.seed, params.max_new_tokens) == (0.7, 0.9, 3, 16)

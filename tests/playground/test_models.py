@@ -48,15 +48,37 @@ def test_the_migrations_ship_both_bundled_models_and_five_presets_with_one_defau
     smollm2 = LanguageModel.objects.get(source="bundled")
     assert smollm2.is_enabled and not smollm2.is_default  # still selectable everywhere
     names = set(SamplingPreset.objects.values_list("name", flat=True))
-    assert names == {"Greedy", "Balanced", "Creative", "Precise", "Beam search"}
-    assert SamplingPreset.default().name == "Greedy"  # by measurement: 0008, docs/presets.md
+    assert names == {"Greedy", "Greedy, no loops", "Balanced", "Creative", "Precise", "Beam search"}
+    assert SamplingPreset.default().name == "Greedy, no loops"  # by measurement: 0014, docs/presets.md
+    params = SamplingPreset.default().to_sampling_params()
+    assert params.is_greedy and params.repetition_penalty == 1.1
     for preset in SamplingPreset.objects.all():
         preset.full_clean()  # every shipped preset is valid
     assert SamplingPreset.objects.get(name="Beam search").to_sampling_params().is_beam_search
 
 
+def _no_loops_migration():
+    return importlib.import_module("playground.migrations.0014_greedy_no_loops_is_the_default")
+
+
 def _default_preset_migration():
+    """0008, on the presets as they were before 0014 (which moved the flag on from Greedy)."""
+    _no_loops_migration().greedy_by_default(django_apps, None)
     return importlib.import_module("playground.migrations.0008_greedy_is_the_default_preset")
+
+
+def test_greedy_no_loops_becomes_the_default_both_ways_while_greedy_is_as_shipped() -> None:
+    migration = _no_loops_migration()
+    migration.greedy_by_default(django_apps, None)
+    assert SamplingPreset.default().name == "Greedy"
+    assert not SamplingPreset.objects.filter(name=migration.PRESET).exists()
+    SamplingPreset.objects.filter(name="Greedy").update(repetition_penalty=1.3)  # an admin's edit
+    migration.no_loops_by_default(django_apps, None)
+    assert SamplingPreset.default().name == "Greedy"  # kept: the admin's choice
+    SamplingPreset.objects.filter(name="Greedy").update(repetition_penalty=1.0)
+    SamplingPreset.objects.filter(name=migration.PRESET).delete()
+    migration.no_loops_by_default(django_apps, None)
+    assert SamplingPreset.default().name == migration.PRESET
 
 
 def test_the_default_preset_moves_both_ways_while_the_rows_are_as_shipped() -> None:
