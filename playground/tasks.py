@@ -11,7 +11,8 @@ import socket
 from typing import Any
 
 from celery import shared_task
-from celery.signals import celeryd_after_setup, worker_shutting_down
+from celery.signals import celeryd_after_setup, task_postrun, worker_shutting_down
+from django.db import reset_queries
 
 from playground import task_names
 from playground.coord import liveness, worker_routing
@@ -82,6 +83,16 @@ def _stop_generations(**kwargs: Any) -> None:
 
     generation.stop_for_shutdown()
     liveness.stop_worker_heartbeats()
+
+
+@task_postrun.connect
+def _forget_logged_queries(**kwargs: Any) -> None:
+    """Under DEBUG (`make run`'s default) Django keeps every query's SQL on its connection until
+    a web request starts; a worker serves no web request, so each of its pool threads kept the
+    last 9,000 queries, the generations' saved steps inlined in them: RSS grew with every
+    generation (issue 21, docs/reliability.md "Worker memory"). Forgotten after each task, on
+    the thread that ran it (the connections are per thread)."""
+    reset_queries()
 
 
 @shared_task(bind=True, name=task_names.RUN_TEST_LOAD)
