@@ -70,6 +70,8 @@ class WorkerMetrics:
         elif kind == "prefilled":
             self.counters["prompt_tokens_total"] += event.num_prompt_tokens
             self.histograms["queue_time_seconds"].observe(event.queue_ms / 1000)
+        elif kind == "handed_off":  # a prefill-only request ends here: its decode is another worker's
+            self._last_token_at.pop(request_id, None)
         elif kind == "finished":
             self._last_token_at.pop(request_id, None)
             self.counters["requests_finished_total"] += 1

@@ -38,3 +38,17 @@ def test_a_generation_task_leaves_no_logged_queries_on_its_thread(
         tasks.run_generation.apply(args=(queued.generation_id,))  # Celery's tracer, with its task signals
         assert len(connection.queries_log) == 0, "the task's queries outlived it"
     assert min(logged_during_the_task) > 5  # the generation did log its queries (saves of its steps, ...)
+
+
+def test_metrics_forget_a_request_that_was_handed_off() -> None:
+    """A prefill-only request (PD) ends with `handed_off`, never `finished`: its last-token time
+    must not stay behind in the worker's metrics."""
+    from types import SimpleNamespace
+
+    from playground.worker.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics("w@test")
+    metrics.observe(7, SimpleNamespace(type="step"))
+    assert 7 in metrics._last_token_at
+    metrics.observe(7, SimpleNamespace(type="handed_off"))
+    assert metrics._last_token_at == {}
