@@ -59,7 +59,8 @@ def test_models_and_presets_list_what_the_admin_configured(browser: Client, sett
     models = browser.get("/api/models/").json()
     assert [m["is_default"] for m in models] == [True, False] and models[0]["unavailable"] is None
     presets = {p["name"]: p for p in browser.get("/api/presets/").json()}
-    assert presets["Greedy"]["is_default"] and presets["Balanced"]["params"]["top_p"] == 0.9
+    assert presets["Greedy, no loops"]["is_default"] and presets["Balanced"]["params"]["top_p"] == 0.9
+    assert presets["Greedy, no loops"]["params"]["repetition_penalty"] == 1.1
     assert presets["Beam search"]["params"]["num_beams"] == 4
 
 

@@ -13,7 +13,14 @@ from .wsclient import BrowserTab, ends_request, receive, receive_until, send, st
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 NUM_ALTERNATIVES = 5
-SHORT = {"max_new_tokens": 12, "greedy": True, "ignore_eos": True, "num_alternatives": NUM_ALTERNATIVES}
+# Plain greedy (the default preset adds a repetition penalty): the chosen token is the raw top one.
+SHORT = {
+    "max_new_tokens": 12,
+    "greedy": True,
+    "repetition_penalty": 1.0,
+    "ignore_eos": True,
+    "num_alternatives": NUM_ALTERNATIVES,
+}
 LONG = {"max_new_tokens": 200, "greedy": True, "ignore_eos": True}
 ENDLESS = {**LONG, "max_new_tokens": 2000}  # never ends before the test acts, even on a fast box
 NUM_STEPS_BEFORE_ACTING = 3
