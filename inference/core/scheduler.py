@@ -152,8 +152,11 @@ class Scheduler:
         token rides on a short step rather than on a full one of someone's long prompt."""
         work: dict[str, Sequence] = {}
         for seq in [s for s in self.running if s.is_prefilling and not s.is_idle] + list(self.waiting):
-            # a waiting request without a free slot (or blocks) takes no share: it cannot start now
-            if seq.client not in work and (seq.status == SequenceStatus.RUNNING or self._admissible(seq)):
+            # A waiting request without a free slot takes no share: it cannot start now. (Only the
+            # slot count here, every step: its blocks are checked once it is given its share.)
+            if seq.client in work:
+                continue
+            if seq.status == SequenceStatus.RUNNING or self._fits_slots(_waiting_members(seq)):
                 work[seq.client] = seq
         if len(work) < 2:
             return
@@ -186,10 +189,14 @@ class Scheduler:
         end = seq.chunk_end(start, start + min(seq.num_uncomputed_tokens, budget))
         return end - start
 
+    def _fits_slots(self, members: list[Sequence]) -> bool:
+        """Whether these waiting sequences fit in the free sequence slots now."""
+        return self.num_used_slots + sum(m.num_slots for m in members) <= self.max_num_seqs
+
     def _admissible(self, head: Sequence) -> list[Sequence]:
         """The waiting sequences admitted with `head` (its group), if they fit now; else []."""
-        members = [m for m in head.members() if m.status == SequenceStatus.WAITING]
-        if self.num_used_slots + sum(m.num_slots for m in members) > self.max_num_seqs:
+        members = _waiting_members(head)
+        if not self._fits_slots(members):
             return []
         needed = sum(m.num_blocks_needed(self.block_manager.block_size) for m in members)
         if len(members) > 1 and needed > self.block_manager.num_free_blocks:
@@ -258,3 +265,8 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
+
+
+def _waiting_members(head: Sequence) -> list[Sequence]:
+    """`head`'s group (itself alone, or its beams / parallel choices) as far as it still waits."""
+    return [m for m in head.members() if m.status == SequenceStatus.WAITING]
