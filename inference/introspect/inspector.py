@@ -69,16 +69,17 @@ class Inspector:
         num_layers = model.config.get_text_config().num_hidden_layers
         if not 0 <= position < len(ids):
             raise ValueError(f"position {position} is outside the sequence (0..{len(ids) - 1})")
+        context = ids[: position + 1]
         seen: dict[str, Any] = {
             "position": position,
             "token_id": ids[position],
-            "lens": lens.lens_rows(self.engine.core.read_layers(ids[: position + 1]), top_n),
+            "lens": lens.lens_rows(self.engine.core.read_layers(context), top_n),
             "embedding": lens.embedding_of(model, ids[position], top_n=top_n),
             "num_layers": num_layers,
-            "context": [{"token_id": i} for i in ids[: position + 1]],
+            "context": [{"token_id": i} for i in context],
         }
         if layer is not None:
-            seen["attention"] = {"layer": layer, "weights": lens.attention_of(model, ids[: position + 1], layer)}
+            seen["attention"] = {"layer": layer, "weights": lens.attention_of(model, context, layer)}
         return seen
 
     def kv(self, num_tokens: int, num_cached: int) -> dict[str, Any]:

@@ -28,9 +28,8 @@ def prompt_logprobs(score: Score, prompt_ids: list[int], top_n: int) -> list[dic
         return tokens
 
     def read(first: int, logits: torch.Tensor) -> None:
-        rows = logits[: len(prompt_ids) - 1 - first]  # (n, vocab): row i predicts token first + i + 1
-        logprobs = torch.log_softmax(rows, dim=-1)
-        targets = torch.tensor(prompt_ids[first + 1 : first + 1 + rows.shape[0]], device=rows.device)
+        logprobs = torch.log_softmax(logits, dim=-1)  # (n, vocab): row i predicts token first + i + 1
+        targets = torch.tensor(prompt_ids[first + 1 : first + 1 + logits.shape[0]], device=logits.device)
         chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
         values, ids = logprobs.topk(min(top_n, logprobs.shape[-1]), dim=-1) if top_n else (None, None)
         for i, token_id in enumerate(targets.tolist()):

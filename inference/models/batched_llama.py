@@ -114,15 +114,16 @@ class BatchedLlamaRunner:
             )
         h = F.embedding(step.input_ids, lean.embed)  # (T, hidden)
         cos, sin = lean.cos[step.positions][:, None], lean.sin[step.positions][:, None]  # (T, 1, D)
-        keep = (lambda: residuals.append(h[step.logit_rows])) if residuals is not None else (lambda: None)
-        keep()
+        if residuals is not None:
+            residuals.append(h[step.logit_rows])
         for i, layer in enumerate(lean.layers):
             x = lean.rms_norm(h, layer.input_norm)
             h = h + linear(self._attention(i, layer, x, cos, sin, step), layer.o_weight)
             x = lean.rms_norm(h, layer.post_norm)
             gate, up = linear(x, layer.gate_up_weight).split(lean.intermediate_size, dim=-1)
             h = h + linear(F.silu(gate) * up, layer.down_weight)
-            keep()
+            if residuals is not None:
+                residuals.append(h[step.logit_rows])
         return self.read_out(h[step.logit_rows])  # (S, vocab)
 
     def read_out(self, h: torch.Tensor) -> torch.Tensor:
