@@ -19,6 +19,14 @@ def seq(num_tokens: int, first: int = 0, **params) -> Sequence:
     return Sequence(list(range(first, first + num_tokens)), SamplingParams(greedy=True, **params))
 
 
+def arrive(scheduler: Scheduler, client: str, num_tokens: int, first: int = 0, **params) -> Sequence:
+    """A request of `client` added to the scheduler."""
+    x = seq(num_tokens, first, **params)
+    x.client = client
+    scheduler.add(x)
+    return x
+
+
 def step(scheduler: Scheduler, next_token: int = 7) -> SchedulerOutput:
     out = scheduler.schedule()
     scheduler.update(out)
@@ -288,14 +296,10 @@ def test_one_clients_long_prompts_do_not_hold_another_clients_first_token() -> N
     whole in the next step, which carries only a quarter of the budget of a's prompts, so b's
     first token rides on a short step; then a's prompts fill the steps again."""
     s = Scheduler(BlockManager(2048, 4), max_num_seqs=8, max_num_batched_tokens=256)
-    long_prompts = [seq(2000, first=i * 3000) for i in range(2)]
-    for x in long_prompts:
-        x.client = "a"
-        s.add(x)
+    for i in range(2):
+        arrive(s, "a", 2000, first=i * 3000)
     step(s)
-    short = seq(30, first=9000)
-    short.client = "b"
-    s.add(short)
+    short = arrive(s, "b", 30, first=9000)
     out = step(s)
     chunk = next(c for c in out.chunks if c.seq is short)
     assert chunk.num_tokens == 30 and chunk.is_last  # its whole prompt (under half the budget) at once
@@ -306,13 +310,9 @@ def test_one_clients_long_prompts_do_not_hold_another_clients_first_token() -> N
 
 def test_a_newcomer_without_a_free_slot_does_not_shorten_the_steps() -> None:
     s = Scheduler(BlockManager(2048, 4), max_num_seqs=1, max_num_batched_tokens=256)
-    long = seq(2000)
-    long.client = "a"
-    s.add(long)
+    long = arrive(s, "a", 2000)
     step(s)
-    short = seq(30, first=9000)
-    short.client = "b"
-    s.add(short)
+    short = arrive(s, "b", 30, first=9000)
     out = step(s)
     assert [c.seq for c in out.chunks] == [long] and out.num_batched_tokens == 256
     assert short.status == SequenceStatus.WAITING
@@ -322,14 +322,10 @@ def test_a_no_kv_cache_recompute_is_charged_to_its_client() -> None:
     """A request without a KV cache recomputes its whole context every step; with the fair share
     another client's prompt is still admitted at once beside it."""
     s = Scheduler(BlockManager(2048, 4), max_num_seqs=8, max_num_batched_tokens=128)
-    heavy = seq(600, use_kv_cache=False)
-    heavy.client = "a"
-    s.add(heavy)
+    arrive(s, "a", 600, use_kv_cache=False)
     for _ in range(5):
         step(s)
-    light = seq(20, first=7000)
-    light.client = "b"
-    s.add(light)
+    light = arrive(s, "b", 20, first=7000)
     out = step(s)
     assert any(c.seq is light and c.is_last for c in out.chunks)
 
