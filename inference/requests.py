@@ -22,6 +22,7 @@ from inference.core.sequence import Sequence
 from inference.events import Alternative, Finished, Prefilled, Step
 from inference.kv.paged import LayerKV
 from inference.kv.transfer import Handoff
+from inference.sampling.logits import penalized_ids
 from inference.sampling.sampler import Row, RowSample, Sampler
 from inference.sampling.stopping import StopStringMatcher
 from inference.sampling.thinking import ThinkingTracker
@@ -117,7 +118,8 @@ class Request:
     def row(self) -> Row:
         """This step's sampling row: the thinking budget may force its token (it is sampled all
         the same, so the random stream stays the one the same seed gives)."""
-        return Row(self.sampler, self.seq.token_ids, self.thinking.forced_token(), self.params.num_alternatives)
+        context_ids = penalized_ids(self.seq.token_ids, self.seq.num_prompt_tokens, self.params)
+        return Row(self.sampler, context_ids, self.thinking.forced_token(), self.params.num_alternatives)
 
     def take(self, row: Row, sample: RowSample, vocab: Vocabulary, latency_ms: float, kv_bytes: int, routing) -> Step:
         """Appends the row's token; its `Step` record."""

@@ -35,6 +35,10 @@ class SamplingParams:
     distribution. Processor order (see `inference.sampling.logits`):
     repetition penalty -> temperature -> top-k -> top-p -> min-p.
     `top_k=0`, `top_p=1.0`, `min_p=0.0` and `repetition_penalty=1.0` mean "off".
+    `penalize_prompt`: the repetition penalty counts the prompt's tokens too (transformers'
+    default); False counts only the tokens this request generated (transformers'
+    `prompt_ignore_length`), so quoting the question (a word to translate, a name in code) is
+    not penalized while the answer's own loops are.
     `num_beams > 1` selects beam search (deterministic; sampling knobs then do not apply).
     `num_alternatives` is how many top tokens each step reports (raw and processed).
     `max_thinking_tokens`: after that many reasoning tokens (inside `<think>` ... `</think>`)
@@ -50,6 +54,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    penalize_prompt: bool = True
     seed: int | None = None
     num_alternatives: int = 10
     stop: tuple[str, ...] = ()
@@ -90,7 +95,7 @@ class SamplingParams:
             _check_int("max_thinking_tokens", self.max_thinking_tokens, 0, 1_000_000)
             if self.num_beams > 1:  # beams do not go through the per-token loop that forces the tag
                 raise ValueError(f"max_thinking_tokens={self.max_thinking_tokens} does not apply to beam search")
-        for name in ("greedy", "ignore_eos", "use_kv_cache", "use_prefix_cache", "early_stopping"):
+        for name in ("greedy", "penalize_prompt", "ignore_eos", "use_kv_cache", "use_prefix_cache", "early_stopping"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
 

@@ -158,7 +158,21 @@ class SamplingPresetAdmin(admin.ModelAdmin):
     search_fields = ("name", "description")
     fieldsets = (
         (None, {"fields": ("name", "description", "is_default")}),
-        (_("Sampling"), {"fields": ("greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")}),
+        (
+            _("Sampling"),
+            {
+                "fields": (
+                    "greedy",
+                    "temperature",
+                    "top_k",
+                    "top_p",
+                    "min_p",
+                    "repetition_penalty",
+                    "penalize_prompt",
+                    "seed",
+                )
+            },
+        ),
         (_("Length and stopping"), {"fields": ("max_new_tokens", "stop", "ignore_eos", "max_thinking_tokens")}),
         (_("Beam search"), {"fields": ("num_beams", "length_penalty", "early_stopping", "num_return_sequences")}),
         (_("Reporting and caching"), {"fields": ("num_alternatives", "use_kv_cache", "use_prefix_cache")}),

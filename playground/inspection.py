@@ -30,7 +30,7 @@ from playground.protocol import CommandError, get_field
 
 VIEWS = ("waterfall", "whatif", "lens", "kv", "prompt_logprobs", "moe", "roofline", "ab", "precision")
 PRECISIONS = tuple(p for p in VALID_DTYPES if p != "auto")
-SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "greedy")
+SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "penalize_prompt", "seed", "greedy")
 MAX_TOP_N = 50
 WAIT_S = 120.0  # the web side's wait for the worker's answer (the first one may load the model)
 

@@ -275,6 +275,11 @@ class SamplingPreset(DefaultFlagModel):
     repetition_penalty = models.FloatField(
         _("repetition penalty"), default=_SAMPLING_DEFAULTS.repetition_penalty, help_text=_("1.0 = off.")
     )
+    penalize_prompt = models.BooleanField(
+        _("penalize prompt"),
+        default=_SAMPLING_DEFAULTS.penalize_prompt,
+        help_text=_("The repetition penalty counts the prompt's tokens too. Off: only the answer's own tokens."),
+    )
     seed = models.BigIntegerField(
         _("seed"), null=True, blank=True, help_text=_("Empty: a fresh random seed per request.")
     )

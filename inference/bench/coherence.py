@@ -12,7 +12,8 @@ Owns: the criterion and its reasons. An answer passes when all of these hold, ch
   - Chinese: at least 60% of its words are Chinese, counting each Han character as a word and
     each run of other letters as one ("KV Cache 是一种缓存技术" passes: terms in Latin letters may
     appear; an English answer does not);
-- it is not garbled (`garbled`): no U+FFFD, no word over 25 letters, no word 4 times in a row,
+- it is not garbled (`garbled`): no U+FFFD, no word over 25 letters (Han characters excepted:
+  Chinese writes no spaces, so a whole clause is one run of letters), no word 4 times in a row,
   no character 4 times in a row ("－－－－"), no stretch of 2-16 characters 3 times in a row
   ("la femme, la femme, la femme", "故事故事故事"), no sentence of 12+ characters twice (a long
   answer's loop: "艾丽莎和杰克一起研究这个发现，…" again and again);
@@ -94,7 +95,8 @@ def _is_in_language(answer: str, words: list[str], letters: list[str], language:
 
 
 def _is_garbled(answer: str, words: list[str]) -> bool:
-    if "\ufffd" in answer or max(len(w) for w in words) > MAX_WORD_LENGTH or _has_run(words):
+    is_too_long = any(len(w) > MAX_WORD_LENGTH and not HAN.search(w) for w in words)
+    if "\ufffd" in answer or is_too_long or _has_run(words):
         return True
     text = " ".join(answer.split())
     runs = [m.group(0) for m in (*CHAR_RUN.finditer(text), *CHUNK_RUN.finditer(text))]

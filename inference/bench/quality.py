@@ -108,9 +108,10 @@ MIGRATIONS_DIR = REPO_DIR / "playground" / "migrations"
 PRESETS_MIGRATIONS = (
     MIGRATIONS_DIR / "0002_bundled_model_and_presets.py",
     MIGRATIONS_DIR / "0014_greedy_no_loops_is_the_default.py",
+    MIGRATIONS_DIR / "0015_penalize_prompt_and_answer_only_no_loops.py",
 )
 DEFAULT_MODEL_MIGRATION = MIGRATIONS_DIR / "0011_bundled_qwen_is_the_default.py"  # MODEL_SOURCE, MODEL_DTYPE
-DEFAULT_PRESET_MIGRATION = MIGRATIONS_DIR / "0014_greedy_no_loops_is_the_default.py"  # PRESET
+DEFAULT_PRESET_MIGRATION = PRESETS_MIGRATIONS[-1]  # PRESET
 PRESET_FIELDS = set(SamplingParams.__dataclass_fields__)
 
 
@@ -144,7 +145,11 @@ def migration_value(path: Path, name: str):
 
 
 def shipped_presets() -> list[dict]:
-    return [dict(p) for path in PRESETS_MIGRATIONS for p in migration_value(path, "PRESETS")]
+    """Each preset as the last migration that ships or changes it leaves it, in first-shipped order."""
+    presets: dict[str, dict] = {}
+    for path in PRESETS_MIGRATIONS:
+        presets.update((p["name"], dict(p)) for p in migration_value(path, "PRESETS"))
+    return list(presets.values())
 
 
 def default_choice() -> tuple[str, str, str]:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from inference.introspect.recompute import Recomputed
-from inference.sampling.logits import apply_processors, build_processors
+from inference.sampling.logits import apply_processors, build_processors, penalized_ids
 from inference.sampling_params import SamplingParams
 
 
@@ -43,11 +43,13 @@ class Side:
         return self.recomputed.token_ids[: self.recomputed.num_prompt_tokens].tolist()
 
 
-def sampling_logprobs(logits: torch.Tensor, context_ids: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The log-probabilities (V,) a step's token is drawn with under `params`, in float64: `logits`
-    (V,) raw, `context_ids` (T,) the tokens before the step (the repetition penalty reads them).
+def sampling_logprobs(logits: torch.Tensor, recomputed: Recomputed, step: int, params: SamplingParams) -> torch.Tensor:
+    """The log-probabilities (V,) step `step` of `recomputed` is drawn with under `params`, in
+    float64: `logits` (V,) raw (this side's, or the other side's while the paths agree); the
+    repetition penalty reads the tokens before the step that `penalized_ids` keeps.
     float64 because the KL sums 49k terms: the sampler's float32 tempering and normalizer are each
     ~1e-6 off in every logprob, which is 1e-5 of a KL of 0.1 (the float32 logits convert exactly)."""
+    context_ids = penalized_ids(recomputed.context(step), recomputed.num_prompt_tokens, params)
     processed = apply_processors(build_processors(params), logits.double()[None], context_ids[None])[0]
     if params.is_greedy:
         # Greedy takes the top token with probability 1 (the sampler's argmax of the logits).
@@ -84,8 +86,8 @@ def compare(a: Side, b: Side, same_weights: bool = True) -> dict[str, Any]:
         same_context = first_flip is None or k <= first_flip
         logits_a = a.recomputed.logits(k)
         logits_b = logits_a if same_context and same_weights else b.recomputed.logits(k)
-        logprobs_a = sampling_logprobs(logits_a, a.recomputed.context(k), a.params)
-        logprobs_b = sampling_logprobs(logits_b, b.recomputed.context(k), b.params)
+        logprobs_a = sampling_logprobs(logits_a, a.recomputed, k, a.params)
+        logprobs_b = sampling_logprobs(logits_b, b.recomputed, k, b.params)
         steps.append(
             {
                 "index": k,

@@ -48,6 +48,7 @@ class Inspector:
         from inference.introspect.recompute import replay
         from inference.introspect.waterfall import waterfall
         from inference.introspect.whatif import what_if
+        from inference.sampling.logits import penalized_ids
 
         if view == "lens":
             return {
@@ -56,7 +57,8 @@ class Inspector:
             }
         again = replay(self.engine, context_ids, path if view == "whatif" else path[: step + 1])
         if view == "waterfall":
-            fall = waterfall(again.logits(step), again.context(step), params, sampled_token_id=path[step], top_n=top_n)
+            context_ids = penalized_ids(again.context(step), again.num_prompt_tokens, params)
+            fall = waterfall(again.logits(step), context_ids, params, sampled_token_id=path[step], top_n=top_n)
             return {"step": step, "params": params.to_dict(), **self.named(fall)}
         return self.named(what_if(again, params, top_n=min(top_n, 10)))
 

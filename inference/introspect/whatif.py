@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from inference.introspect.recompute import Recomputed
-from inference.sampling.logits import apply_processors
+from inference.sampling.logits import apply_processors, penalized_ids
 from inference.sampling.sampler import Sampler, token_rank, top_alternatives
 from inference.sampling_params import SamplingParams
 
@@ -33,7 +33,7 @@ def what_if(recomputed: Recomputed, params: SamplingParams, top_n: int = 5) -> d
     generated = recomputed.token_ids[recomputed.num_prompt_tokens :].tolist()
     steps: list[dict[str, Any]] = []
     for k, original in enumerate(generated):
-        out = sampler(recomputed.logits(k)[None], recomputed.context(k)[None])
+        out = sampler(recomputed.logits(k)[None], _penalized(recomputed, k, params)[None])
         logprobs = out.logprobs[0]
         token = int(out.token_ids[0])
         original_lp = float(logprobs[original])
@@ -74,5 +74,10 @@ def _original_prob(recomputed: Recomputed, sampler: Sampler, step: int, token_id
     """The probability step `step`'s distribution under the sampler's processors gives
     `token_id` (no draw: the sampler's generator is left as it is)."""
     logits = recomputed.logits(step)[None]
-    processed = apply_processors(sampler.processors, logits, recomputed.context(step)[None])
+    processed = apply_processors(sampler.processors, logits, _penalized(recomputed, step, sampler.params)[None])
     return math.exp(float(torch.log_softmax(processed, dim=-1)[0, token_id]))
+
+
+def _penalized(recomputed: Recomputed, step: int, params: SamplingParams) -> torch.Tensor:
+    """(T,) the tokens before step `step` that the repetition penalty counts."""
+    return penalized_ids(recomputed.context(step), recomputed.num_prompt_tokens, params)

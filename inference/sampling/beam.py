@@ -16,7 +16,8 @@ Semantics follow transformers' `GenerationMixin._beam_search` step for step, inc
   `num_beams` hypotheses are finished, or when the best running beam can no longer beat the
   worst finished one (transformers' heuristic for `early_stopping=False`).
 `repetition_penalty` is supported as transformers applies it under beam search: on the
-logprobs, over prompt + beam tokens. Temperature, top-k/p, min-p and the seed do not apply.
+logprobs, over prompt + beam tokens (the beam's tokens only with `penalize_prompt` off).
+Temperature, top-k/p, min-p and the seed do not apply.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.events import Beam, FinishReason
-from inference.sampling.logits import RepetitionPenalty
+from inference.sampling.logits import RepetitionPenalty, penalized_ids
 from inference.sampling_params import SamplingParams
 
 MASKED = -1.0e9  # transformers' stand-in for "not a candidate"; kept so tie-breaks match it
@@ -91,7 +92,7 @@ class BeamSearchState:
         """`logits` (num_beams, V): each running beam's next-token logits."""
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         if self.penalty is not None:
-            logprobs = self.penalty(logprobs, self.context_ids())
+            logprobs = self.penalty(logprobs, penalized_ids(self.context_ids(), len(self.prompt_ids), self.params))
         vocab_size = logprobs.shape[-1]
         summed = (logprobs + self.running_scores[:, None]).view(-1)
         cand_scores, flat_ids = torch.topk(summed, self.num_candidates)

@@ -13,7 +13,8 @@ nucleus of the tempered distribution. Top-k before top-p is transformers' choice
 commute except on ties at the top-k boundary.
 
 Every processor returns a new tensor and never modifies its input; a filtered token gets
-`-inf`. Shapes: `logits` (B, V) float, `context_ids` (B, T) = prompt + generated so far.
+`-inf`. Shapes: `logits` (B, V) float, `context_ids` (B, T) the tokens the repetition penalty
+counts (`penalized_ids`: prompt + generated so far, or the generated ones only).
 
 No valid `SamplingParams` can empty a row or fill it with NaN (tests/engine/test_sampling_fuzz.py):
 the filters always keep the most likely token, and the two processors that scale logits cap
@@ -27,13 +28,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
 from inference.sampling_params import SamplingParams
 
 FILTERED = -math.inf
+IdsT = TypeVar("IdsT", list[int], torch.Tensor)
 
 
 class LogitsProcessor(Protocol):
@@ -61,8 +63,9 @@ def _check_fraction(name: str, value: float, low_open: bool) -> None:
 
 @dataclass(frozen=True)
 class RepetitionPenalty:
-    """CTRL's penalty on every token already in the context (prompt included), once per token:
-    a positive logit is divided by `penalty`, a negative one multiplied. > 1 discourages repeats."""
+    """CTRL's penalty on every token of `context_ids` (`penalized_ids`: the prompt's and the
+    generated ones, or the generated ones only), once per token: a positive logit is divided by
+    `penalty`, a negative one multiplied. > 1 discourages repeats."""
 
     penalty: float
 
@@ -155,6 +158,14 @@ class MinP:
         threshold = self.p * probs.amax(dim=-1, keepdim=True)
         # p <= 1, so the most likely token always survives.
         return logits.masked_fill(probs < threshold, FILTERED)
+
+
+def penalized_ids(token_ids: IdsT, num_prompt_tokens: int, params: SamplingParams) -> IdsT:
+    """The tokens the repetition penalty counts: `token_ids` (prompt + generated so far, a list
+    or a (T,) / (B, T) tensor), or with `penalize_prompt` off only the generated ones."""
+    if params.penalize_prompt:
+        return token_ids
+    return token_ids[..., num_prompt_tokens:] if isinstance(token_ids, torch.Tensor) else token_ids[num_prompt_tokens:]
 
 
 def build_processors(params: SamplingParams) -> list[LogitsProcessor]:

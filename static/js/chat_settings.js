@@ -15,6 +15,8 @@ const OVERRIDE_FIELDS = {
   "ov-top-p": { name: "top_p", parse: Number, min: 0, max: 1, isSampling: true },
   // every decoding reads it, greedy and beam search too: it changes which token scores highest
   "ov-repetition-penalty": { name: "repetition_penalty", parse: Number, above: 0, max: 100 },
+  // a select: "" is the preset's, "true"/"false" the choice
+  "ov-penalize-prompt": { name: "penalize_prompt", parse: (v) => v === "true", isChoice: true },
   "ov-max-tokens": { name: "max_new_tokens", parse: Number, min: 1, integer: true },
   "ov-seed": { name: "seed", parse: Number, min: 0, integer: true, isSampling: true },
   "ov-max-thinking": { name: "max_thinking_tokens", parse: Number, min: 0, integer: true },
@@ -86,6 +88,12 @@ export class ChatSettings {
     for (const [id, spec] of Object.entries(OVERRIDE_FIELDS)) {
       const input = $(`#${id}`);
       const value = params[spec.name];
+      if (spec.isChoice) {  // a select has no placeholder: its empty option names the preset's choice
+        const chosen = [...input.options].find((o) => o.value === String(value));
+        input.options[0].textContent = chosen ? interpolate(gettext("preset (%(value)s)"), { value: chosen.textContent })
+          : gettext("preset");
+        continue;
+      }
       const isUnused = spec.isSampling && unusedBy !== null;
       input.placeholder = isUnused ? interpolate(gettext("n/a (%(method)s)"), { method: unusedBy[0] })
         : value === null || value === undefined ? gettext("preset") : String(value);
@@ -113,9 +121,9 @@ export class ChatSettings {
       const raw = input.value.trim();
       if (raw === "") continue;
       const value = spec.parse(raw);
-      const bad = !Number.isFinite(value) || (spec.integer && !Number.isInteger(value))
+      const bad = !spec.isChoice && (!Number.isFinite(value) || (spec.integer && !Number.isInteger(value))
         || (spec.min !== undefined && value < spec.min) || (spec.max !== undefined && value > spec.max)
-        || (spec.above !== undefined && value <= spec.above);
+        || (spec.above !== undefined && value <= spec.above));
       if (bad) {
         input.setAttribute("aria-invalid", "true");
         input.focus();

@@ -86,6 +86,7 @@ function samplingParams() {
     top_p: Number(sliders.top_p.value),
     min_p: Number(sliders.min_p.value),
     repetition_penalty: Number(sliders.repetition_penalty.value),
+    penalize_prompt: $("#ex-penalize-prompt").checked,
   };
 }
 
@@ -95,7 +96,7 @@ function inspectParams() {
   return { ...samplingParams(), greedy: false, seed: /^\d+$/.test(seed) ? Number(seed) : null };
 }
 
-const SETTINGS = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty"];
+const SETTINGS = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "penalize_prompt"];
 const sameSettings = (a, b) => Boolean(a && b) && SETTINGS.every((name) => a[name] === b[name]);
 
 // ---------- requests ----------
@@ -471,6 +472,7 @@ async function init() {
   applyUrlSettings(urlSettings);
   $("#ex-step").addEventListener("click", () => request(1));
   $("#ex-run").addEventListener("click", () => request(Number(sliders.run_length.value)));
+  $("#ex-penalize-prompt").addEventListener("change", () => renderDistribution());
   $("#ex-stop").addEventListener("click", () => state.handle?.stop());
   $("#ex-reset").addEventListener("click", reset);
   $("#ex-text").addEventListener("input", () => { if (state.steps.length || state.prompt) reset(); else renderContinuation(); });

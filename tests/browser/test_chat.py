@@ -170,11 +170,22 @@ def test_an_answer_is_a_compact_line_and_its_details_are_one_click_away(page, sc
     }""")
     assert cut == {"text": "Hi ", "cutBytes": "0xF0 0x9F"}
     # The API's repetition penalty has a field here too (greedy and beam search use it as well).
+    # Which tokens it counts: the empty choice names the preset's, "answer only" is sent as false.
     page.fill("#ov-repetition-penalty", "1.2")
+    penalized = page.locator("#ov-penalize-prompt")
+    preset_choice = (
+        "answer only"
+        if events(page, "generation.started")[-1]["params"]["penalize_prompt"] is False
+        else "prompt and answer"
+    )
+    expect(penalized.locator("option").first).to_have_text(f"preset ({preset_choice})")
+    penalized.select_option("false")
     send(page, "Name a number.")
     wait_for_events(page, "generation.finished", 3)
-    assert sent_commands(page, "generate")[-1]["overrides"]["repetition_penalty"] == 1.2
-    assert events(page, "generation.started")[-1]["params"]["repetition_penalty"] == 1.2
+    sent = sent_commands(page, "generate")[-1]["overrides"]
+    assert (sent["repetition_penalty"], sent["penalize_prompt"]) == (1.2, False)
+    started = events(page, "generation.started")[-1]["params"]
+    assert (started["repetition_penalty"], started["penalize_prompt"]) == (1.2, False)
     page.screenshot(path=str(screenshot_dir / "chat-compact.png"))
     for answer in answers.all():
         open_details(answer)

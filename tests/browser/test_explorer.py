@@ -156,8 +156,12 @@ def test_sliders_recompute_the_processed_distribution_like_the_engine(page):
     expect(page.locator("#ex-repetition-penalty-value")).to_have_text("1.30")
     assert head.inner_text() == "computing exact…"
     expect(head).to_have_attribute("data-exact", "true")
+    # Counting the continuation's tokens only is another distribution: recomputed too, then sent.
+    page.uncheck("#ex-penalize-prompt")
+    expect(head).to_have_attribute("data-exact", "true")
     next_token(page, 2)
-    assert sent_commands(page, "complete")[-1]["overrides"]["repetition_penalty"] == 1.3
+    sent = sent_commands(page, "complete")[-1]["overrides"]
+    assert (sent["repetition_penalty"], sent["penalize_prompt"]) == (1.3, False)
 
 
 def test_newline_tokens_are_wide_enough_to_click_and_greedy_draws_with_probability_one(page):

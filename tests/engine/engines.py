@@ -54,11 +54,13 @@ def engine_around(
     return Engine(loaded, EngineConfig(**{"kv_cache_bytes": TEST_KV_BYTES, **config}))
 
 
-def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_ids) -> list[int]:
-    """transformers' own greedy decoding: the reference every runner must reproduce."""
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_ids, logits_processor=None) -> list[int]:
+    """transformers' own greedy decoding (after `logits_processor`, a list of transformers
+    processors, if given): the reference every runner must reproduce."""
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([prompt_ids]),
+            logits_processor=logits_processor,
             attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
             max_new_tokens=max_new_tokens,
             do_sample=False,

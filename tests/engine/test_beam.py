@@ -4,11 +4,12 @@ random models, the event stream a beam-tree view relies on, and the ways a searc
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import replace
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from inference import SamplingParams
 from inference.events import BeamStep, Finished, Prefilled
@@ -72,9 +73,12 @@ def greedy_tokens(model, num_tokens: int) -> list[int]:
     return out[0, len(PROMPT) :].tolist()
 
 
-def transformers_beams(model, params: SamplingParams, eos: int) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+def transformers_beams(
+    model, params: SamplingParams, eos: int, processors: list | None = None
+) -> tuple[list[tuple[int, ...]], torch.Tensor]:
     out = model.generate(
         torch.tensor([PROMPT]),
+        logits_processor=LogitsProcessorList(processors or []),
         do_sample=False,
         num_beams=params.num_beams,
         max_new_tokens=params.max_new_tokens,
@@ -130,6 +134,22 @@ def test_repetition_penalty_equals_transformers(model, penalty):
     eos = greedy_tokens(model, 4)[3]
     params = SamplingParams(num_beams=3, num_return_sequences=3, repetition_penalty=penalty, max_new_tokens=10)
     assert_same_as_transformers(model, params, eos)
+
+
+def test_repetition_penalty_on_the_answer_only_equals_transformers_prompt_ignore_length(model, monkeypatch):
+    # The model's own continuation inside the prompt: a penalty over the prompt then hits the
+    # tokens the beams would pick, so the two settings must differ.
+    monkeypatch.setattr(sys.modules[__name__], "PROMPT", PROMPT + greedy_tokens(model, 6))
+    eos = greedy_tokens(model, 4)[3]
+    params = SamplingParams(num_beams=3, num_return_sequences=3, repetition_penalty=1.3, max_new_tokens=10)
+    answer_only = replace(params, penalize_prompt=False)
+    penalty = RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=len(PROMPT))
+    expected, expected_scores = transformers_beams(model, replace(params, repetition_penalty=1.0), eos, [penalty])
+    finished = run(model, answer_only, eos)[-1]
+    assert [b.token_ids for b in finished.sequences] == expected
+    assert torch.allclose(torch.tensor([b.score for b in finished.sequences]), expected_scores, atol=1e-5)
+    whole = run(model, params, eos)[-1]  # the prompt's tokens penalized too: other scores
+    assert not torch.allclose(torch.tensor([b.score for b in whole.sequences]), expected_scores, atol=1e-3)
 
 
 def test_without_kv_cache_same_result(llama):

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from inference import EngineConfig, Finished, Prefilled, SamplingParams, Step
 from inference.core.scheduler import Chunk
@@ -31,6 +32,17 @@ def prompt_ids(engine) -> list[int]:
 
 
 # ---- equivalence with transformers --------------------------------------------------------
+
+
+def test_penalize_prompt_off_equals_transformers_prompt_ignore_length(bundled, engine, prompt_ids):
+    """The penalty over the answer's own tokens only is transformers' `prompt_ignore_length`; and
+    it is not the penalty over the prompt too (the colours the prompt names are not penalized)."""
+    penalty = RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=len(prompt_ids))
+    expected = hf_greedy(bundled.model, prompt_ids, 24, bundled.eos_token_ids, LogitsProcessorList([penalty]))
+    _, steps, _ = run(engine, prompt_ids, greedy=True, repetition_penalty=1.5, penalize_prompt=False, max_new_tokens=24)
+    assert [s.token_id for s in steps] == expected
+    _, whole, _ = run(engine, prompt_ids, greedy=True, repetition_penalty=1.5, max_new_tokens=24)
+    assert [s.token_id for s in whole] != expected
 
 
 @pytest.mark.parametrize("runner", ["auto", "transformers"])

@@ -6,6 +6,7 @@ model's output, the KV formula against the measured cache."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -85,9 +86,10 @@ def test_waterfall_removed_tokens_held_the_reported_mass(engine: Engine) -> None
     assert raw["sampled"]["rank"] == 3
 
 
-def test_same_settings_replay_the_generation(engine: Engine) -> None:
-    prompt, steps = generated(engine, ALL_STAGES)
-    result = what_if(recompute(engine.model, prompt, [s.token_id for s in steps]), ALL_STAGES)
+@pytest.mark.parametrize("params", [ALL_STAGES, replace(ALL_STAGES, penalize_prompt=False)])
+def test_same_settings_replay_the_generation(engine: Engine, params: SamplingParams) -> None:
+    prompt, steps = generated(engine, params)
+    result = what_if(recompute(engine.model, prompt, [s.token_id for s in steps]), params)
     assert result["diverged_at"] is None
     assert [s["token_id"] for s in result["steps"]] == [s.token_id for s in steps]
     assert all(p > 0 for p in result["original_probs"])

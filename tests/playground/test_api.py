@@ -60,7 +60,8 @@ def test_models_and_presets_list_what_the_admin_configured(browser: Client, sett
     assert [m["is_default"] for m in models] == [True, False] and models[0]["unavailable"] is None
     presets = {p["name"]: p for p in browser.get("/api/presets/").json()}
     assert presets["Greedy, no loops"]["is_default"] and presets["Balanced"]["params"]["top_p"] == 0.9
-    assert presets["Greedy, no loops"]["params"]["repetition_penalty"] == 1.1
+    no_loops = presets["Greedy, no loops"]["params"]
+    assert (no_loops["repetition_penalty"], no_loops["penalize_prompt"]) == (1.15, False)
     assert presets["Beam search"]["params"]["num_beams"] == 4
 
 

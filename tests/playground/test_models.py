@@ -51,7 +51,7 @@ def test_the_migrations_ship_both_bundled_models_and_five_presets_with_one_defau
     assert names == {"Greedy", "Greedy, no loops", "Balanced", "Creative", "Precise", "Beam search"}
     assert SamplingPreset.default().name == "Greedy, no loops"  # by measurement: 0014, docs/presets.md
     params = SamplingPreset.default().to_sampling_params()
-    assert params.is_greedy and params.repetition_penalty == 1.1
+    assert params.is_greedy and params.repetition_penalty == 1.15 and not params.penalize_prompt  # 0015
     for preset in SamplingPreset.objects.all():
         preset.full_clean()  # every shipped preset is valid
     assert SamplingPreset.objects.get(name="Beam search").to_sampling_params().is_beam_search
@@ -79,6 +79,23 @@ def test_greedy_no_loops_becomes_the_default_both_ways_while_greedy_is_as_shippe
     SamplingPreset.objects.filter(name=migration.PRESET).delete()
     migration.no_loops_by_default(django_apps, None)
     assert SamplingPreset.default().name == migration.PRESET
+
+
+def test_no_loops_penalizes_the_answer_only_both_ways_while_as_shipped() -> None:
+    migration = importlib.import_module("playground.migrations.0015_penalize_prompt_and_answer_only_no_loops")
+
+    def settings() -> dict:
+        fields = ("repetition_penalty", "penalize_prompt", "is_default")
+        return SamplingPreset.objects.filter(name=migration.PRESET).values(*fields)[0]
+
+    migration.prompt_too(django_apps, None)
+    assert settings() == {"repetition_penalty": 1.1, "penalize_prompt": True, "is_default": True}  # as 0014 left it
+    migration.answer_only(django_apps, None)
+    assert settings() == {"repetition_penalty": 1.15, "penalize_prompt": False, "is_default": True}
+    migration.prompt_too(django_apps, None)
+    SamplingPreset.objects.filter(name=migration.PRESET).update(repetition_penalty=1.3)  # an admin's edit
+    migration.answer_only(django_apps, None)
+    assert settings() == {"repetition_penalty": 1.3, "penalize_prompt": True, "is_default": True}  # kept
 
 
 def test_the_default_preset_moves_both_ways_while_the_rows_are_as_shipped() -> None:

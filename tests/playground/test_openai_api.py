@@ -154,6 +154,15 @@ async def test_max_thinking_tokens_reaches_the_engine(engine: FakeEngine) -> Non
     assert generation.params["max_thinking_tokens"] == 5
 
 
+@pytest.mark.parametrize("penalize_prompt", [True, False])
+async def test_penalize_prompt_reaches_the_engine(engine: FakeEngine, penalize_prompt: bool) -> None:
+    body = {"model": MODEL, "prompt": "x", "repetition_penalty": 1.2, "penalize_prompt": penalize_prompt}
+    response = await post("/v1/completions", body)
+    assert response.status_code == 200, response.content
+    generation = await sync_to_async(Generation.objects.get)()
+    assert (generation.params["repetition_penalty"], generation.params["penalize_prompt"]) == (1.2, penalize_prompt)
+
+
 async def test_a_stream_is_framed_as_openai_chunks(engine: FakeEngine) -> None:
     response = await post(
         "/v1/chat/completions",
@@ -241,6 +250,12 @@ async def test_legacy_completion_with_echo_and_logprobs(engine: FakeEngine) -> N
             "unknown_parameter",
         ),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "preset": "nope"}, 404, "preset", None),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "penalize_prompt": "no"},
+            400,
+            "penalize_prompt",
+            None,
+        ),
         (
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_thinking_tokens": -1},
             400,

@@ -1,8 +1,8 @@
 """Reads and checks an OpenAI request body: every refusal is an `ApiError` naming its field.
 
 Owns: which request fields exist (OpenAI's, plus our extras `top_k`, `min_p`,
-`repetition_penalty`, `preset`, `ignore_eos`, `timings`, `raw_logprobs`, `max_thinking_tokens`), their types and
-ranges, and their translation into the `overrides` of `SamplingParams` (whose own checks
+`repetition_penalty`, `penalize_prompt`, `preset`, `ignore_eos`, `timings`, `raw_logprobs`,
+`max_thinking_tokens`), their types and ranges, and their translation into the `overrides` of `SamplingParams` (whose own checks
 then apply, in `submit`). Must not know: the ORM, the channel layer.
 """
 
@@ -36,6 +36,7 @@ _COMMON = {
     "top_k",
     "min_p",
     "repetition_penalty",
+    "penalize_prompt",
     "preset",
     "ignore_eos",
     "timings",
@@ -155,6 +156,7 @@ def _sampling(fields: _Fields, overrides: dict[str, Any]) -> None:
         "top_k": fields.integer("top_k", 0),
         "min_p": fields.number("min_p", 0.0, 1.0),
         "repetition_penalty": fields.number("repetition_penalty"),
+        "penalize_prompt": fields.get("penalize_prompt", bool),
         "ignore_eos": fields.get("ignore_eos", bool),
         "stop": _stop(fields.data.get("stop")),
         "max_thinking_tokens": fields.integer("max_thinking_tokens", 0),
