@@ -2,8 +2,8 @@
 
 Owns: which request fields exist (OpenAI's, plus our extras `top_k`, `min_p`,
 `repetition_penalty`, `penalize_prompt`, `preset`, `ignore_eos`, `timings`, `raw_logprobs`,
-`max_thinking_tokens`), their types and ranges, and their translation into the `overrides` of `SamplingParams` (whose own checks
-then apply, in `submit`). Must not know: the ORM, the channel layer.
+`max_thinking_tokens`), their types and ranges, and their translation into the `overrides` of
+`SamplingParams` (whose own checks then apply, in `submit`). Must not know: the ORM, the channel layer.
 """
 
 from __future__ import annotations
