@@ -29,9 +29,16 @@
 
 enum { PG_F32 = 0, PG_BF16 = 1, PG_INT8 = 2, PG_INT4 = 3 };
 #define INT4_GROUP 32
-#define MR_MAX 4
+#if PG_VL == 16
+#define MR_MAX 8  // 32 vector registers: a decode step of 8 rows reads each weight once
+#else
+#define MR_MAX 4  // 16 vector registers
+#endif
 #define NR_MAX 8
-#define INT4_MR_MAX 8  // int4 tiles take 8 rows at once: a decode step's weights are unpacked once
+/* int4 tiles take up to 8 rows at once, whatever K: a decode step's weights are unpacked once
+ * (8 rows of x stay in L2 even for the MLP's long down projection; limiting them to what fits
+ * in L1 made Qwen2.5's down projection unpack its weights for every row). */
+#define INT4_MR_MAX 8
 #define INT4_PANEL_ROWS 32  // from this many rows on, int4 weights are unpacked into float32 panels
 
 typedef struct {
@@ -190,11 +197,24 @@ typedef void (*TileFn)(const Args *, int64_t, int64_t);
 #define ROWS_TILES(KIND) \
     ROWS_TILE(KIND, 4, 3) ROWS_TILE(KIND, 3, 4) ROWS_TILE(KIND, 2, 6) ROWS_TILE(KIND, 1, 8) ROWS_TILE(KIND, 4, 1) \
     ROWS_TILE(KIND, 3, 1) ROWS_TILE(KIND, 2, 1) ROWS_TILE(KIND, 1, 1)
-ROWS_TILES(PG_F32)
-ROWS_TILES(PG_BF16)
-ROWS_TILES(PG_INT8)
-INT4_TILE(1, 4) INT4_TILE(2, 3) INT4_TILE(3, 2) INT4_TILE(4, 1) INT4_TILE(5, 1) INT4_TILE(6, 1) INT4_TILE(7, 1)
-INT4_TILE(8, 1) INT4_TILE(1, 1) INT4_TILE(2, 1) INT4_TILE(3, 1)
+#if PG_VL == 16
+#define WIDE_ROWS_TILES(KIND) ROWS_TILE(KIND, 5, 4) ROWS_TILE(KIND, 6, 3) ROWS_TILE(KIND, 7, 3) ROWS_TILE(KIND, 8, 3) \
+    ROWS_TILE(KIND, 5, 1) ROWS_TILE(KIND, 6, 1) ROWS_TILE(KIND, 7, 1) ROWS_TILE(KIND, 8, 1)
+#else
+#define WIDE_ROWS_TILES(KIND)
+#endif
+ROWS_TILES(PG_F32) WIDE_ROWS_TILES(PG_F32)
+ROWS_TILES(PG_BF16) WIDE_ROWS_TILES(PG_BF16)
+ROWS_TILES(PG_INT8) WIDE_ROWS_TILES(PG_INT8)
+INT4_TILE(1, 1) INT4_TILE(2, 1) INT4_TILE(3, 1) INT4_TILE(4, 1) INT4_TILE(5, 1) INT4_TILE(6, 1) INT4_TILE(7, 1)
+INT4_TILE(8, 1)
+/* Wide tiles use as many registers as there are (AVX-512: 32; AVX2: 16) for the accumulators,
+ * the unpacked weights and x: more outputs per tile share each load of x. */
+#if PG_VL == 16
+INT4_TILE(1, 8) INT4_TILE(2, 4) INT4_TILE(3, 4) INT4_TILE(4, 3) INT4_TILE(5, 2) INT4_TILE(6, 2) INT4_TILE(7, 2) INT4_TILE(8, 2)
+#else
+INT4_TILE(1, 4) INT4_TILE(2, 3) INT4_TILE(3, 2)
+#endif
 
 typedef struct {
     TileFn wide, narrow;  // NR outputs, one output (the last ones)
@@ -203,14 +223,28 @@ typedef struct {
 
 /* [kind][rows - 1] for rows of float32 / bfloat16 / int8 weights (up to MR_MAX at once) and
  * for a whole step of int4 (up to INT4_MR_MAX). */
-#define ROWS_TABLE(KIND)                                                                        \
-    {{tile_##KIND##_1x8, tile_##KIND##_1x1, 8}, {tile_##KIND##_2x6, tile_##KIND##_2x1, 6},     \
-     {tile_##KIND##_3x4, tile_##KIND##_3x1, 4}, {tile_##KIND##_4x3, tile_##KIND##_4x1, 3}}
+#define NARROW_ROWS(KIND)                                                                   \
+    {tile_##KIND##_1x8, tile_##KIND##_1x1, 8}, {tile_##KIND##_2x6, tile_##KIND##_2x1, 6}, \
+        {tile_##KIND##_3x4, tile_##KIND##_3x1, 4}, {tile_##KIND##_4x3, tile_##KIND##_4x1, 3}
+#if PG_VL == 16
+#define ROWS_TABLE(KIND)                                                                   \
+    {NARROW_ROWS(KIND), {tile_##KIND##_5x4, tile_##KIND##_5x1, 4},                        \
+     {tile_##KIND##_6x3, tile_##KIND##_6x1, 3}, {tile_##KIND##_7x3, tile_##KIND##_7x1, 3}, \
+     {tile_##KIND##_8x3, tile_##KIND##_8x1, 3}}
+#else
+#define ROWS_TABLE(KIND) {NARROW_ROWS(KIND)}
+#endif
 static const Tiles ROW_TILES[3][MR_MAX] = {ROWS_TABLE(PG_F32), ROWS_TABLE(PG_BF16), ROWS_TABLE(PG_INT8)};
 static const Tiles INT4_TILES[INT4_MR_MAX] = {
+#if PG_VL == 16
+    {tile_int4_1x8, tile_int4_1x1, 8}, {tile_int4_2x4, tile_int4_2x1, 4}, {tile_int4_3x4, tile_int4_3x1, 4},
+    {tile_int4_4x3, tile_int4_4x1, 3}, {tile_int4_5x2, tile_int4_5x1, 2}, {tile_int4_6x2, tile_int4_6x1, 2},
+    {tile_int4_7x2, tile_int4_7x1, 2}, {tile_int4_8x2, tile_int4_8x1, 2},
+#else
     {tile_int4_1x4, tile_int4_1x1, 4}, {tile_int4_2x3, tile_int4_2x1, 3}, {tile_int4_3x2, tile_int4_3x1, 2},
     {tile_int4_4x1, tile_int4_4x1, 1}, {tile_int4_5x1, tile_int4_5x1, 1}, {tile_int4_6x1, tile_int4_6x1, 1},
     {tile_int4_7x1, tile_int4_7x1, 1}, {tile_int4_8x1, tile_int4_8x1, 1},
+#endif
 };
 
 #define N_BLOCK 24  // outputs whose weights are read once for a block of rows
@@ -272,16 +306,9 @@ static void run_int4_panels(const Args *a, int64_t n_lo, int64_t n_hi) {
     }
 }
 
-/* Rows per int4 tile: up to 8, as many as keep their x (in float32) within ~24 KiB of L1 beside
- * the weights streaming through (a long K, like the MLP's down projection, takes 4). */
-static int int4_rows_per_tile(int64_t K) {
-    int64_t rows = (24 * 1024 / 4) / (K > 0 ? K : 1);
-    return rows < 1 ? 1 : rows > INT4_MR_MAX ? INT4_MR_MAX : (int)rows;
-}
-
 static void run_range(const Args *a, int64_t n_lo, int64_t n_hi) {
     if (a->kind != PG_INT4) run_outputs(a, n_lo, n_hi);
-    else if (a->M < INT4_PANEL_ROWS) run_block(a, INT4_TILES, int4_rows_per_tile(a->K), 0, a->M, n_lo, n_hi);
+    else if (a->M < INT4_PANEL_ROWS) run_block(a, INT4_TILES, INT4_MR_MAX, 0, a->M, n_lo, n_hi);
     else run_int4_panels(a, n_lo, n_hi);
 }
 
