@@ -160,6 +160,7 @@ def stack_client(base_url: str, model_id: int, questions: list[str], num_tokens:
     overrides = {
         "max_new_tokens": num_tokens,
         "greedy": True,
+        "repetition_penalty": 1.0,  # the engine's side samples plain greedy: not the default preset's penalty
         "ignore_eos": True,
         "num_alternatives": NUM_ALTERNATIVES,
         "use_prefix_cache": False,
