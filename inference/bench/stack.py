@@ -8,11 +8,13 @@ rendered with the model's template), model and precision, greedy, a fixed number
 each and top-20 alternatives every step: for N = 1, 8, 16 (`--quick`: 1, 8 and fewer tokens)
 the engine alone in this process (`batch.run_batched`), then N WebSocket clients at once against
 the stack, each a browser of its own (a page load for its session cookie and page token, then
-`/ws/generate/?page_token=`, docs/protocol.md) sending one `generate`; and, with `--llama-server`,
+`/ws/generate/?page_token=`, docs/protocol.md) sending one `generate`, then N OpenAI-API clients
+streaming `/v1/chat/completions` (keyless from localhost, `logprobs` with the top 20, the
+"Greedy" preset); and, with `--llama-server`,
 N HTTP streaming clients against that binary on the model's GGUF (16 slots, continuous
 batching). Each side: aggregate tokens/s (all tokens over first send to last token) and time to
 first token p50/p95 from the send. The last line is `key=value` pairs (`report_keys`):
-`stack_efficiency_N` is the stack's aggregate over the engine's.
+`stack_efficiency_N` is the stack's aggregate over the engine's (`v1_efficiency_N` through `/v1`).
 
 The stack is the one `make run` starts (`scripts/run.py`: Redis, one Celery worker, daphne) on a
 throw-away SQLite DB, with `PLAYGROUND_DTYPE`/`PLAYGROUND_DEVICE` set to `--dtype`/`--device`,
@@ -84,9 +86,12 @@ def summarize_clients(runs: list[ClientRun]) -> dict[str, float]:
 
 
 def report_keys(
-    engine: dict[int, dict[str, float]], stack: dict[int, dict[str, float]], llama: dict[int, dict[str, float]]
+    engine: dict[int, dict[str, float]],
+    stack: dict[int, dict[str, float]],
+    llama: dict[int, dict[str, float]],
+    v1: dict[int, dict[str, float]] | None = None,
 ) -> dict[str, float]:
-    """The last line's pairs for every N the stack ran (and the engine and llama-server with it)."""
+    """The last line's pairs for every N the stack ran (and the engine, `/v1` and llama-server with it)."""
     results: dict[str, float] = {}
     for n in sorted(stack):
         results[f"stack_tok_s_{n}"] = stack[n]["tok_s"]
@@ -95,6 +100,10 @@ def report_keys(
         results[f"stack_ttft_p50_ms_{n}"] = stack[n]["ttft_p50"]
         results[f"stack_ttft_p95_ms_{n}"] = stack[n]["ttft_p95"]
         results[f"engine_ttft_p95_ms_{n}"] = engine[n]["ttft_p95"]
+        if v1 and n in v1:
+            results[f"v1_tok_s_{n}"] = v1[n]["tok_s"]
+            results[f"v1_efficiency_{n}"] = v1[n]["tok_s"] / engine[n]["tok_s"]
+            results[f"v1_ttft_p95_ms_{n}"] = v1[n]["ttft_p95"]
         if n in llama:
             results[f"llama_server_tok_s_{n}"] = llama[n]["tok_s"]
             results[f"vs_llama_server_{n}"] = stack[n]["tok_s"] / llama[n]["tok_s"]
@@ -190,6 +199,12 @@ def stack_client(base_url: str, model_id: int, questions: list[str], num_tokens:
 
 def stack_model_id(base_url: str, source: str) -> int:
     """The stack's id for the model `source` names (a bundled one by its catalogue name)."""
+    return stack_model(base_url, source)["id"]
+
+
+def stack_model(base_url: str, source: str) -> dict:
+    """The stack's record ({id, name, ...}) of the model `source` names: the id is what a
+    browser's `generate` sends, the name what `/v1` calls the model."""
     bundled = bundled_model(source)
     name = bundled.name if bundled is not None else source
     with urllib.request.urlopen(base_url.rstrip("/") + "/api/models/", timeout=60) as response:
@@ -198,8 +213,58 @@ def stack_model_id(base_url: str, source: str) -> int:
         if model["name"] in (name, f"{name} (bundled)"):
             if model.get("unavailable"):
                 raise SystemExit(f"the stack cannot serve {name}: {model['unavailable']}")
-            return model["id"]
+            return model
     raise SystemExit(f"the stack has no model named {name!r}; it has {[m['name'] for m in models]}")
+
+
+# ---- the OpenAI API's side: streaming /v1/chat/completions -------------------------------------
+
+
+def v1_client(base_url: str, model_name: str, questions: list[str], num_tokens: int) -> Callable:
+    """Client i asks questions[i] through `/v1/chat/completions`, streamed, as an OpenAI client
+    would (keyless from localhost), plain greedy with the top-20 logprobs every token; a chunk
+    may carry several tokens (the worker coalesces steps): each counts when its chunk arrives."""
+    address = urlparse(base_url)
+
+    def one_client(index: int, barrier: threading.Barrier, run: ClientRun) -> None:
+        body = {
+            "model": model_name,
+            "messages": [{"role": "user", "content": questions[index]}],
+            "max_tokens": num_tokens,
+            "stream": True,
+            "logprobs": True,
+            "top_logprobs": NUM_ALTERNATIVES,
+            "preset": "Greedy",
+            "repetition_penalty": 1.0,
+            "ignore_eos": True,
+        }
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=GENERATION_TIMEOUT_S)
+        try:
+            barrier.wait(timeout=120)
+            run.sent = time.perf_counter()
+            connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"/v1 answered {response.status}: {response.read()[:300]!r}")
+            for line in response:
+                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[len(b"data: ") :])
+                if "error" in chunk:
+                    run.outcome = f"error {chunk['error'].get('code')}: {chunk['error'].get('message')}"
+                    return
+                for choice in chunk.get("choices", []):
+                    tokens = (choice.get("logprobs") or {}).get("content") or []
+                    now = time.perf_counter()
+                    run.token_times.extend(now for _ in tokens)
+                    if choice.get("finish_reason"):
+                        run.ended, run.outcome = now, "generation.finished"
+            if run.outcome != "generation.finished":
+                run.outcome = "the stream ended without a finish_reason"
+        finally:
+            connection.close()
+
+    return one_client
 
 
 # ---- starting and stopping processes ----------------------------------------------------------
@@ -364,11 +429,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def print_row(n: int, engine: dict[str, float], stack: dict[str, float], llama: dict[str, float] | None) -> None:
+def print_row(
+    n: int, engine: dict[str, float], stack: dict[str, float], v1: dict[str, float], llama: dict[str, float] | None
+) -> None:
     row = (
         f"{n:>7} {engine['tok_s']:>10.1f} {engine['ttft_p50']:>6.0f}/{engine['ttft_p95']:<6.0f}"
         f" {stack['tok_s']:>9.1f} {stack['ttft_p50']:>6.0f}/{stack['ttft_p95']:<6.0f}"
         f" {stack['tok_s'] / engine['tok_s']:>10.2f} {stack['num_finished']:>8.0f}"
+        f" {v1['tok_s']:>9.1f} {v1['ttft_p50']:>6.0f}/{v1['ttft_p95']:<6.0f} {v1['tok_s'] / engine['tok_s']:>10.2f}"
     )
     if llama is not None:
         row += f" {llama['tok_s']:>12.1f} {llama['ttft_p50']:>6.0f}/{llama['ttft_p95']:<6.0f}"
@@ -396,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         base_url = args.url or services.enter_context(
             started_stack(args.port or free_port(), args.redis_port or free_port(), args.dtype, args.device, work_dir)
         )
-        model_id = stack_model_id(base_url, args.model)
+        model = stack_model(base_url, args.model)
+        model_id = model["id"]
         llama_url = (
             services.enter_context(started_llama_server(args.llama_server, gguf, args.num_tokens, work_dir))
             if gguf is not None
@@ -413,22 +482,26 @@ def main(argv: list[str] | None = None) -> int:
         header = f"{'clients':>7} {'engine tok/s':>10} {'ttft p50/p95':>13} {'stack tok/s':>9} {'ttft p50/p95':>13}"
         print(
             header
-            + f" {'efficiency':>10} {'finished':>8}"
+            + f" {'efficiency':>10} {'finished':>8} {'v1 tok/s':>9} {'ttft p50/p95':>13} {'efficiency':>10}"
             + (f" {'llama tok/s':>12} {'ttft p50/p95':>13}" if llama_url else "")
         )
-        results: dict[str, dict[int, dict[str, float]]] = {"engine": {}, "stack": {}, "llama": {}}
+        results: dict[str, dict[int, dict[str, float]]] = {"engine": {}, "stack": {}, "v1": {}, "llama": {}}
         for n in args.client_counts:  # side by side: each N on the engine, then the stack, then llama-server
             prompt_ids = prompts(engine, n)
             results["engine"][n] = run_batched(engine, prompt_ids, params)
             results["stack"][n] = summarize_clients(
                 run_clients(n, stack_client(base_url, model_id, QUESTIONS[:n], args.num_tokens))
             )
+            results["v1"][n] = summarize_clients(
+                run_clients(n, v1_client(base_url, model["name"], QUESTIONS[:n], args.num_tokens))
+            )
             if llama_url is not None:
                 runs = run_clients(n, llama_server_client(llama_url, prompt_ids, args.num_tokens))
                 results["llama"][n] = summarize_clients(runs)
-            print_row(n, results["engine"][n], results["stack"][n], results["llama"].get(n))
-    keys = report_keys(results["engine"], results["stack"], results["llama"])
-    keys["all_finished"] = int(all(s["num_finished"] == n for n, s in results["stack"].items()))
+            print_row(n, results["engine"][n], results["stack"][n], results["v1"][n], results["llama"].get(n))
+    keys = report_keys(results["engine"], results["stack"], results["llama"], results["v1"])
+    sides = [*results["stack"].items(), *results["v1"].items()]
+    keys["all_finished"] = int(all(s["num_finished"] == n for n, s in sides))
     print(format_keys(keys))
     return 0
 

@@ -46,6 +46,7 @@ SIGNATURES = {
     "pg_top_k": (_P, _I, _I, _P, _P),
     "pg_entropy": (_P, _I),
     "pg_count_greater": (_P, _I, _F),
+    "pg_read_outs": (_P, _P, _I, _I, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _C),
 }
 RESTYPES = {"pg_entropy": ctypes.c_float, "pg_count_greater": ctypes.c_int64}
 
@@ -273,3 +274,50 @@ class CpuKernels:
     def count_greater(self, x: torch.Tensor, value: float) -> int:
         """How many of x (V,) float32 are greater than `value`."""
         return self.lib.pg_count_greater(x.data_ptr(), x.shape[0], value)
+
+    def read_outs(self, raw: torch.Tensor, processed: torch.Tensor | None, token_ids: torch.Tensor, k: int) -> ReadOuts:
+        """A step's read-outs in one call: `raw` and `processed` (S, V) contiguous float32 logprobs
+        (None: no processor, only the raw top-k), `token_ids` (S,) int64 (contiguous), `k` <= V."""
+        num_rows, vocab_size = raw.shape
+        out = ReadOuts(
+            is_valid=torch.empty(num_rows, dtype=torch.long),
+            chosen=torch.empty(num_rows, 2),
+            ranks=torch.empty(num_rows, dtype=torch.long),
+            entropies=torch.empty(num_rows),
+            top_raw_ids=torch.empty(num_rows, k, dtype=torch.long),
+            top_raw_values=torch.empty(num_rows, k),
+            top_processed_ids=None if processed is None else torch.empty(num_rows, k, dtype=torch.long),
+            top_processed_values=None if processed is None else torch.empty(num_rows, k),
+        )
+        self.lib.pg_read_outs(
+            raw.data_ptr(),
+            _ptr(processed),
+            num_rows,
+            vocab_size,
+            token_ids.data_ptr(),
+            k,
+            out.is_valid.data_ptr(),
+            out.chosen.data_ptr(),
+            out.ranks.data_ptr(),
+            out.entropies.data_ptr(),
+            out.top_raw_ids.data_ptr(),
+            out.top_raw_values.data_ptr(),
+            _ptr(out.top_processed_ids),
+            _ptr(out.top_processed_values),
+            torch.get_num_threads(),
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class ReadOuts:
+    """`CpuKernels.read_outs`' answer, one row per sampled row (top-k: most likely first)."""
+
+    is_valid: torch.Tensor  # (S,) 1: the token is in the vocabulary and something was finite to draw from
+    chosen: torch.Tensor  # (S, 2) the token's processed and raw logprobs (NaN when not valid)
+    ranks: torch.Tensor  # (S,) 1-based rank of the token in the raw distribution (0 when not valid)
+    entropies: torch.Tensor  # (S,) of the raw distribution, nats
+    top_raw_ids: torch.Tensor  # (S, k)
+    top_raw_values: torch.Tensor  # (S, k) raw logprobs
+    top_processed_ids: torch.Tensor | None  # (S, k), None without processed logprobs
+    top_processed_values: torch.Tensor | None

@@ -341,3 +341,43 @@ int64_t pg_count_greater(const float *x, int64_t n, float v) {
     for (int64_t i = 0; i < n; i++) count += x[i] > v;
     return count;
 }
+
+/* A whole step's read-outs in one call (S rows of V): for each row whether it can be read (its
+ * token inside the vocabulary and a finite processed logprob somewhere), the token's processed
+ * and raw logprobs and its rank in the raw distribution, the raw distribution's entropy, and the
+ * top `k` of the raw and (when `processed` is not NULL) the processed logprobs. The rows go over
+ * the thread pool. One call rather than four per row: under the serving stack every call out of
+ * Python gives up the GIL and waits to get it back behind the task threads. */
+typedef struct {
+    const float *raw, *processed;
+    int64_t V, k;
+    const int64_t *token_ids;
+    int64_t *is_valid, *ranks, *top_raw_ids, *top_processed_ids;
+    float *chosen, *entropies, *top_raw_values, *top_processed_values;
+} ReadOutArgs;
+
+static void read_out_task(void *ctx, int64_t i) {
+    const ReadOutArgs *a = (const ReadOutArgs *)ctx;
+    int64_t V = a->V, k = a->k, token_id = a->token_ids[i];
+    const float *raw = a->raw + i * V;
+    const float *processed = a->processed ? a->processed + i * V : raw;
+    int64_t has_finite = 0;
+    for (int64_t j = 0; j < V && !has_finite; j++) has_finite = isfinite(processed[j]);
+    int64_t is_valid = has_finite && token_id >= 0 && token_id < V;
+    a->is_valid[i] = is_valid;
+    a->chosen[2 * i] = is_valid ? processed[token_id] : NAN;
+    a->chosen[2 * i + 1] = is_valid ? raw[token_id] : NAN;
+    a->ranks[i] = is_valid ? pg_count_greater(raw, V, raw[token_id]) + 1 : 0;
+    a->entropies[i] = pg_entropy(raw, V);
+    if (k <= 0) return;
+    pg_top_k(raw, V, k, a->top_raw_ids + i * k, a->top_raw_values + i * k);
+    if (a->processed) pg_top_k(processed, V, k, a->top_processed_ids + i * k, a->top_processed_values + i * k);
+}
+
+void pg_read_outs(const float *raw, const float *processed, int64_t S, int64_t V, const int64_t *token_ids, int64_t k,
+                  int64_t *is_valid, float *chosen, int64_t *ranks, float *entropies, int64_t *top_raw_ids,
+                  float *top_raw_values, int64_t *top_processed_ids, float *top_processed_values, int num_threads) {
+    ReadOutArgs a = {raw,    processed, V,           k,          token_ids,      is_valid,      ranks,
+                     top_raw_ids, top_processed_ids, chosen, entropies, top_raw_values, top_processed_values};
+    pg_parallel(S > 1 ? num_threads : 1, S, read_out_task, &a);
+}

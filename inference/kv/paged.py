@@ -92,9 +92,17 @@ class PagedKVPool:
 
     def slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         """Slot index of positions start..end-1 of a sequence, (end - start,) int64 on the CPU."""
-        table = torch.tensor(block_table, dtype=torch.long)
-        per_block = table[:, None] * self.block_size + torch.arange(self.block_size)  # (blocks, block_size)
-        return per_block.flatten()[start:end]
+        return torch.tensor(self.slot_ids(block_table, start, end), dtype=torch.long)
+
+    def slot_ids(self, block_table: list[int], start: int, end: int) -> list[int]:
+        """`slots` as a list. A step's bookkeeping builds every sequence's slots this way and
+        makes one tensor of them: five small torch ops per sequence each gave up the GIL, which
+        under the serving stack's threads is a wait every time."""
+        size, first = self.block_size, start // self.block_size
+        ids: list[int] = []
+        for block in block_table[first : (end + size - 1) // size]:
+            ids.extend(range(block * size, (block + 1) * size))
+        return ids[start - first * size : end - first * size]
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """keys/values (T, heads, dim) into `slots` (T,)."""

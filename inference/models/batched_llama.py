@@ -59,45 +59,49 @@ class BatchedLlamaRunner:
         self.device = lean.device
 
     def prepare(self, chunks: list[Chunk]) -> StepInput:
-        """Host-side bookkeeping of a step, moved to the device once."""
-        ids, positions, slots, prefills, logit_rows = [], [], [], [], []
-        contexts, context_starts, decode_rows, decode_slots = [], [], [], []
+        """Host-side bookkeeping of a step (plain lists), moved to the device once."""
+        ids, positions, slots, context_slots, prefills, logit_rows = [], [], [], [], [], []
+        context_starts, decode_rows, decode_slots = [], [], []
         row = offset = 0
         for chunk in chunks:
             seq, end = chunk.seq, chunk.start + chunk.num_tokens
             ids += seq.token_ids[chunk.start : end]
             positions += range(chunk.start, end)
-            context = self.pool.slots(seq.block_table, 0, end)  # (end,)
-            slots.append(context[chunk.start :])
-            contexts.append(context)
+            context = self.pool.slot_ids(seq.block_table, 0, end)  # (end,)
+            slots += context[chunk.start :]
+            context_slots += context
             context_starts += [offset] * chunk.num_tokens
             offset += end
             if chunk.num_tokens == 1:
                 decode_rows.append(row)
                 decode_slots.append(context)
             else:
-                prefills.append(_Prefill(row, chunk.num_tokens, chunk.start, context))
+                prefills.append((row, chunk.num_tokens, chunk.start, context))
             logit_rows += [row + offset for offset in chunk.logit_offsets()]
             row += chunk.num_tokens
         to = self.device
         lengths = [len(s) for s in decode_slots]
         padded = mask = None
         if self.lean.fused is None and decode_slots:  # torch's attention reads the decodes padded together
-            padded = torch.nn.utils.rnn.pad_sequence(decode_slots, batch_first=True).to(to)
+            padded = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in decode_slots], batch_first=True).to(to)
             if min(lengths) != max(lengths):
                 mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None])[:, None, None].to(to)
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=to)
+
         return StepInput(
-            input_ids=torch.tensor(ids, device=to),
-            positions=torch.tensor(positions, device=to),
-            slots=torch.cat(slots).to(to),
-            context_slots=torch.cat(contexts).to(to),
-            context_starts=torch.tensor(context_starts, dtype=torch.long, device=to),
-            decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=to),
+            input_ids=tensor(ids),
+            positions=tensor(positions),
+            slots=tensor(slots),
+            context_slots=tensor(context_slots),
+            context_starts=tensor(context_starts),
+            decode_rows=tensor(decode_rows),
             decode_slots=padded,
-            decode_lengths=torch.tensor(lengths, dtype=torch.long, device=to),
+            decode_lengths=tensor(lengths),
             decode_mask=mask,
-            prefills=[_Prefill(p.row, p.num_tokens, p.start, p.context_slots.to(to)) for p in prefills],
-            logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=to),
+            prefills=[_Prefill(row, n, start, tensor(context)) for row, n, start, context in prefills],
+            logit_rows=tensor(logit_rows),
         )
 
     @torch.inference_mode()

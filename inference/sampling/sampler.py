@@ -161,40 +161,69 @@ def _read_outs(
     logits: torch.Tensor, raw_logprobs: torch.Tensor, logprobs: torch.Tensor, token_ids: torch.Tensor, rows
 ) -> list[RowSample]:
     """The chosen token (forced ones included), its logprobs, rank and entropy and the top
-    alternatives of each row: on a CPU with the kernels one pass each per row (host memory: no
-    transfer), elsewhere vectorized over the rows and read back to the host once."""
+    alternatives of each row: on a CPU with the kernels in one call for the whole step (host
+    memory: no transfer), elsewhere vectorized over the rows and read back to the host once."""
     forced = [(i, r.forced_token_id) for i, r in enumerate(rows) if r.forced_token_id is not None]
     if forced:
         token_ids = token_ids.clone()
         token_ids[[i for i, _ in forced]] = torch.tensor([t for _, t in forced], device=token_ids.device)
-    is_valid = (token_ids >= 0) & (token_ids < logits.shape[-1]) & torch.isfinite(logprobs).any(dim=-1)
+    k = min(max(r.num_alternatives for r in rows), logits.shape[-1])
+    has_processors = any(r.sampler.processors for r in rows)
+    kernels = _kernels_for(raw_logprobs, 2)
+    if kernels is not None and _kernels_for(logprobs, 2) is not None:
+        return _host_read_outs(kernels, raw_logprobs, logprobs if has_processors else None, token_ids, rows, k)
+    return _device_read_outs(raw_logprobs, logprobs, token_ids, rows, k)
+
+
+def _host_read_outs(
+    kernels: cpu_kernels.CpuKernels,
+    raw_logprobs: torch.Tensor,
+    logprobs: torch.Tensor | None,
+    token_ids: torch.Tensor,
+    rows: Sequence[Row],
+    k: int,
+) -> list[RowSample]:
+    """`_read_outs` with the CPU kernels; `logprobs` None: no row has a processor."""
+    reads = kernels.read_outs(raw_logprobs, logprobs, token_ids.contiguous(), k)
+    token_list, is_valid, chosen = token_ids.tolist(), reads.is_valid.tolist(), reads.chosen.tolist()
+    ranks, entropies = reads.ranks.tolist(), reads.entropies.tolist()
+    raw_ids, raw_values = reads.top_raw_ids.tolist(), reads.top_raw_values.tolist()
+    if logprobs is not None:
+        processed_ids, processed_values = reads.top_processed_ids.tolist(), reads.top_processed_values.tolist()
+    samples = []
+    for i, row in enumerate(rows):
+        if not is_valid[i]:
+            samples.append(_invalid(row))
+            continue
+        n = row.num_alternatives
+        top_raw = _kept(raw_ids[i], raw_values[i], n)
+        top_processed = _kept(processed_ids[i], processed_values[i], n) if row.sampler.processors else None
+        samples.append(RowSample(token_list[i], *chosen[i], ranks[i], entropies[i], top_raw, top_processed))
+    return samples
+
+
+def _device_read_outs(
+    raw_logprobs: torch.Tensor, logprobs: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[Row], k: int
+) -> list[RowSample]:
+    """`_read_outs` vectorized over the rows, with one read back to the host."""
+    is_valid = (token_ids >= 0) & (token_ids < raw_logprobs.shape[-1]) & torch.isfinite(logprobs).any(dim=-1)
     safe = torch.where(is_valid, token_ids, 0)[:, None]  # (S, 1)
     chosen_raw = raw_logprobs.gather(1, safe)  # (S, 1)
     columns = [token_ids[:, None].double(), is_valid[:, None].double(), logprobs.gather(1, safe).double()]
-    columns.append(chosen_raw.double())
-    k = max(r.num_alternatives for r in rows)
-    on_host = _kernels_for(raw_logprobs, 2) is not None
-    if not on_host:  # vectorized read-outs, fetched with the rest
-        columns += [(raw_logprobs > chosen_raw).sum(dim=-1, keepdim=True).double() + 1, entropy(raw_logprobs)[:, None]]
-        columns += [t.double() for t in _top_rows(raw_logprobs, k)] + [t.double() for t in _top_rows(logprobs, k)]
+    columns += [chosen_raw.double(), (raw_logprobs > chosen_raw).sum(dim=-1, keepdim=True).double() + 1]
+    columns += [entropy(raw_logprobs)[:, None].double()]
+    columns += [t.double() for t in _top_rows(raw_logprobs, k)] + [t.double() for t in _top_rows(logprobs, k)]
     host = torch.cat(columns, dim=1).tolist()  # the step's one read from the device
     samples = []
     for i, row in enumerate(rows):
-        token_id, valid, logprob, raw_logprob, *rest = host[i]
+        token_id, valid, logprob, raw_logprob, rank, ent, *rest = host[i]
         if not valid:
             samples.append(_invalid(row))
             continue
-        n, token_id = row.num_alternatives, int(token_id)
-        if on_host:
-            raw = raw_logprobs[i]
-            rank, ent = token_rank(raw, token_id), float(entropy(raw_logprobs[i : i + 1])[0])
-            top_raw = _top(raw, n)
-            top_processed = _top(logprobs[i], n) if row.sampler.processors else None
-        else:
-            rank, ent = int(rest[0]), rest[1]
-            top_raw = _kept(rest[2 : 2 + k], rest[2 + k : 2 + 2 * k], n)
-            top_processed = _kept(rest[2 + 2 * k : 2 + 3 * k], rest[2 + 3 * k :], n) if row.sampler.processors else None
-        samples.append(RowSample(token_id, logprob, raw_logprob, rank, ent, top_raw, top_processed))
+        n = row.num_alternatives
+        top_raw = _kept(rest[:k], rest[k : 2 * k], n)
+        top_processed = _kept(rest[2 * k : 3 * k], rest[3 * k :], n) if row.sampler.processors else None
+        samples.append(RowSample(int(token_id), logprob, raw_logprob, int(rank), ent, top_raw, top_processed))
     return samples
 
 
@@ -207,11 +236,6 @@ def _top_rows(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
 def _kept(ids: list[float], values: list[float], n: int) -> tuple[tuple[int, float], ...]:
     """The first `n` (id, logprob) pairs that were not filtered out."""
     return tuple((int(i), v) for i, v in zip(ids[:n], values[:n]) if v > -math.inf)
-
-
-def _top(logprobs: torch.Tensor, k: int) -> tuple[tuple[int, float], ...]:
-    ids, values = top_alternatives(logprobs, k)
-    return tuple(zip(ids, values))
 
 
 def _invalid(row: Row) -> RowSample:

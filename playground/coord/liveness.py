@@ -248,10 +248,17 @@ def end_queued_for_outage(generation_id: int) -> dict[str, Any] | None:
         error_message=store.OUTAGE_MESSAGE,
         finished_at=timezone.now(),
     )
-    generation = Generation.objects.filter(pk=generation_id).first()
+    generation = _status_row(generation_id)
     if generation is None:
         return protocol.generation_error(generation_id, "not_found", f"generation {generation_id} was deleted")
     return None if generation.is_active else generation.terminal_event()
+
+
+def _status_row(generation_id: int) -> Generation | None:
+    """The row without the columns that grow with the prompt and the answer (read on demand):
+    every follower checks its generation each second, and reading the steps made each check
+    parse them all (a JSON list that grows with every token)."""
+    return Generation.objects.filter(pk=generation_id).defer("steps", "prompt", "prompt_text", "inputs").first()
 
 
 def reconcile(generations: Iterable[Generation]) -> None:
@@ -265,7 +272,7 @@ def ended_event(generation_id: int) -> dict[str, Any] | None:
     """The terminal event of a generation that has ended (or was just declared lost by the rule
     above), else None: what a follower (the WebSocket consumer, the OpenAI stream) reports when
     the worker's own terminal event did not come."""
-    generation = Generation.objects.filter(pk=generation_id).first()
+    generation = _status_row(generation_id)
     if generation is None:  # its conversation was deleted meanwhile
         return protocol.generation_error(generation_id, "not_found", f"generation {generation_id} was deleted")
     if generation.is_active:

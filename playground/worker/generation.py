@@ -34,7 +34,7 @@ from playground.models import Generation, LanguageModel, Message
 from playground.protocol import CommandError
 from playground.worker import engines
 from playground.worker.engines import get_engine, loop_for
-from playground.worker.publisher import StepCoalescer, send_to_group
+from playground.worker.publisher import StepCoalescer, flush_delay_s, send_to_group
 from playground.worker.serve_loop import ServeLoop, Waiting
 
 if TYPE_CHECKING:
@@ -45,7 +45,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
-SAVE_PARTIAL_EVERY_S = 1.0  # what a killed worker loses at most
+SAVE_PARTIAL_EVERY_S = 1.0  # the answer's text: what a killed worker loses at most
+# The saved steps are rewritten whole (a JSON list that grows with the answer), so saving them
+# every second cost quadratic time: the fixed interval took a third of a task thread's time
+# under 8 clients. They wait `len(steps) / STEPS_SAVED_PER_S` seconds (at least the text's
+# interval), which keeps the total linear; the ones not saved yet are in Redis meanwhile
+# (coord/recent_steps.py), where a re-attaching page reads them.
+STEPS_SAVED_PER_S = 20.0
 
 
 def run_generation(
@@ -148,8 +154,8 @@ class GenerationRun:
         self.starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)  # set again once rendered
         self.steps: list[dict[str, Any]] = []
         self.model_load_ms = 0.0  # > 0: the generation waited this long for its model's load
-        self.coalescer = StepCoalescer(self._send_steps)
-        self.saved_at = time.monotonic()
+        self.coalescer = StepCoalescer(self._send_steps, max_delay_s=self._flush_delay_s)
+        self.saved_at = self.steps_saved_at = time.monotonic()
         self.prompt_record: dict[str, Any] | None = None  # as `generation.started` sent it
         # When this stream got its first and latest token, on this worker's clock: the decode
         # rate the stream got (batched or not), which the engine's compute time alone is not.
@@ -411,9 +417,16 @@ class GenerationRun:
         elif event.beams:
             self.text = event.beams[0].text
         self.coalescer.add(step)
-        if time.monotonic() - self.saved_at >= SAVE_PARTIAL_EVERY_S:
-            self._save(text=self.text, steps=self.steps)  # a reloaded page re-attaches from these
+        now = time.monotonic()
+        if now - self.saved_at >= SAVE_PARTIAL_EVERY_S:
+            fields: dict[str, Any] = {"text": self.text}
+            if now - self.steps_saved_at >= max(SAVE_PARTIAL_EVERY_S, len(self.steps) / STEPS_SAVED_PER_S):
+                fields["steps"] = self.steps  # a reloaded page re-attaches from these and the tail
+            self._save(**fields)
             self._save_answer(self.text)
+
+    def _flush_delay_s(self) -> float:
+        return flush_delay_s(self.loop.num_requests if self.loop is not None else 1)
 
     def _send_steps(self, steps: list[dict[str, Any]]) -> None:
         # Kept before they are published: a page re-attaching in between reads them there
@@ -514,6 +527,8 @@ class GenerationRun:
             **fields
         )
         self.saved_at = time.monotonic()
+        if "steps" in fields:
+            self.steps_saved_at = self.saved_at
         if num_updated and "steps" in fields:
             try:
                 recent_steps.trim_saved(self.generation.pk, len(fields["steps"]))

@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
 from inference import EngineConfig, Finished, Prefilled, SamplingParams, Step
 from inference.engine import Engine
+from inference.kv.paged import PagedKVPool
 from tests.engine.engines import engine_for
 
 
@@ -268,3 +270,12 @@ def test_a_request_whose_row_cannot_be_sampled_ends_alone_and_the_batch_goes_on(
     for i in (0, 2, 3):
         assert events[i][-1].finish_reason == "length"
         assert tokens(events[i]) == tokens(alone(engine, *requests[i]))
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 0), (0, 1), (0, 16), (3, 16), (15, 17), (5, 40), (16, 48), (33, 34)])
+def test_a_sequences_slots_follow_its_block_table(start: int, end: int) -> None:
+    pool = PagedKVPool(1, 8, 16, 1, 4, torch.float32, torch.device("cpu"))
+    table = [5, 2, 7]
+    want = [table[p // 16] * 16 + p % 16 for p in range(start, end)]
+    assert pool.slot_ids(table, start, end) == want
+    assert pool.slots(table, start, end).tolist() == want

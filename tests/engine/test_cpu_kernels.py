@@ -250,6 +250,41 @@ def test_entropy_and_rank_read_outs_match_torch(kernels) -> None:
     assert kernels.count_greater(logprobs, float(logprobs[3])) == int((logprobs > logprobs[3]).sum())
 
 
+def test_a_steps_read_outs_in_one_call_equal_the_vectorized_torch_ones(kernels, monkeypatch) -> None:
+    """sample_rows' one kernel call for every row (rank, entropy, chosen logprobs, both top-k)
+    against the torch path other devices take, on rows with and without processors, a forced
+    token and a token outside the vocabulary (that row alone is invalid)."""
+    from inference.sampling import sampler
+
+    vocab_size = 3000
+    logits = rand(5, vocab_size, seed=13) * 3  # (S, V)
+    plain = sampler.Sampler(SamplingParams(greedy=True), "cpu")
+    filtered = sampler.Sampler(SamplingParams(temperature=0.7, top_k=5, repetition_penalty=1.3, seed=1), "cpu")
+    rows = [
+        sampler.Row(plain, [1, 2], num_alternatives=20),
+        sampler.Row(filtered, [4, 5, 6], num_alternatives=8),
+        sampler.Row(plain, [7], forced_token_id=42, num_alternatives=3),
+        sampler.Row(filtered, [1], num_alternatives=0),
+        sampler.Row(plain, [1], forced_token_id=vocab_size + 5, num_alternatives=4),
+    ]
+    fused = sampler.sample_rows(logits, rows)
+    filtered.generator.manual_seed(1)  # the torch path draws the same numbers again
+    monkeypatch.setattr(sampler, "_kernels_for", lambda logprobs, ndim: None)
+    vectorized = sampler.sample_rows(logits, rows)
+    assert fused[4].error is not None and vectorized[4].error is not None
+    assert fused[2].token_id == 42 and len(fused[1].top_processed) == 5  # top_k=5 leaves five
+    for got, want in zip(fused[:4], vectorized[:4]):
+        assert (got.token_id, got.rank) == (want.token_id, want.rank)
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-6)
+        assert got.raw_logprob == pytest.approx(want.raw_logprob, abs=1e-6)
+        assert got.entropy == pytest.approx(want.entropy, rel=1e-5)
+        for got_top, want_top in ((got.top_raw, want.top_raw), (got.top_processed, want.top_processed)):
+            assert (got_top is None) == (want_top is None)
+            if got_top is not None:
+                assert [i for i, _ in got_top] == [i for i, _ in want_top]
+                assert [v for _, v in got_top] == pytest.approx([v for _, v in want_top], abs=1e-6)
+
+
 @pytest.fixture
 def fresh_load() -> Iterator[None]:
     """`cpu_kernels.load()` looks again (it is cached per process), before and after the test."""

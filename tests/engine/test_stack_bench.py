@@ -20,6 +20,7 @@ from inference.bench.stack import (
     run_clients,
     stack_model_id,
     summarize_clients,
+    v1_client,
 )
 
 
@@ -116,8 +117,16 @@ class FakeServer(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         FakeServer.posted.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        chunks = [{"content": "a", "stop": False}, {"content": "b", "stop": False}, {"content": "", "stop": True}]
-        self.answer(b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks), "text/event-stream")
+        if self.path == "/v1/chat/completions":  # the playground's OpenAI API: coalesced tokens per chunk
+            chunks = [
+                {"choices": [{"delta": {"content": "ab"}, "logprobs": {"content": [{}, {}]}, "finish_reason": None}]},
+                {"choices": [{"delta": {"content": "c"}, "logprobs": {"content": [{}]}, "finish_reason": "length"}]},
+            ]
+            lines = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+        else:  # llama-server's /completion
+            chunks = [{"content": "a", "stop": False}, {"content": "b", "stop": False}, {"content": "", "stop": True}]
+            lines = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks]
+        self.answer(b"".join(lines), "text/event-stream")
 
     def answer(self, body: bytes, content_type: str) -> None:
         self.send_response(200)
@@ -153,3 +162,15 @@ def test_llama_server_clients_send_the_same_token_ids_greedy_and_count_streamed_
     bodies = sorted(FakeServer.posted, key=lambda body: body["prompt"])
     assert [b["prompt"] for b in bodies] == [[1, 2, 3], [4, 5]]
     assert all(b["temperature"] == 0.0 and b["n_predict"] == 2 and b["ignore_eos"] and b["stream"] for b in bodies)
+
+
+def test_v1_clients_stream_greedy_chat_completions_and_count_every_coalesced_token(fake_server) -> None:
+    FakeServer.posted.clear()
+    runs = run_clients(2, v1_client(fake_server, "SmolLM2-135M-Instruct (bundled)", ["Hi?", "Why?"], num_tokens=3))
+    assert [(len(r.token_times), r.outcome) for r in runs] == [(3, "generation.finished")] * 2
+    bodies = sorted(FakeServer.posted, key=lambda body: body["messages"][0]["content"])
+    assert [b["messages"] for b in bodies] == [[{"role": "user", "content": q}] for q in ("Hi?", "Why?")]
+    assert all(b["model"] == "SmolLM2-135M-Instruct (bundled)" and b["stream"] and b["max_tokens"] == 3 for b in bodies)
+    assert all((b["preset"], b["repetition_penalty"], b["top_logprobs"]) == ("Greedy", 1.0, 20) for b in bodies)
+    keys = report_keys({8: side(160.0)}, {8: side(144.0)}, llama={}, v1={8: side(136.0, ttft_p95=300.0)})
+    assert keys["v1_efficiency_8"] == pytest.approx(0.85) and keys["v1_ttft_p95_ms_8"] == 300.0

@@ -3,6 +3,7 @@ terminal event on success, failure and stop."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from playground.models import ChatTemplate, Generation, Message
 from playground.protocol import is_terminal
 from playground.web import submit
 from playground.web.api import generation_json
-from playground.worker import generation
+from playground.worker import generation, serve_loop
 
 from .fake_engine import R1_CHATML, FakeEngine
 
@@ -80,6 +81,7 @@ def test_published_steps_wait_in_redis_until_the_row_holds_them(owner: str, monk
     """Each step is in the recent-steps tail before it is published, until a save of the row has
     it: whenever a reloaded page reads tail then row, it gets every published step."""
     monkeypatch.setattr(generation, "SAVE_PARTIAL_EVERY_S", 0.0)  # save the row at every step
+    monkeypatch.setattr(generation, "STEPS_SAVED_PER_S", float("inf"))  # its steps too
     queued = queue_chat(owner, overrides={"max_new_tokens": 64})
     gaps: list[int] = []
 
@@ -101,6 +103,32 @@ def test_published_steps_wait_in_redis_until_the_row_holds_them(owner: str, monk
     )
     assert len(gaps) > 1 and not any(gaps)
     assert recent_steps.read(queued.generation_id) == []  # the row holds them all; the tail is gone
+
+
+def test_the_text_is_saved_at_its_interval_while_the_growing_steps_wait_in_redis(
+    owner: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps list is rewritten whole at each save, so it is saved less often as it grows; the
+    answer's text is not held back, and a reloaded page still gets every step (row + tail)."""
+    monkeypatch.setattr(generation, "SAVE_PARTIAL_EVERY_S", 0.0)
+    monkeypatch.setattr(generation, "STEPS_SAVED_PER_S", 1e-9)  # steps: only at the end
+    queued = queue_chat(owner)
+    seen: list[tuple[str, int, int]] = []  # (row text, row steps, merged steps) at each message
+
+    def check(event: dict[str, Any]) -> None:
+        if event["type"] == "generation.tokens":
+            row = Generation.objects.get(pk=queued.generation_id)
+            _, steps = recent_steps.merged(row.text, row.steps, recent_steps.read(queued.generation_id))
+            seen.append((row.text, len(row.steps), len(steps)))
+
+    generation.run_generation(
+        queued.generation_id, "worker-1", load_engine=lambda model: FakeEngine(ANSWER), send=check
+    )
+    published = [len(text) for text, _, _ in seen]  # one character per step
+    assert len(seen) > 1 and published == sorted(published) and published[-1] >= len(ANSWER) - 8
+    assert all(num_saved == 0 for _, num_saved, _ in seen)
+    assert all(num_merged >= num_text for (_, _, num_merged), num_text in zip(seen, published))
+    assert len(Generation.objects.get(pk=queued.generation_id).steps) == len(ANSWER)
 
 
 def test_the_worker_beats_while_it_runs(owner: str) -> None:
@@ -132,6 +160,7 @@ def test_a_stop_request_ends_the_generation_as_cancelled(owner: str) -> None:
     def stop_at_third_step(index: int) -> None:
         if index == 2:
             cancel.request_cancel(queued.generation_id)
+            time.sleep(4 * serve_loop.CANCEL_POLL_S)  # the cancel watch reads the flags this often
 
     events = run(queued.generation_id, FakeEngine(ANSWER, on_step=stop_at_third_step))
     finished = events[-1]

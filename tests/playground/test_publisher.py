@@ -8,7 +8,7 @@ import threading
 
 from playground.coord import store
 from playground.worker import serving_view
-from playground.worker.publisher import StepCoalescer, send_to_group
+from playground.worker.publisher import MAX_DELAY_S, MIN_DELAY_S, StepCoalescer, flush_delay_s, send_to_group
 
 
 class FakeClock:
@@ -26,13 +26,13 @@ def make(max_steps: int = 3, max_delay_s: float = 0.05) -> tuple[StepCoalescer, 
     return coalescer, batches, clock
 
 
-def test_fast_steps_go_out_in_batches_of_max_steps() -> None:
+def test_the_first_step_goes_at_once_then_fast_steps_go_out_in_batches_of_max_steps() -> None:
     coalescer, batches, _ = make()
-    for index in range(7):
+    for index in range(8):
         coalescer.add({"index": index})
-    assert batches == [[0, 1, 2], [3, 4, 5]]
+    assert batches == [[0], [1, 2, 3], [4, 5, 6]]
     coalescer.flush()
-    assert batches == [[0, 1, 2], [3, 4, 5], [6]]
+    assert batches == [[0], [1, 2, 3], [4, 5, 6], [7]]
 
 
 def test_slow_steps_go_out_one_by_one() -> None:
@@ -45,14 +45,35 @@ def test_slow_steps_go_out_one_by_one() -> None:
 
 def test_the_delay_counts_from_the_last_message() -> None:
     coalescer, batches, clock = make(max_steps=10)
+    coalescer.add({"index": -1})  # the first step, sent at once at t=0
     clock.now = 0.01
     coalescer.add({"index": 0})
     clock.now = 0.04
     coalescer.add({"index": 1})
-    assert batches == []
+    assert batches == [[-1]]
     clock.now = 0.06
     coalescer.add({"index": 2})
-    assert batches == [[0, 1, 2]]
+    assert batches == [[-1], [0, 1, 2]]
+
+
+def test_the_delay_is_read_at_each_step_and_grows_with_the_streams_served() -> None:
+    num_streams = [1]
+    batches: list[list[int]] = []
+    clock = FakeClock()
+    coalescer = StepCoalescer(
+        lambda steps: batches.append([s["index"] for s in steps]), 100, lambda: flush_delay_s(num_streams[0]), clock
+    )
+    coalescer.add({"index": 0})
+    clock.now = 0.06  # past one stream's delay
+    coalescer.add({"index": 1})
+    num_streams[0] = 8
+    clock.now = 0.12  # 60 ms since the last message: eight streams wait longer
+    coalescer.add({"index": 2})
+    assert batches == [[0], [1]]
+    clock.now = 0.06 + flush_delay_s(8)
+    coalescer.add({"index": 3})
+    assert batches == [[0], [1], [2, 3]]
+    assert flush_delay_s(1) == MIN_DELAY_S < flush_delay_s(8) < flush_delay_s(16) <= flush_delay_s(1000) == MAX_DELAY_S
 
 
 def test_flushing_nothing_sends_nothing() -> None:

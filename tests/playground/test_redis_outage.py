@@ -89,7 +89,11 @@ def test_a_worker_that_cannot_publish_ends_as_service_unavailable_and_frees_its_
             raise redis.ConnectionError(REFUSED)
         sent.append(event)
 
-    engine = FakeEngine("x" * 400, on_step=steps_run.append)
+    def step(index: int) -> None:  # a model's pace: the loop's cancel watch reads the flags every 50 ms
+        steps_run.append(index)
+        time.sleep(0.002)
+
+    engine = FakeEngine("x" * 400, on_step=step)
     generation.run_generation(queued.generation_id, "worker-1", load_engine=lambda model: engine, send=send)
 
     row = Generation.objects.get(pk=queued.generation_id)
