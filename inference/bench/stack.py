@@ -237,6 +237,7 @@ def v1_client(base_url: str, model_name: str, questions: list[str], num_tokens: 
             "preset": "Greedy",
             "repetition_penalty": 1.0,
             "ignore_eos": True,
+            "use_prefix_cache": False,  # every prompt prefilled whole, as on the engine's side
         }
         connection = http.client.HTTPConnection(address.hostname, address.port, timeout=GENERATION_TIMEOUT_S)
         try:

@@ -172,5 +172,6 @@ def test_v1_clients_stream_greedy_chat_completions_and_count_every_coalesced_tok
     assert [b["messages"] for b in bodies] == [[{"role": "user", "content": q}] for q in ("Hi?", "Why?")]
     assert all(b["model"] == "SmolLM2-135M-Instruct (bundled)" and b["stream"] and b["max_tokens"] == 3 for b in bodies)
     assert all((b["preset"], b["repetition_penalty"], b["top_logprobs"]) == ("Greedy", 1.0, 20) for b in bodies)
+    assert all(b["use_prefix_cache"] is False and b["ignore_eos"] for b in bodies)  # as the engine's side
     keys = report_keys({8: side(160.0)}, {8: side(144.0)}, llama={}, v1={8: side(136.0, ttft_p95=300.0)})
     assert keys["v1_efficiency_8"] == pytest.approx(0.85) and keys["v1_ttft_p95_ms_8"] == 300.0

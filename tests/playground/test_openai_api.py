@@ -163,6 +163,16 @@ async def test_penalize_prompt_reaches_the_engine(engine: FakeEngine, penalize_p
     assert (generation.params["repetition_penalty"], generation.params["penalize_prompt"]) == (1.2, penalize_prompt)
 
 
+async def test_the_prefix_cache_can_be_turned_off_per_request(engine: FakeEngine) -> None:
+    """A benchmark or a lesson compares prefills of the whole prompt, as the chat page's switch does."""
+    response = await post("/v1/completions", {"model": MODEL, "prompt": "x", "use_prefix_cache": False})
+    assert response.status_code == 200, response.content
+    generation = await sync_to_async(Generation.objects.get)()
+    assert generation.params["use_prefix_cache"] is False
+    refused = await post("/v1/completions", {"model": MODEL, "prompt": "x", "use_prefix_cache": "off"})
+    assert refused.status_code == 400 and "use_prefix_cache" in refused.json()["error"]["message"]
+
+
 async def test_a_stream_is_framed_as_openai_chunks(engine: FakeEngine) -> None:
     response = await post(
         "/v1/chat/completions",

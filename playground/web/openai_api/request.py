@@ -39,6 +39,7 @@ _COMMON = {
     "penalize_prompt",
     "preset",
     "ignore_eos",
+    "use_prefix_cache",
     "timings",
     "raw_logprobs",
     "max_thinking_tokens",
@@ -158,6 +159,7 @@ def _sampling(fields: _Fields, overrides: dict[str, Any]) -> None:
         "repetition_penalty": fields.number("repetition_penalty"),
         "penalize_prompt": fields.get("penalize_prompt", bool),
         "ignore_eos": fields.get("ignore_eos", bool),
+        "use_prefix_cache": fields.get("use_prefix_cache", bool),
         "stop": _stop(fields.data.get("stop")),
         "max_thinking_tokens": fields.integer("max_thinking_tokens", 0),
     }
