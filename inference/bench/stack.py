@@ -217,6 +217,25 @@ def stack_model(base_url: str, source: str) -> dict:
     raise SystemExit(f"the stack has no model named {name!r}; it has {[m['name'] for m in models]}")
 
 
+def streamed_chunks(base_url: str, path: str, body: dict, barrier: threading.Barrier, run: ClientRun) -> Iterator[dict]:
+    """POSTs `body` to `path` once every client is ready (`run.sent` is then), and yields the
+    JSON of each server-sent `data:` line (not the closing `[DONE]`)."""
+    address = urlparse(base_url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=GENERATION_TIMEOUT_S)
+    try:
+        barrier.wait(timeout=120)
+        run.sent = time.perf_counter()
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"{path} answered {response.status}: {response.read()[:300]!r}")
+        for line in response:
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                yield json.loads(line[len(b"data: ") :])
+    finally:
+        connection.close()
+
+
 # ---- the OpenAI API's side: streaming /v1/chat/completions -------------------------------------
 
 
@@ -224,7 +243,6 @@ def v1_client(base_url: str, model_name: str, questions: list[str], num_tokens: 
     """Client i asks questions[i] through `/v1/chat/completions`, streamed, as an OpenAI client
     would (keyless from localhost), plain greedy with the top-20 logprobs every token; a chunk
     may carry several tokens (the worker coalesces steps): each counts when its chunk arrives."""
-    address = urlparse(base_url)
 
     def one_client(index: int, barrier: threading.Barrier, run: ClientRun) -> None:
         body = {
@@ -239,31 +257,18 @@ def v1_client(base_url: str, model_name: str, questions: list[str], num_tokens: 
             "ignore_eos": True,
             "use_prefix_cache": False,  # every prompt prefilled whole, as on the engine's side
         }
-        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=GENERATION_TIMEOUT_S)
-        try:
-            barrier.wait(timeout=120)
-            run.sent = time.perf_counter()
-            connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-            response = connection.getresponse()
-            if response.status != 200:
-                raise RuntimeError(f"/v1 answered {response.status}: {response.read()[:300]!r}")
-            for line in response:
-                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[len(b"data: ") :])
-                if "error" in chunk:
-                    run.outcome = f"error {chunk['error'].get('code')}: {chunk['error'].get('message')}"
-                    return
-                for choice in chunk.get("choices", []):
-                    tokens = (choice.get("logprobs") or {}).get("content") or []
-                    now = time.perf_counter()
-                    run.token_times.extend(now for _ in tokens)
-                    if choice.get("finish_reason"):
-                        run.ended, run.outcome = now, "generation.finished"
-            if run.outcome != "generation.finished":
-                run.outcome = "the stream ended without a finish_reason"
-        finally:
-            connection.close()
+        for chunk in streamed_chunks(base_url, "/v1/chat/completions", body, barrier, run):
+            if "error" in chunk:
+                run.outcome = f"error {chunk['error'].get('code')}: {chunk['error'].get('message')}"
+                return
+            for choice in chunk.get("choices", []):
+                tokens = (choice.get("logprobs") or {}).get("content") or []
+                now = time.perf_counter()
+                run.token_times.extend(now for _ in tokens)
+                if choice.get("finish_reason"):
+                    run.ended, run.outcome = now, "generation.finished"
+        if run.outcome != "generation.finished":
+            run.outcome = "the stream ended without a finish_reason"
 
     return one_client
 
@@ -366,7 +371,6 @@ def started_llama_server(binary: str, gguf: Path, num_tokens: int, work_dir: Pat
 def llama_server_client(base_url: str, prompt_ids: list[list[int]], num_tokens: int) -> Callable:
     """Each client posts its prompt's token ids (the same ones the engine gets), greedy, with the
     top-20 probabilities every token, and reads the server-sent events."""
-    address = urlparse(base_url)
 
     def one_client(index: int, barrier: threading.Barrier, run: ClientRun) -> None:
         body = {
@@ -378,25 +382,12 @@ def llama_server_client(base_url: str, prompt_ids: list[list[int]], num_tokens: 
             "cache_prompt": False,
             "stream": True,
         }
-        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=GENERATION_TIMEOUT_S)
-        try:
-            barrier.wait(timeout=120)
-            run.sent = time.perf_counter()
-            connection.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
-            response = connection.getresponse()
-            if response.status != 200:
-                raise RuntimeError(f"llama-server answered {response.status}: {response.read()[:200]!r}")
-            for line in response:
-                if not line.startswith(b"data: "):
-                    continue
-                chunk = json.loads(line[len(b"data: ") :])
-                if chunk.get("stop"):
-                    run.ended, run.outcome = time.perf_counter(), "generation.finished"
-                    return
-                run.token_times.append(time.perf_counter())
-            run.outcome = "the stream ended without its last event"
-        finally:
-            connection.close()
+        for chunk in streamed_chunks(base_url, "/completion", body, barrier, run):
+            if chunk.get("stop"):
+                run.ended, run.outcome = time.perf_counter(), "generation.finished"
+                return
+            run.token_times.append(time.perf_counter())
+        run.outcome = "the stream ended without its last event"
 
     return one_client
 

@@ -1,8 +1,9 @@
 """Cancel requests (a user's stop, not a stop string): a flag in Redis that the consumer sets
-and the worker's engine loop reads once per step for its whole batch (`cancelled_among`).
+and the worker's engine loop reads for its whole batch in one round trip (`cancelled_among`), on
+a thread of its own every 50 ms (`ServeLoop`'s cancel watch).
 
-A flag rather than a Celery revoke: the generation runs inside the engine loop, which checks
-the flags between steps, so a stop takes effect within one step.
+A flag rather than a Celery revoke: the generation runs inside the engine loop, which applies
+the stops found between steps, so a stop takes effect within 50 ms and one step.
 
 A worker that gives up on a generation itself (it can no longer publish it: Redis is gone) sets
 a flag in its own process (`cancel_here`), which the same check reads; while Redis is
