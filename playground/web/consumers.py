@@ -45,6 +45,7 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         # only: no session row, and nobody else can read its records.
         self.owner: str | None = await database_sync_to_async(owners.browser_owner)(self.scope["session"])
         self.watchdogs: dict[int, asyncio.Task[None]] = {}  # the generations this socket follows
+        self.watched: dict[int, following.Watchdog] = {}  # and what their watchdogs know
         self.is_refused = False
         self.is_following_models = False
         # Refusals are worded in the page's language (the session's choice, else the browser's).
@@ -187,6 +188,8 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
             return  # already ended here (e.g. the watchdog reported it): drop the duplicate
         if protocol.is_terminal(event):
             await self._unfollow(generation_id)
+        else:
+            self.watched[generation_id].saw_event()
         await self.send_json(event)
 
     # Channel-layer handlers: `generation.tokens` -> `generation_tokens`, and so on.
@@ -214,6 +217,7 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
 
     async def _follow(self, generation_id: int, *, join: bool = True) -> None:
         """Watches the generation (from the database too) and joins its group."""
+        self.watched[generation_id] = following.Watchdog(generation_id)
         self.watchdogs[generation_id] = asyncio.create_task(self._watch(generation_id))
         if join:
             await self._join(generation_id)
@@ -223,6 +227,7 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
 
     async def _unfollow(self, generation_id: int) -> None:
         watchdog = self.watchdogs.pop(generation_id)
+        self.watched.pop(generation_id, None)
         if watchdog is not asyncio.current_task():
             watchdog.cancel()
         with contextlib.suppress(*OUTAGE_ERRORS):  # a group Redis forgot (or will) needs no leaving
@@ -230,7 +235,7 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
 
     async def _watch(self, generation_id: int) -> None:
         """Reports a generation whose worker died (or whose terminal event got lost, e.g. with Redis)."""
-        await self._deliver(await following.Watchdog(generation_id).watch())
+        await self._deliver(await self.watched[generation_id].watch())
 
 
 @database_sync_to_async

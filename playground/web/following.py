@@ -3,7 +3,8 @@ until its one terminal event does when no event comes. The WebSocket consumer
 (`consumers.GenerationConsumer`) and the OpenAI API's `Follower` (`openai_api/follow.py`) both
 ask this module; neither has a rule of its own.
 
-Each WATCH_INTERVAL_S, `Watchdog.check`:
+Each WATCH_INTERVAL_S without an event of the generation (a stream that delivers is alive: with
+16 streams, checking them all every second was a tenth of the web process's work), `Watchdog.check`:
 - re-routes the generation if it is stranded on a dead (or stalled) worker's private queue
   (`dispatch.reroute_if_stranded`: at most once, however often it is asked). Best effort: it
   needs Redis, and its failure never keeps the database from being asked;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -47,6 +49,12 @@ class Watchdog:
         self.generation_id = generation_id
         self.thread_sensitive = thread_sensitive
         self.num_ended_checks = 0
+        self.last_event_at = -float("inf")
+
+    def saw_event(self) -> None:
+        """The follower got one of the generation's events: `watch` asks nothing until
+        WATCH_INTERVAL_S pass without another."""
+        self.last_event_at = time.monotonic()
 
     def check(self) -> dict[str, Any] | None:
         """One interval's decision: the terminal event to report now, else None (keep following).
@@ -69,10 +77,14 @@ class Watchdog:
         return await database_sync_to_async(self.check, thread_sensitive=self.thread_sensitive)()
 
     async def watch(self) -> dict[str, Any]:
-        """Checks every WATCH_INTERVAL_S until the rule reports; returns that terminal event.
-        Run it as a task of its own and cancel it when the worker's own event arrives."""
+        """Checks every WATCH_INTERVAL_S in which no event came (`saw_event`) until the rule
+        reports; returns that terminal event. Run it as a task of its own and cancel it when the
+        worker's own event arrives."""
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
+            if time.monotonic() - self.last_event_at < WATCH_INTERVAL_S:
+                self.num_ended_checks = 0  # "in a row" means without the worker speaking between
+                continue
             event = await self.tick()
             if event is not None:
                 return event

@@ -5,6 +5,7 @@ of their own."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,6 +86,29 @@ def test_a_stranded_generation_is_rerouted_once_however_often_it_is_checked(
     watchdog = following.Watchdog(queued.generation_id)
     assert [watchdog.check() for _ in range(3)] == [None] * 3  # re-routed, so still waiting
     assert sent == [(queued.generation_id, worker_routing.SHARED_QUEUE)]
+
+
+@pytest.mark.django_db  # each check runs through database_sync_to_async
+async def test_a_stream_that_delivers_is_not_checked_until_its_events_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower that gets events knows its generation is alive; asking the database about every
+    open stream each second was a tenth of the web process's work with 16 of them."""
+    monkeypatch.setattr(following, "WATCH_INTERVAL_S", 0.2)
+    checked: list[float] = []
+
+    def check(self: following.Watchdog) -> dict[str, Any] | None:
+        checked.append(time.monotonic())  # on the database thread
+        return ENDED if len(checked) >= 2 else None
+
+    monkeypatch.setattr(following.Watchdog, "check", check)
+    watchdog = following.Watchdog(7)
+    watching = asyncio.ensure_future(watchdog.watch())
+    streaming_until = time.monotonic() + 0.8
+    while time.monotonic() < streaming_until:  # an event every 10 ms
+        watchdog.saw_event()
+        await asyncio.sleep(0.01)
+    assert checked == [] and not watching.done()
+    assert await asyncio.wait_for(watching, timeout=TIMEOUT_S) == ENDED  # events stopped: checked again
+    assert len(checked) == 2 and checked[0] >= streaming_until
 
 
 # ---- both followers use it -----------------------------------------------------------------
