@@ -44,8 +44,8 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         # page) gets an owner of its own with its first generating command, held by this socket
         # only: no session row, and nobody else can read its records.
         self.owner: str | None = await database_sync_to_async(owners.browser_owner)(self.scope["session"])
-        self.watchdogs: dict[int, asyncio.Task[None]] = {}  # the generations this socket follows
-        self.watched: dict[int, following.Watchdog] = {}  # and what their watchdogs know
+        # The generations this socket follows: each one's watchdog and the task running it.
+        self.watchdogs: dict[int, tuple[following.Watchdog, asyncio.Task[None]]] = {}
         self.is_refused = False
         self.is_following_models = False
         # Refusals are worded in the page's language (the session's choice, else the browser's).
@@ -189,7 +189,7 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         if protocol.is_terminal(event):
             await self._unfollow(generation_id)
         else:
-            self.watched[generation_id].saw_event()
+            self.watchdogs[generation_id][0].saw_event()
         await self.send_json(event)
 
     # Channel-layer handlers: `generation.tokens` -> `generation_tokens`, and so on.
@@ -217,8 +217,8 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
 
     async def _follow(self, generation_id: int, *, join: bool = True) -> None:
         """Watches the generation (from the database too) and joins its group."""
-        self.watched[generation_id] = following.Watchdog(generation_id)
-        self.watchdogs[generation_id] = asyncio.create_task(self._watch(generation_id))
+        watchdog = following.Watchdog(generation_id)
+        self.watchdogs[generation_id] = (watchdog, asyncio.create_task(self._watch(watchdog)))
         if join:
             await self._join(generation_id)
 
@@ -226,16 +226,15 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(protocol.group_name(generation_id), self.channel_name)
 
     async def _unfollow(self, generation_id: int) -> None:
-        watchdog = self.watchdogs.pop(generation_id)
-        self.watched.pop(generation_id, None)
-        if watchdog is not asyncio.current_task():
-            watchdog.cancel()
+        _, watching = self.watchdogs.pop(generation_id)
+        if watching is not asyncio.current_task():
+            watching.cancel()
         with contextlib.suppress(*OUTAGE_ERRORS):  # a group Redis forgot (or will) needs no leaving
             await self.channel_layer.group_discard(protocol.group_name(generation_id), self.channel_name)
 
-    async def _watch(self, generation_id: int) -> None:
+    async def _watch(self, watchdog: following.Watchdog) -> None:
         """Reports a generation whose worker died (or whose terminal event got lost, e.g. with Redis)."""
-        await self._deliver(await self.watched[generation_id].watch())
+        await self._deliver(await watchdog.watch())
 
 
 @database_sync_to_async

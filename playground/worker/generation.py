@@ -527,9 +527,10 @@ class GenerationRun:
             **fields
         )
         self.saved_at = time.monotonic()
-        if "steps" in fields:
-            self.steps_saved_at = self.saved_at
-        if num_updated and "steps" in fields:
+        if "steps" not in fields:
+            return
+        self.steps_saved_at = self.saved_at
+        if num_updated:
             try:
                 recent_steps.trim_saved(self.generation.pk, len(fields["steps"]))
             except redis.RedisError:
