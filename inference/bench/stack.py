@@ -352,6 +352,8 @@ def started_llama_server(binary: str, gguf: Path, num_tokens: int, work_dir: Pat
     port = free_port()
     argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(LLAMA_SERVER_SLOTS)]
     argv += ["-c", str(LLAMA_SERVER_SLOTS * (256 + num_tokens)), "--cont-batching", "-t", str(os.cpu_count() or 1)]
+    # Its AMX weight repacking crashed at warm-up on this CPU (as in llamacpp.py): the AVX-512 kernels run.
+    argv += ["--no-repack"]
     log_path = work_dir / "llama-server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(

@@ -29,7 +29,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu_kernels.c", HERE / "matmul.c", HERE / "threads.c")
+SOURCES = (HERE / "cpu_kernels.c", HERE / "matmul.c", HERE / "matmul_amx.c", HERE / "threads.c")
 HEADERS = (HERE / "simd.h", HERE / "threads.h")
 # -O3 and the host's vector units. No -fassociative-math and no implicit fused multiply-adds
 # (-ffp-contract=off): every float sum is added in the order the source writes (simd.h), the
@@ -43,12 +43,13 @@ SIGNATURES = {
     "pg_rope_write_kv": (_P, _C, _P, _P, _P, _P, _P, _C, _P, _I, _I, _I, _I, _I, _I),
     "pg_attention": (_P, _P, _P, _C, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _C, _C),
     "pg_matmul": (_P, _C, _I, _I, _C, _P, _P, _C, _I, _P, _C, _P, _C, _C),
+    "pg_amx": (_C,),
     "pg_top_k": (_P, _I, _I, _P, _P),
     "pg_entropy": (_P, _I),
     "pg_count_greater": (_P, _I, _F),
     "pg_read_outs": (_P, _P, _I, _I, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _C),
 }
-RESTYPES = {"pg_entropy": ctypes.c_float, "pg_count_greater": ctypes.c_int64}
+RESTYPES = {"pg_entropy": ctypes.c_float, "pg_count_greater": ctypes.c_int64, "pg_amx": ctypes.c_int}
 
 
 # Weight formats `CpuKernels.matmul` reads (matmul.c's PG_F32 ...).
@@ -260,6 +261,12 @@ class CpuKernels:
             torch.get_num_threads(),
         )
         return out
+
+    def amx(self, on: bool | None = None) -> bool:
+        """Whether bfloat16 products run on AMX tiles here (`matmul_amx.c`); `on` switches them
+        for this process (benchmarks compare both paths: never mid-generation, or the same token
+        could get other logits)."""
+        return bool(self.lib.pg_amx(-1 if on is None else int(on)))
 
     def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k (<= len) largest of x (V,) float32, largest first, ties in index order -> (values, ids)."""

@@ -340,9 +340,16 @@ static void run_task(void *ctx, int64_t task) {
     run_range(a, lo, hi);
 }
 
+int pg_matmul_amx(const void *x, int64_t M, int64_t K, int kind, const void *w, const void *scales,
+                  int scales_bf16, int64_t N, const void *bias, int bias_bf16, void *out, int out_bf16,
+                  int num_threads);
+
 void pg_matmul(const void *x, int x_bf16, int64_t M, int64_t K, int kind, const void *w, const void *scales,
                int scales_bf16, int64_t N, const void *bias, int bias_bf16, void *out, int out_bf16,
                int num_threads) {
+    // bfloat16 x on AMX tiles where this CPU has them (matmul_amx.c; its choice never depends on M)
+    if (x_bf16 && pg_matmul_amx(x, M, K, kind, w, scales, scales_bf16, N, bias, bias_bf16, out, out_bf16, num_threads))
+        return;
     Args a = {as_f32(x, x_bf16, M * K, kind), M, K, N, kind, w, scales, bias, scales_bf16, bias_bf16, out, out_bf16};
     if (M * N * K < 65536) num_threads = 1;  // waking a helper costs more than such a product
     pg_parallel(num_threads, (N + TASK_OUTPUTS - 1) / TASK_OUTPUTS, run_task, &a);

@@ -227,6 +227,45 @@ def test_matmul_adds_the_bias_and_writes_float32_logits_from_bfloat16(kernels) -
     assert torch.allclose(logits, x.float() @ head.dequantize().t(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["bfloat16", "int8", "int4"])
+def test_products_on_amx_tiles_keep_each_rows_bits_and_round_once(kernels, kind: str) -> None:
+    """Where the CPU has AMX, bfloat16 x runs on tiles (`matmul_amx.c`) with bfloat16, int8 and
+    int4 weights: sums in float32 (int8: times the scale; int4: per group), plus the bias, rounded
+    once (bitwise torch's rounding of the float32 result); a row's bits the same among 1..40 rows
+    (one, two and a part of a block of 16) and on one thread; the vector kernels give the same
+    products to float32 rounding."""
+    if not kernels.amx():
+        pytest.skip("no AMX tiles on this CPU: the vector kernels (tested above) run")
+    weight, reference, _ = quantized_or_float(kind, 112, 96)  # 112 outputs: a last tile of 16
+    args = {
+        "bfloat16": (cpu_kernels.WEIGHT_BF16, weight, None),
+        "int8": (cpu_kernels.WEIGHT_INT8, getattr(weight, "codes", None), getattr(weight, "scales", None)),
+        "int4": (cpu_kernels.WEIGHT_INT4, getattr(weight, "packed", None), getattr(weight, "scale_zeros", None)),
+    }[kind]
+    bias = rand(112, seed=21).to(BF16)
+    x = rand(40, 96, seed=22).to(BF16)
+
+    def product(rows: torch.Tensor, out_dtype: torch.dtype = BF16) -> torch.Tensor:
+        return kernels.matmul(rows, *args, bias, out_dtype)
+
+    logits = product(x, torch.float32)
+    assert torch.allclose(logits, x.float() @ reference.t() + bias.float(), rtol=1e-5, atol=1e-4)
+    full = product(x)
+    assert torch.equal(full, logits.to(BF16))
+    for num_rows in (1, 2, 15, 16, 17, 31, 32, 33):
+        assert torch.equal(product(x[:num_rows]), full[:num_rows]), f"{num_rows} rows"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(product(x), full)
+        kernels.amx(False)
+        on_vectors = product(x, torch.float32)
+    finally:
+        kernels.amx(True)
+        torch.set_num_threads(threads)
+    assert torch.allclose(on_vectors, logits, rtol=1e-5, atol=1e-4)
+
+
 def test_top_k_keeps_torch_order_with_ties_in_id_order_and_minus_inf_last(kernels) -> None:
     x = torch.tensor([0.5, 2.0, -torch.inf, 2.0, 1.0, -1.0, 2.0, -torch.inf] * 40)  # 320: spans 64-blocks
     values, ids = kernels.top_k(x, 7)
