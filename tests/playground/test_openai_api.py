@@ -22,7 +22,7 @@ from playground import protocol
 from playground.coord import cancel, keys, liveness, store
 from playground.models import ApiKey, Conversation, Generation
 from playground.web import following, owners
-from playground.web.openai_api import turns
+from playground.web.openai_api import run, turns
 from playground.worker import choices, generation
 from playground.worker.publisher import send_to_group
 from tests.playground.sent_tasks import on_task
@@ -369,6 +369,24 @@ async def test_a_client_that_leaves_mid_stream_cancels_its_generation(monkeypatc
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await sync_to_async(cancel.is_cancel_requested)(generation_id)
+
+
+async def test_the_first_token_goes_out_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A content chunk is held back until the next event (so the finish reason can ride on the
+    last one), but never the first: under load the next event comes a coalescing delay later."""
+    monkeypatch.setattr(run, "HOLD_CHUNK_S", 30.0)
+    queued = await _started_elsewhere(monkeypatch, started_at=timezone.now())
+    response = await post(
+        "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    )
+    store.client().set(liveness.generation_key(queued[0]), 1, px=60_000)  # its worker is alive
+    parts = response.streaming_content.__aiter__()
+    assert events_of(await asyncio.wait_for(parts.__anext__(), 5))[0]["choices"][0]["delta"]["role"] == "assistant"
+    step = {"index": 0, "token_id": 72, "text_delta": "Hel"}
+    await sync_to_async(send_to_group)(protocol.generation_steps(queued[0], [step], is_beam=False))
+    first = events_of(await asyncio.wait_for(parts.__anext__(), 5))[0]
+    assert first["choices"][0]["delta"] == {"content": "Hel"}
+    await parts.aclose()
 
 
 async def _started_elsewhere(monkeypatch: pytest.MonkeyPatch, started_at: Any) -> list[int]:

@@ -40,7 +40,8 @@ from playground.web.openai_api.request import ApiRequest
 logger = logging.getLogger(__name__)
 
 # A stream holds each choice's latest content chunk back this long, so that the finish reason
-# can ride on the last content chunk when the generation ends meanwhile.
+# can ride on the last content chunk when the generation ends meanwhile. Not the first one: the
+# next event comes one coalescing delay later (up to 0.25 s), which the first token would wait.
 HOLD_CHUNK_S = 0.1
 DONE = b"data: [DONE]\n\n"
 
@@ -304,6 +305,7 @@ class ApiRun:
             elif self.request.echo:
                 yield sse(self._chunk(choice, choice.prompt_text, None))
         held: dict[int, tuple[Delta, float]] = {}  # per choice: its latest content chunk and when it was made
+        started: set[int] = set()  # choices whose first content chunk went out (never held: time to first token)
         remaining = {choice.index for choice in self.choices}  # those whose last chunk has not gone out
         getting: asyncio.Future[Item] | None = None
         try:
@@ -327,7 +329,12 @@ class ApiRun:
                 if item.kind == "tokens":
                     if item.choice.index in held:
                         yield sse(self._delta_chunk(item.choice, held.pop(item.choice.index)[0], None))
-                    if not item.delta.is_empty():
+                    if item.delta.is_empty():
+                        continue
+                    if item.choice.index not in started:
+                        started.add(item.choice.index)
+                        yield sse(self._delta_chunk(item.choice, item.delta, None))
+                    else:
                         held[item.choice.index] = (item.delta, time.monotonic())
                 elif item.kind == "end":
                     yield sse(self._last_chunk(item.choice, item.delta, held.pop(item.choice.index, None)))
