@@ -249,8 +249,8 @@ class EngineCore:
             stepped = {self.owners[c.seq.seq_id].request_id: self.owners[c.seq.seq_id] for c in out.chunks}
             return events + self._fail(list(stepped.values()), exc)
         forward_ms = (time.perf_counter() - started) * 1000
-        if any(c.kind == "prefill" for c in out.chunks):
-            self.pacer.observe(out.num_batched_tokens, forward_ms)
+        is_prefill = any(c.kind == "prefill" for c in out.chunks)
+        self.pacer.observe(out.num_batched_tokens, forward_ms, is_prefill)
         self.scheduler.update(out)
         events += self._sample(out.chunks, output, started, forward_ms)
         self._record(out, started)

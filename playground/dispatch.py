@@ -58,27 +58,37 @@ def check_servable(pd_requested: bool | None) -> None:
 
 
 def enqueue(generation_id: int, pd_requested: bool | None = None, conversation_id: int | None = None) -> None:
-    """Queues the generation once the transaction that created its row has committed: on
-    "prefill" when prefill and decode run disaggregated (`is_disaggregated`); otherwise on
-    the private queue of the worker that holds the conversation's prefix in its KV cache when
-    that worker is alive and idle (`worker_routing`), else on the shared "gpu" queue."""
+    """Queues the generation once the transaction that created its row has committed (`send_now`)."""
+    transaction.on_commit(lambda: send_now(generation_id, pd_requested, conversation_id))
+
+
+def send_now(generation_id: int, pd_requested: bool | None = None, conversation_id: int | None = None) -> None:
+    """Sends the task of a generation whose row is committed: on "prefill" when prefill and
+    decode run disaggregated (`is_disaggregated`); otherwise on the private queue of the worker
+    that holds the conversation's prefix in its KV cache when that worker is alive and idle
+    (`worker_routing`), else on the shared "gpu" queue. Reads Redis only, never the database:
+    the web process runs it off its one database thread, so the requests of a class that press
+    send together are not each queued behind the others' row creations."""
     if is_disaggregated(pd_requested):
-        transaction.on_commit(lambda: _send_prefill(generation_id))
-        return
-    transaction.on_commit(
-        lambda: _send(generation_id, worker_routing.route(store.client(), generation_id, conversation_id))
-    )
+        _send_prefill(generation_id)
+    else:
+        _send(generation_id, worker_routing.route(store.client(), generation_id, conversation_id))
 
 
 def enqueue_choices(generation_ids: list[int], pd_requested: bool | None = None) -> None:
-    """Queues the n choices of one prompt as one task, so one worker runs them together and they
-    share the prompt (`worker.choices`), on the shared queue: a new prompt has no prefix owner.
-    Disaggregated, each choice goes through prefill and decode on its own."""
+    """`send_choices_now` once the transaction that created the rows has committed."""
+    transaction.on_commit(lambda: send_choices_now(generation_ids, pd_requested))
+
+
+def send_choices_now(generation_ids: list[int], pd_requested: bool | None = None) -> None:
+    """Sends the n choices of one prompt (committed rows) as one task, so one worker runs them
+    together and they share the prompt (`worker.choices`), on the shared queue: a new prompt has
+    no prefix owner. Disaggregated, each choice goes through prefill and decode on its own."""
     if len(generation_ids) == 1 or is_disaggregated(pd_requested):
         for generation_id in generation_ids:
-            enqueue(generation_id, pd_requested)
-        return
-    transaction.on_commit(lambda: send(task_names.RUN_CHOICES, list(generation_ids), queue=worker_routing.SHARED_QUEUE))
+            send_now(generation_id, pd_requested)
+    else:
+        send(task_names.RUN_CHOICES, list(generation_ids), queue=worker_routing.SHARED_QUEUE)
 
 
 def reroute_if_stranded(generation_id: int) -> bool:

@@ -1,19 +1,22 @@
 """How many tokens the next step may batch so that a step which prefills stays near a time goal.
 
-Owns: the measured cost of one batched token (a forward pass's milliseconds over its tokens,
-averaged over recent steps that prefilled) and the token budget it gives for `max_step_ms`.
-A step cannot be interrupted, so whoever arrives waits for the one in flight and then for their
-own: with steps near `max_step_ms`, a newcomer's first token comes within about two of them, and
-every running answer gets a token at least that often, however long the prompts beside them
-(a 512-token chunk of a 0.5B model takes ~5 s on a 2-core CPU; the budget then falls to ~40).
+Owns: the measured cost of a step as a fixed part (what a step without prefill costs: its decode
+rows, the pass's own overhead) plus a cost per prefilled token, and the token budget they give for
+`max_step_ms`. A step cannot be interrupted, so whoever arrives waits for the one in flight and then
+for their own: with steps near `max_step_ms`, a newcomer's first token comes within about two of
+them, and every running answer gets a token at least that often, however long the prompts beside
+them (a 512-token chunk of a 0.5B model takes ~5 s on a 2-core CPU; the budget then falls to ~40).
+The fixed part is kept apart because a small step is mostly that: on matrix units (AMX, GPUs) one
+row costs what eight do, and a 40-token prompt priced per token made a step of 280 look too long
+(eight chat prompts arriving together were split over two steps, their first tokens one step later).
 Plain bookkeeping: the engine core feeds it each step's size and time.
 Must not know: requests, clients, the model.
 """
 
 from __future__ import annotations
 
-MIN_SAMPLE_TOKENS = 32  # smaller steps are mostly fixed cost: they would overstate a token's
-SMOOTHING = 0.3  # weight of the newest step in the running average (costs drift with context)
+MIN_SAMPLE_TOKENS = 64  # smaller prefills say little about a token's cost beside the fixed part
+SMOOTHING = 0.3  # weight of the newest step in the running averages (costs drift with context)
 
 
 class StepPacer:
@@ -22,14 +25,19 @@ class StepPacer:
             raise ValueError(f"max_step_ms={max_step_ms} must be > 0 (or None: no time goal)")
         self.max_step_ms = max_step_ms
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.average_ms = 0.0  # a batched token's cost, averaged over recent prefill steps
+        self.fixed_ms = 0.0  # a step without prefill, averaged over recent ones
+        self.average_ms = 0.0  # a prefilled token's cost beyond the fixed part, averaged over recent steps
         self.ms_per_token: float | None = None  # the cost the budget assumes; None until measured
 
-    def observe(self, num_tokens: int, forward_ms: float) -> None:
-        """One step's size and the time of its forward pass."""
+    def observe(self, num_tokens: int, forward_ms: float, is_prefill: bool = True) -> None:
+        """One step's size, the time of its forward pass, and whether it prefilled."""
+        if not is_prefill:
+            previous = forward_ms if self.fixed_ms == 0.0 else self.fixed_ms
+            self.fixed_ms = (1 - SMOOTHING) * previous + SMOOTHING * forward_ms
+            return
         if num_tokens < MIN_SAMPLE_TOKENS:
             return
-        cost = forward_ms / num_tokens
+        cost = max(forward_ms - self.fixed_ms, 0.0) / num_tokens
         previous = cost if self.ms_per_token is None else self.average_ms
         self.average_ms = (1 - SMOOTHING) * previous + SMOOTHING * cost
         # The larger of the average and the latest: a long prompt's tokens cost more as its context
@@ -38,6 +46,7 @@ class StepPacer:
 
     def token_budget(self) -> int:
         """Tokens the next step may batch: the configured maximum, or fewer to stay near the goal."""
-        if self.max_step_ms is None or self.ms_per_token is None:
+        if self.max_step_ms is None or not self.ms_per_token:
             return self.max_num_batched_tokens
-        return max(1, min(self.max_num_batched_tokens, int(self.max_step_ms / self.ms_per_token)))
+        room_ms = self.max_step_ms - self.fixed_ms
+        return max(1, min(self.max_num_batched_tokens, int(room_ms / self.ms_per_token)))

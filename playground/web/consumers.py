@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 import redis
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import translation
@@ -114,7 +115,8 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         pd_requested = dispatch.pd_requested(content)  # checked before anything is written
         if self.is_layer_down:  # nothing could reach a worker, nor come back
             raise CommandError("service_unavailable", OUTAGE_MESSAGE)
-        await database_sync_to_async(dispatch.check_servable)(pd_requested)
+        if dispatch.is_disaggregated(pd_requested):  # the only mode with something to check
+            await database_sync_to_async(dispatch.check_servable)(pd_requested)
         if self.owner is None:
             self.owner = owners.new_browser_owner()
         queued = await database_sync_to_async(submit.submit)(command, self.owner, content)
@@ -124,7 +126,9 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         await self._follow(generation_id, join=False)
         try:
             await self._join(generation_id)
-            await database_sync_to_async(dispatch.enqueue)(generation_id, pd_requested, queued.conversation_id)
+            await sync_to_async(dispatch.send_now, thread_sensitive=False)(
+                generation_id, pd_requested, queued.conversation_id
+            )
             ended = None
         except OUTAGE_ERRORS as exc:
             logger.warning("generation %s could not be queued: Redis is unreachable: %s", generation_id, exc)

@@ -35,7 +35,7 @@ from playground.protocol import CommandError
 from playground.worker import engines
 from playground.worker.engines import get_engine, loop_for
 from playground.worker.publisher import StepCoalescer, flush_delay_s, send_to_group
-from playground.worker.serve_loop import ServeLoop, Waiting
+from playground.worker.serve_loop import Outbox, ServeLoop, Waiting
 
 if TYPE_CHECKING:
     from inference.engine import Engine
@@ -281,6 +281,8 @@ class GenerationRun:
     def _stream(self, events: Iterator[Event | Waiting], until: type = Finished) -> Finished:
         """Sends the engine's records on until its `Finished` (or the first `until`), which it returns."""
         generation = self.generation
+        if isinstance(events, Outbox):  # woken once per message, not once per step
+            events.hold_until = self.coalescer.flush_due_at
         for event in events:
             if isinstance(event, (until, Finished)):
                 return event

@@ -95,6 +95,11 @@ class StepCoalescer:
             self._is_first = False
             self.flush()
 
+    def flush_due_at(self) -> float | None:
+        """When the next message goes out at the latest, on the coalescer's clock: whoever reads
+        the steps may let them wait until then. None while the next step goes at once (the first)."""
+        return None if self._is_first else self._last_flush + self._delay_s()
+
     def flush(self) -> None:
         """Hands on what is buffered (call before the terminal event)."""
         if self._buffer:

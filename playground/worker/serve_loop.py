@@ -14,7 +14,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,13 +59,72 @@ class LoopFailed(RuntimeError):
     """The engine raised inside a step: every request of that step ends with this error."""
 
 
+class Outbox:
+    """One request's events, from the loop thread to the task thread that reads them: an iterator
+    up to the request's terminal event (raising the loop's error if one comes instead), which may
+    be read in several loops (`for`) one after the other.
+
+    The reader may let them pile up until a time (`hold_until`, read on the reader's thread before
+    each wait): a stream whose steps go out together then wakes once per message it sends, not
+    once per step. Woken every step, eight task threads took a third of their CPU in wakeups and
+    took the GIL from the engine thread between its kernels. A terminal event or an error ends a
+    hold at once.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._ready = threading.Condition(threading.Lock())
+        self._is_ended = False  # a terminal event or an error is in (or was taken)
+        self._is_holding = False
+        self._taken: deque[Any] = deque()  # the reader's: taken in one wake, not yet returned
+        self._is_done = False  # the reader's: the terminal event (or error) was returned
+        self.hold_until: Callable[[], float | None] = lambda: None  # a `time.monotonic()`; None: no hold
+
+    def put(self, item: Any) -> None:
+        """From the loop thread."""
+        is_last = isinstance(item, BaseException) or _is_terminal(item)
+        with self._ready:
+            self._items.append(item)
+            self._is_ended = self._is_ended or is_last
+            if is_last or not self._is_holding:
+                self._ready.notify()
+
+    def __iter__(self) -> Outbox:
+        return self
+
+    def __next__(self) -> Event | Waiting:
+        if self._is_done:
+            raise StopIteration
+        if not self._taken:
+            self._taken.extend(self._take())
+        item = self._taken.popleft()
+        self._is_done = isinstance(item, BaseException) or _is_terminal(item)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def _take(self) -> list[Any]:
+        until = self.hold_until()
+        with self._ready:
+            if until is not None:
+                self._is_holding = True
+                while not self._is_ended and (remaining := until - time.monotonic()) > 0:
+                    self._ready.wait(remaining)
+                self._is_holding = False
+            if not self._items and not self._ready.wait_for(lambda: self._items, EVENT_TIMEOUT_S):
+                raise LoopFailed(f"the engine loop sent nothing for {EVENT_TIMEOUT_S:.0f} s")
+            items = list(self._items)
+            self._items.clear()
+        return items
+
+
 class ServeLoop:
     def __init__(self, engine: Engine, poll_cancelled: PollCancelled, observer: LoopObserver | None = None) -> None:
         self.engine = engine
         self.poll_cancelled = poll_cancelled
         self.observer = observer
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue, bool]] = queue.SimpleQueue()
-        self._outboxes: dict[int, queue.SimpleQueue] = {}
+        self._outboxes: dict[int, Outbox] = {}
         self._generation_of: dict[int, int] = {}  # request id -> generation id (for the cancel check)
         self._waiting_since: dict[int, float] = {}
         self._positions: dict[int, int] = {}
@@ -101,7 +161,7 @@ class ServeLoop:
         prefill_only: bool = False,
         images: Sequence[PromptImage] = (),
         client: str = "",
-    ) -> Iterator[Event | Waiting]:
+    ) -> Outbox:
         """Adds a request (a `ValueError` for bad input is raised here) and yields its events
         up to its `Finished` (or, `prefill_only`, its `HandedOff`). `client`: who asked (the
         engine shares its prefill budget fairly between clients)."""
@@ -122,7 +182,7 @@ class ServeLoop:
         generation_ids: Sequence[int],
         images: Sequence[PromptImage] = (),
         client: str = "",
-    ) -> list[Iterator[Event | Waiting]]:
+    ) -> list[Outbox]:
         """The n choices of one prompt (`n` of the OpenAI API, n = len(generation_ids)): the
         prompt is prefilled once and forked into n sequences sharing its KV blocks (the engine's
         parallel sampling); choice i samples with `choices.choice_params(params, i)` (the seed
@@ -134,11 +194,11 @@ class ServeLoop:
 
         return self._follow(add, generation_ids)
 
-    def _follow(self, add: Callable[[], list[int]], generation_ids: list[int]) -> list[Iterator[Event | Waiting]]:
+    def _follow(self, add: Callable[[], list[int]], generation_ids: list[int]) -> list[Outbox]:
         """Runs `add` on the loop thread and gives each added request an outbox to read. A stop
         that came before (e.g. while a decode task waited in the queue) applies before its
         first step; it is read here, on the caller's thread, not the loop's."""
-        outboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in generation_ids]
+        outboxes = [Outbox() for _ in generation_ids]
         stopped = self._poll_cancelled(generation_ids)
 
         def register() -> None:
@@ -151,19 +211,7 @@ class ServeLoop:
             self._update_watched()
 
         self.call(register)
-        return [self._events(outbox) for outbox in outboxes]
-
-    def _events(self, outbox: queue.SimpleQueue) -> Iterator[Event | Waiting]:
-        while True:
-            try:
-                item = outbox.get(timeout=EVENT_TIMEOUT_S)
-            except queue.Empty:
-                raise LoopFailed(f"the engine loop sent nothing for {EVENT_TIMEOUT_S:.0f} s") from None
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if _is_terminal(item):
-                return
+        return outboxes
 
     # ---- the loop thread ---------------------------------------------------------------
 

@@ -360,14 +360,42 @@ def test_the_pacer_keeps_prefill_steps_near_the_time_goal() -> None:
 
     pacer = StepPacer(max_step_ms=500, max_num_batched_tokens=512)
     assert pacer.token_budget() == 512  # nothing measured yet
-    pacer.observe(num_tokens=8, forward_ms=400)  # a small step is mostly fixed cost: not a token's
+    pacer.observe(num_tokens=40, forward_ms=400)  # a small prefill is mostly fixed cost: not a token's
     assert pacer.token_budget() == 512
     pacer.observe(num_tokens=512, forward_ms=5120)  # 10 ms a token: a 0.5B model on 2 cores
     assert pacer.token_budget() == 50
-    pacer.observe(num_tokens=50, forward_ms=1000)  # the context grew: 20 ms a token now
+    pacer.observe(num_tokens=64, forward_ms=1280)  # the context grew: 20 ms a token now
     assert pacer.token_budget() == 25  # the latest cost, not the lagging average (13 ms)
-    pacer.observe(num_tokens=50, forward_ms=250)  # a cheaper step: the average (10.6 ms) decides
+    pacer.observe(num_tokens=100, forward_ms=500)  # a cheaper step: the average (10.6 ms) decides
     assert pacer.token_budget() == int(500 / (0.7 * (0.7 * 10 + 0.3 * 20) + 0.3 * 5))
+
+
+def test_the_pacer_prices_a_prefilled_token_beyond_a_steps_fixed_cost() -> None:
+    """A step without prefill is the fixed part: on matrix units 8 decode rows cost about one, so a
+    prompt priced per token with that cost in it would split eight chat prompts over two steps."""
+    from inference.core.pacer import StepPacer
+
+    pacer = StepPacer(max_step_ms=500, max_num_batched_tokens=512)
+    pacer.observe(num_tokens=8, forward_ms=100, is_prefill=False)  # 8 decode rows
+    assert pacer.fixed_ms == 100 and pacer.token_budget() == 512  # no prefill measured yet
+    pacer.observe(num_tokens=72, forward_ms=460)  # 8 decodes + a 64-token prompt: 5 ms a token beyond them
+    assert pacer.ms_per_token == 5
+    assert pacer.token_budget() == 80  # (500 - 100) / 5: not 500 / (460 / 72) = 78
+    pacer.observe(num_tokens=8, forward_ms=200, is_prefill=False)  # the decodes got dearer: less room
+    assert pacer.fixed_ms == 130 and pacer.token_budget() == 74
+    cheap = StepPacer(max_step_ms=500, max_num_batched_tokens=512)
+    cheap.observe(num_tokens=1, forward_ms=25, is_prefill=False)
+    cheap.observe(num_tokens=300, forward_ms=145)  # priced per token with its fixed part, 280 would not fit
+    assert cheap.token_budget() == 512
+    slow = StepPacer(max_step_ms=500, max_num_batched_tokens=512)
+    slow.observe(num_tokens=16, forward_ms=600, is_prefill=False)  # decodes alone overrun the goal
+    slow.observe(num_tokens=80, forward_ms=1000)
+    assert slow.token_budget() == 1  # the scheduler's floor then decides (MIN_PREFILL_TOKENS)
+
+
+def test_the_pacer_without_a_goal_or_with_a_fast_model_keeps_the_whole_budget() -> None:
+    from inference.core.pacer import StepPacer
+
     fast = StepPacer(max_step_ms=500, max_num_batched_tokens=512)
     fast.observe(num_tokens=512, forward_ms=50)
     assert fast.token_budget() == 512  # a fast model keeps the whole budget

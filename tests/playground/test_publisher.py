@@ -56,6 +56,18 @@ def test_the_delay_counts_from_the_last_message() -> None:
     assert batches == [[-1], [0, 1, 2]]
 
 
+def test_the_next_message_is_due_a_delay_after_the_last_one_and_the_first_step_at_once() -> None:
+    """What a task thread may sleep until before reading its steps (serve_loop.Outbox.hold_until)."""
+    coalescer, batches, clock = make(max_steps=10)
+    assert coalescer.flush_due_at() is None  # the first step goes as it comes
+    clock.now = 1.0
+    coalescer.add({"index": 0})
+    assert batches == [[0]] and coalescer.flush_due_at() == 1.05
+    clock.now = 1.05
+    coalescer.add({"index": 1})  # due: it goes with whatever piled up
+    assert batches == [[0], [1]] and coalescer.flush_due_at() == 1.1
+
+
 def test_the_delay_is_read_at_each_step_and_grows_with_the_streams_served() -> None:
     num_streams = [1]
     batches: list[list[int]] = []

@@ -45,6 +45,21 @@ def test_a_chat_turn_records_its_worker_and_the_next_turn_goes_there(
     assert sent == [(99, worker_routing.worker_queue("worker-1")), (100, worker_routing.SHARED_QUEUE)]
 
 
+def test_sending_a_committed_generation_reads_no_database(
+    owner: str, monkeypatch: pytest.MonkeyPatch, django_assert_num_queries: Any
+) -> None:
+    """The web process sends off its one database thread (`dispatch.send_now`): a burst of
+    requests then does not queue each send behind the others' row creations."""
+    first = queue_chat(owner, "Hi!")
+    run(first.generation_id, FakeEngine("Hello"))
+    store.client().set(worker_routing.alive_key("worker-1"), 1)
+    sent = sent_queues(monkeypatch)
+    with django_assert_num_queries(0):
+        dispatch.send_now(99, conversation_id=first.conversation_id)
+        dispatch.send_choices_now([100])
+    assert sent == [(99, worker_routing.worker_queue("worker-1")), (100, worker_routing.SHARED_QUEUE)]
+
+
 def test_a_generation_claimed_elsewhere_is_not_run_twice(owner: str) -> None:
     queued = queue_chat(owner, "Hi!")
     assert worker_routing.claim_delivery(store.client(), queued.generation_id, "worker-0")

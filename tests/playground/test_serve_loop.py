@@ -4,13 +4,15 @@ cancel check, the waiting position and a failing step, on a real tiny batching e
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from inference import EngineConfig, Finished, SamplingParams, Step
 from inference.engine import Engine
-from playground.worker.serve_loop import LoopFailed, ServeLoop, Waiting
+from playground.worker.serve_loop import LoopFailed, Outbox, ServeLoop, Waiting
 from tests.engine.engines import engine_for
 
 PARAMS = SamplingParams(greedy=True, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
@@ -167,3 +169,66 @@ def test_a_request_handed_in_right_after_its_prompt_was_built_gets_its_token_in_
     request_id = max(counter.first_token_step)
     assert counter.first_token_step[request_id] == built_at + 1
     list(busy)
+
+
+def _step(index: int) -> SimpleNamespace:
+    return SimpleNamespace(type="step", index=index)
+
+
+HANDED_OFF = SimpleNamespace(type="handed_off")  # a prefill-only request's terminal record
+
+
+def _put_later(outbox: Outbox, items: list, every_s: float) -> threading.Thread:
+    def put() -> None:
+        for item in items:
+            time.sleep(every_s)
+            outbox.put(item)
+
+    thread = threading.Thread(target=put)
+    thread.start()
+    return thread
+
+
+def test_a_holding_reader_takes_the_steps_that_piled_up_in_one_wake() -> None:
+    """`hold_until`: the task thread sleeps until its next message is due and then reads every
+    step that came meanwhile (before: one wakeup per step and stream)."""
+    outbox = Outbox()
+    outbox.put(_step(0))
+    assert next(outbox).index == 0  # no hold: the first step is read as it comes
+    due = time.monotonic() + 0.3
+    outbox.hold_until = lambda: due
+    writer = _put_later(outbox, [_step(i) for i in range(1, 5)], every_s=0.02)
+    assert next(outbox).index == 1
+    read_at = time.monotonic()
+    assert read_at >= due  # not woken by steps 1-4
+    assert outbox._taken and [next(outbox).index for _ in range(3)] == [2, 3, 4]  # taken in that wake
+    writer.join()
+
+
+def test_a_terminal_event_or_an_error_ends_a_hold_at_once() -> None:
+    for last in (HANDED_OFF, LoopFailed("the engine failed")):
+        outbox = Outbox()
+        outbox.hold_until = lambda: time.monotonic() + 30.0
+        writer = _put_later(outbox, [_step(0), last], every_s=0.02)
+        started = time.monotonic()
+        assert next(outbox).index == 0
+        if last is HANDED_OFF:
+            assert next(outbox) is last
+        else:
+            with pytest.raises(LoopFailed):
+                next(outbox)
+        assert time.monotonic() - started < 5.0  # not the 30 s hold
+        assert list(outbox) == []  # ended: nothing more, and a second loop over it ends at once
+        writer.join()
+
+
+def test_an_outbox_read_in_two_loops_loses_nothing_taken_in_one_wake() -> None:
+    """PD decode reads up to `Prefilled` in one loop, then the rest in another."""
+    outbox = Outbox()
+    for item in [_step(0), _step(1), HANDED_OFF]:
+        outbox.put(item)
+    for event in outbox:
+        assert event.index == 0
+        break
+    rest = list(outbox)
+    assert rest == [_step(1), HANDED_OFF]

@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
 from playground import dispatch, limits
@@ -156,7 +157,7 @@ class ApiRun:
 
     async def _enqueue(self, generation_ids: list[int]) -> None:
         try:
-            await database_sync_to_async(dispatch.enqueue_choices)(generation_ids)
+            await sync_to_async(dispatch.send_choices_now, thread_sensitive=False)(generation_ids)
         except OUTAGE_ERRORS as exc:
             await self._fail_all(generation_ids, "service_unavailable", OUTAGE_MESSAGE)
             raise ApiError(OUTAGE_MESSAGE, code="service_unavailable", status=503) from exc
