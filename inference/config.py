@@ -56,9 +56,10 @@ class EngineConfig:
     block_size: int = 4
     max_num_seqs: int = 16  # sequences sharing one step
     max_num_batched_tokens: int = 512  # tokens (prefill chunks + decodes) in one step
-    # A step that prefills is cut to about this long (its tokens from the measured cost of one,
-    # `core.pacer`), so a newcomer's first token and every running answer's next one wait about
-    # two steps whatever the prompts beside them. None: the token budget alone.
+    # A step that prefills is cut to about this long (its tokens from a step's measured fixed cost
+    # and the cost of one prefilled token, `core.pacer`), so a newcomer's first token and every
+    # running answer's next one wait about two steps whatever the prompts beside them. None: the
+    # token budget alone.
     max_step_ms: float | None = None
     # "auto": the lean Llama-family runner when it supports the model; "transformers": always generic.
     runner: str = "auto"

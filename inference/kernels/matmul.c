@@ -21,6 +21,10 @@
  *   w = (q - 8) * scale + zero with (scale, zero) = scales[(g * N + n) * 2 + 0, 1].
  * x is float32 or bfloat16 (widened once into a per-thread buffer); scales, bias and out are
  * float32 or bfloat16 (`*_bf16` flags). Products and sums are float32.
+ *
+ * With bfloat16 x on a CPU with AMX, `pg_matmul` hands bfloat16, int8 and int4 weights to
+ * matmul_amx.c first, whose order is its own (k in order into one float32 accumulator per
+ * element, 32 k per instruction): a weight always takes one of the two paths, whatever M is.
  */
 #include <stdlib.h>
 

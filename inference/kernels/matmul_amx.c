@@ -45,7 +45,6 @@
 #define TILE_K 32         // bfloat16 values of k per tile row (64 bytes)
 #define TILE_BYTES 1024   // 16 rows x 64 bytes
 #define TASK_OUTPUTS 32   // two A tiles of weights
-#define PREFETCH_CHUNKS 4
 
 static int amx_state;  // 0: not asked yet, 1: usable, -1: not here
 static int amx_on = 1;
@@ -204,11 +203,6 @@ static void tiles_2x2(const AmxArgs *a, const uint16_t *w, int64_t n, int64_t m0
         }
     } else
         for (int64_t c = 0; c < num_chunks; c++) {
-            if (c + PREFETCH_CHUNKS < num_chunks)
-                for (int i = 0; i < 16; i++) {
-                    _mm_prefetch((const char *)(w0 + i * a->K + (c + PREFETCH_CHUNKS) * TILE_K), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(w1 + i * a->K + (c + PREFETCH_CHUNKS) * TILE_K), _MM_HINT_T0);
-                }
             _tile_loadd(6, x0 + c * (TILE_BYTES / 2), 64);
             _tile_loadd(4, w0 + c * TILE_K, stride);
             _tile_loadd(5, w1 + c * TILE_K, stride);
