@@ -14,7 +14,6 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import transaction
 from django.utils.translation import gettext
 
 from playground import task_names
@@ -58,11 +57,6 @@ def check_servable(pd_requested: bool | None) -> None:
 
 
 def enqueue(generation_id: int, pd_requested: bool | None = None, conversation_id: int | None = None) -> None:
-    """Queues the generation once the transaction that created its row has committed (`send_now`)."""
-    transaction.on_commit(lambda: send_now(generation_id, pd_requested, conversation_id))
-
-
-def send_now(generation_id: int, pd_requested: bool | None = None, conversation_id: int | None = None) -> None:
     """Sends the task of a generation whose row is committed: on "prefill" when prefill and
     decode run disaggregated (`is_disaggregated`); otherwise on the private queue of the worker
     that holds the conversation's prefix in its KV cache when that worker is alive and idle
@@ -76,17 +70,12 @@ def send_now(generation_id: int, pd_requested: bool | None = None, conversation_
 
 
 def enqueue_choices(generation_ids: list[int], pd_requested: bool | None = None) -> None:
-    """`send_choices_now` once the transaction that created the rows has committed."""
-    transaction.on_commit(lambda: send_choices_now(generation_ids, pd_requested))
-
-
-def send_choices_now(generation_ids: list[int], pd_requested: bool | None = None) -> None:
     """Sends the n choices of one prompt (committed rows) as one task, so one worker runs them
     together and they share the prompt (`worker.choices`), on the shared queue: a new prompt has
     no prefix owner. Disaggregated, each choice goes through prefill and decode on its own."""
     if len(generation_ids) == 1 or is_disaggregated(pd_requested):
         for generation_id in generation_ids:
-            send_now(generation_id, pd_requested)
+            enqueue(generation_id, pd_requested)
     else:
         send(task_names.RUN_CHOICES, list(generation_ids), queue=worker_routing.SHARED_QUEUE)
 

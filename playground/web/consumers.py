@@ -126,7 +126,7 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
         await self._follow(generation_id, join=False)
         try:
             await self._join(generation_id)
-            await sync_to_async(dispatch.send_now, thread_sensitive=False)(
+            await sync_to_async(dispatch.enqueue, thread_sensitive=False)(
                 generation_id, pd_requested, queued.conversation_id
             )
             ended = None

@@ -82,7 +82,7 @@ class Outbox:
 
     def put(self, item: Any) -> None:
         """From the loop thread."""
-        is_last = isinstance(item, BaseException) or _is_terminal(item)
+        is_last = _ends_events(item)
         with self._ready:
             self._items.append(item)
             self._is_ended = self._is_ended or is_last
@@ -98,7 +98,7 @@ class Outbox:
         if not self._taken:
             self._taken.extend(self._take())
         item = self._taken.popleft()
-        self._is_done = isinstance(item, BaseException) or _is_terminal(item)
+        self._is_done = _ends_events(item)
         if isinstance(item, BaseException):
             raise item
         return item
@@ -328,3 +328,8 @@ class ServeLoop:
 def _is_terminal(event: Any) -> bool:
     """A request's last record: `Finished`, or `HandedOff` for a prefill-only one."""
     return isinstance(event, Finished) or getattr(event, "type", None) == "handed_off"
+
+
+def _ends_events(item: Any) -> bool:
+    """An outbox's last item: the request's terminal event, or the loop's error instead."""
+    return isinstance(item, BaseException) or _is_terminal(item)

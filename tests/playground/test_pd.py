@@ -336,7 +336,6 @@ def test_the_pd_field_must_be_a_boolean() -> None:
 def test_enqueue_picks_the_queue_from_the_setting_and_the_request(
     settings: Any,
     monkeypatch: pytest.MonkeyPatch,
-    django_capture_on_commit_callbacks: Any,
     mode: str,
     pd_requested: bool | None,
     task: str,
@@ -345,8 +344,7 @@ def test_enqueue_picks_the_queue_from_the_setting_and_the_request(
     sent: list[tuple[str, int]] = []
     on_task(monkeypatch, "run_prefill", delay=lambda generation_id: sent.append(("run_prefill", generation_id)))
     on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: sent.append(("run_generation", args[0])))
-    with django_capture_on_commit_callbacks(execute=True):
-        dispatch.enqueue(42, pd_requested)
+    dispatch.enqueue(42, pd_requested)
     assert sent == [(task, 42)]
 
 

@@ -28,7 +28,7 @@ def sent_queues(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
 
 
 def test_a_chat_turn_records_its_worker_and_the_next_turn_goes_there(
-    owner: str, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+    owner: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = queue_chat(owner, "Hi!")
     run(first.generation_id, FakeEngine("Hello"))
@@ -37,26 +37,24 @@ def test_a_chat_turn_records_its_worker_and_the_next_turn_goes_there(
 
     sent = sent_queues(monkeypatch)
     r.set(worker_routing.alive_key("worker-1"), 1)
-    with django_capture_on_commit_callbacks(execute=True):
-        dispatch.enqueue(99, conversation_id=first.conversation_id)
+    dispatch.enqueue(99, conversation_id=first.conversation_id)
     worker_routing.set_busy(r, "worker-1", True)
-    with django_capture_on_commit_callbacks(execute=True):
-        dispatch.enqueue(100, conversation_id=first.conversation_id)
+    dispatch.enqueue(100, conversation_id=first.conversation_id)
     assert sent == [(99, worker_routing.worker_queue("worker-1")), (100, worker_routing.SHARED_QUEUE)]
 
 
 def test_sending_a_committed_generation_reads_no_database(
     owner: str, monkeypatch: pytest.MonkeyPatch, django_assert_num_queries: Any
 ) -> None:
-    """The web process sends off its one database thread (`dispatch.send_now`): a burst of
+    """The web process sends off its one database thread (`dispatch.enqueue`): a burst of
     requests then does not queue each send behind the others' row creations."""
     first = queue_chat(owner, "Hi!")
     run(first.generation_id, FakeEngine("Hello"))
     store.client().set(worker_routing.alive_key("worker-1"), 1)
     sent = sent_queues(monkeypatch)
     with django_assert_num_queries(0):
-        dispatch.send_now(99, conversation_id=first.conversation_id)
-        dispatch.send_choices_now([100])
+        dispatch.enqueue(99, conversation_id=first.conversation_id)
+        dispatch.enqueue_choices([100])
     assert sent == [(99, worker_routing.worker_queue("worker-1")), (100, worker_routing.SHARED_QUEUE)]
 
 

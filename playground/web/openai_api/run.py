@@ -157,7 +157,7 @@ class ApiRun:
 
     async def _enqueue(self, generation_ids: list[int]) -> None:
         try:
-            await sync_to_async(dispatch.send_choices_now, thread_sensitive=False)(generation_ids)
+            await sync_to_async(dispatch.enqueue_choices, thread_sensitive=False)(generation_ids)
         except OUTAGE_ERRORS as exc:
             await self._fail_all(generation_ids, "service_unavailable", OUTAGE_MESSAGE)
             raise ApiError(OUTAGE_MESSAGE, code="service_unavailable", status=503) from exc
