@@ -69,7 +69,11 @@ def test_a_request_without_room_in_the_batch_is_told_its_place() -> None:
     model_engine = engine_for("llama")
     engine = Engine(model_engine.loaded, EngineConfig(max_num_seqs=1))
     loop = ServeLoop(engine, never_cancelled)
-    first = loop.submit(prompt(1), PARAMS, generation_id=1)
+    # The first is long and its prefill is read before the second is submitted: a short one
+    # could finish on a loaded machine before the second arrives, which then never waits.
+    long = replace(PARAMS, max_new_tokens=64)
+    first = loop.submit(prompt(1), long, generation_id=1)
+    assert next(first).type == "prefilled"
     second = loop.submit(prompt(2), PARAMS, generation_id=2)
     events = list(second)
     waiting = [e for e in events if isinstance(e, Waiting)]
