@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 from inference.bundled_models import is_bundled_source
 from inference.config import VALID_DTYPES, EngineConfig
 from inference.sampling_params import SamplingParams
-from playground import protocol
+from playground import encoded_json, protocol
 
 SAMPLING_FIELDS = tuple(f.name for f in dataclass_fields(SamplingParams))
 _SAMPLING_DEFAULTS = SamplingParams()
@@ -437,7 +437,8 @@ class Generation(models.Model):
     prompt_text = models.TextField(_("prompt text"), blank=True, help_text=_("The prompt as the model saw it."))
     prompt = models.JSONField(_("prompt"), default=dict, blank=True, help_text=_("{spans, tokens}"))
     text = models.TextField(_("text"), blank=True, help_text=_("The answer (partial until finished)."))
-    steps = models.JSONField(_("steps"), default=list, blank=True)
+    # Encoder: the worker saves the steps as the texts it encoded once (encoded_json.EncodedList).
+    steps = models.JSONField(_("steps"), default=list, blank=True, encoder=encoded_json.Encoder)
     stats = models.JSONField(_("stats"), default=dict, blank=True)
     finish_reason = models.CharField(_("finish reason"), max_length=16, blank=True)
     error_code = models.CharField(_("error code"), max_length=32, blank=True)

@@ -11,7 +11,8 @@ import socket
 from typing import Any
 
 from celery import shared_task
-from celery.signals import celeryd_after_setup, task_postrun, worker_shutting_down
+from celery.signals import celeryd_after_setup, task_postrun, worker_init, worker_shutting_down
+from django.conf import settings
 from django.db import reset_queries
 
 from playground import task_names
@@ -50,6 +51,14 @@ def run_decode(self: Any, generation_id: int, blob_key: str) -> None:
     from playground.worker import prefill_decode
 
     prefill_decode.run_decode(generation_id, blob_key, worker=_worker_name(self))
+
+
+@worker_init.connect
+def _no_query_log(**kwargs: Any) -> None:
+    """A worker logs no query's SQL, DEBUG or not: under `make run`'s DEBUG Django formatted each
+    query with its parameters for its log, and a save of a generation's steps inlines up to a
+    megabyte of them (16 streams: a tenth of the task threads' time). Nothing reads that log here."""
+    settings.DEBUG = False
 
 
 @celeryd_after_setup.connect

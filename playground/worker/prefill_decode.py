@@ -26,8 +26,9 @@ from django.conf import settings
 
 from inference.events import BeamStep, Finished, Prefilled, Step
 from inference.kv.transfer import HandedOff
-from playground import protocol
+from playground import encoded_json, protocol
 from playground.coord import cancel, kv_store, liveness, store
+from playground.encoded_json import EncodedList
 from playground.models import Generation, LanguageModel
 from playground.protocol import CommandError
 from playground.worker.engines import get_engine
@@ -147,7 +148,7 @@ class PrefillRun(GenerationRun):
         # Everything the prefill worker writes, it writes now: from the enqueue on, the row is the decode worker's.
         self._save(
             text=self.text,
-            steps=self.steps,
+            steps=EncodedList(self.step_texts),
             stats=record,
             prefill_worker=self.generation.worker,
             num_cached_tokens=handoff.prefilled.num_cached_tokens,
@@ -292,7 +293,7 @@ class DecodeRun(GenerationRun):
         if isinstance(event, Step) and event.index == 0:
             # The prefill worker streamed the first token; keep this copy, which may carry
             # text held back until the end when the answer is one token long.
-            self.steps[:1], self.text = [protocol.json_safe(event.to_dict())], event.text_delta
+            self.step_texts[:1], self.text = [encoded_json.dumps(event.to_dict())], event.text_delta
             return
         super()._on_step(event)
 

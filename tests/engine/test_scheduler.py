@@ -393,6 +393,20 @@ def test_the_pacer_prices_a_prefilled_token_beyond_a_steps_fixed_cost() -> None:
     assert slow.token_budget() == 1  # the scheduler's floor then decides (MIN_PREFILL_TOKENS)
 
 
+def test_a_step_its_budget_did_not_bound_only_joins_the_average() -> None:
+    """Eight chat prompts arriving together: the first often prefills alone and slow (what runs
+    beside the engine); priced at that cost, the next burst would be split over two steps."""
+    from inference.core.pacer import StepPacer
+
+    pacer = StepPacer(max_step_ms=500, max_num_batched_tokens=512)
+    pacer.observe(num_tokens=8, forward_ms=25, is_prefill=False)
+    pacer.observe(num_tokens=512, forward_ms=25 + 512 * 0.5)  # a full budget: 0.5 ms a token
+    assert pacer.token_budget() == 512
+    pacer.observe(num_tokens=300, forward_ms=25 + 300 * 1.5)  # a burst, not bound: 1.5 ms a token
+    assert pacer.ms_per_token == pytest.approx(0.7 * 0.5 + 0.3 * 1.5)  # not 1.5, which gives 316
+    assert pacer.token_budget() == 512
+
+
 def test_the_pacer_without_a_goal_or_with_a_fast_model_keeps_the_whole_budget() -> None:
     from inference.core.pacer import StepPacer
 

@@ -15,6 +15,7 @@ from inference.bench import format_keys, parse_keys
 from inference.bench.stack import (
     ClientRun,
     llama_server_client,
+    median_of,
     parse_args,
     report_keys,
     run_clients,
@@ -26,8 +27,8 @@ from inference.bench.stack import (
 
 def test_quick_is_one_and_eight_clients_of_fewer_tokens_and_the_full_run_adds_sixteen() -> None:
     quick, full = parse_args(["--quick"]), parse_args([])
-    assert (quick.client_counts, quick.num_tokens) == ((1, 8), 32)
-    assert (full.client_counts, full.num_tokens) == ((1, 8, 16), 64)
+    assert (quick.client_counts, quick.num_tokens, quick.repeats) == ((1, 8), 32, 1)
+    assert (full.client_counts, full.num_tokens, full.repeats) == ((1, 8, 16), 64, 3)
     chosen = parse_args(["--clients", "2,4", "--max-new-tokens", "16", "--llama-server", "/opt/llama-server"])
     assert (chosen.client_counts, chosen.num_tokens, chosen.llama_server) == ((2, 4), 16, "/opt/llama-server")
 
@@ -38,6 +39,7 @@ def test_quick_is_one_and_eight_clients_of_fewer_tokens_and_the_full_run_adds_si
         (["--clients", "eight"], "--clients 'eight'"),
         (["--clients", "0"], "(0,)"),
         (["--clients", "1,17"], "(1, 17)"),  # more clients than distinct questions
+        (["--repeats", "-1"], "--repeats -1"),
         (["--max-new-tokens", "1"], "--max-new-tokens >= 2"),
         (["--url", "http://example.com:8000"], "this machine only"),
     ],
@@ -64,6 +66,15 @@ def test_efficiency_is_the_stack_over_the_engine_and_the_last_line_parses_back()
     assert keys["stack_tok_s_8"] == 144.0 and keys["stack_ttft_p95_ms_8"] == 480.0
     assert keys["vs_llama_server_8"] == pytest.approx(1.2)
     assert "vs_llama_server_1" not in keys  # llama-server ran at 8 only
+
+
+def test_rounds_are_merged_by_their_medians_and_the_worst_rounds_finished_count() -> None:
+    rounds = [
+        {"tok_s": 240.0, "ttft_p95": 300.0, "num_finished": 8.0},
+        {"tok_s": 90.0, "ttft_p95": 900.0, "num_finished": 7.0},  # a stray slow round
+        {"tok_s": 250.0, "ttft_p95": 280.0, "num_finished": 8.0},
+    ]
+    assert median_of(rounds) == {"tok_s": 240.0, "ttft_p95": 300.0, "num_finished": 7.0}
 
 
 def test_without_llama_server_there_is_no_comparison_with_it() -> None:

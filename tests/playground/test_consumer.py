@@ -3,6 +3,7 @@ the socket still usable after), following a generation, stop, and the worker wat
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -325,7 +326,8 @@ async def test_an_attach_between_two_saves_gets_the_steps_published_since_the_la
         status="running", started_at=timezone.now(), text="Hello", steps=saved, params={"greedy": True}
     )
     published = [{"index": 1, "text_delta": "llo"}, {"index": 2, "text_delta": ","}, {"index": 3, "text_delta": " you"}]
-    await sync_to_async(recent_steps.append)(generation_id, published)  # one already saved, two not yet
+    encoded = [(step["index"], json.dumps(step)) for step in published]
+    await sync_to_async(recent_steps.append)(generation_id, encoded)  # one already saved, two not yet
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
     attached = await command(ws, "attach", generation_id=generation_id)

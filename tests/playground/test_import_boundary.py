@@ -45,6 +45,7 @@ ENGINE_CONTRACTS = (
 )
 SHARED = (
     "playground.protocol",
+    "playground.encoded_json",
     "playground.models",
     "playground.limits",
     "playground.images",

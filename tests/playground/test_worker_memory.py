@@ -52,3 +52,11 @@ def test_metrics_forget_a_request_that_was_handed_off() -> None:
     assert 7 in metrics._last_token_at
     metrics.observe(7, SimpleNamespace(type="handed_off"))
     assert metrics._last_token_at == {}
+
+
+def test_a_worker_process_logs_no_queries_even_under_debug(settings: Any) -> None:
+    from celery.signals import worker_init
+
+    settings.DEBUG = True
+    worker_init.send(sender=None)
+    assert settings.DEBUG is False

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -25,7 +24,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
-from playground import dispatch, limits
+from playground import dispatch, encoded_json, limits
 from playground.coord.store import OUTAGE_ERRORS, OUTAGE_MESSAGE
 from playground.models import LanguageModel, SamplingPreset
 from playground.protocol import CommandError
@@ -48,7 +47,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 def sse(data: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    return f"data: {encoded_json.dumps(data)}\n\n".encode()  # orjson: a twentieth of json's time
 
 
 class ApiRun:

@@ -1,0 +1,39 @@
+"""Step records encoded once: the text a worker makes is what Redis and the row's steps hold."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from playground.encoded_json import EncodedList, Encoder, dumps, loads
+from playground.models import Generation
+
+from .conftest import make_generation
+
+
+def test_dumps_is_compact_json_with_non_finite_floats_as_null() -> None:
+    text = dumps({"logprob": -math.inf, "entropy": math.nan, "p": 0.5, 3: "three"})
+    assert text == '{"logprob":null,"entropy":null,"p":0.5,"3":"three"}'
+    assert json.loads(text) == loads(text)
+
+
+def test_the_encoder_writes_an_encoded_list_as_it_is_and_anything_else_as_json_does() -> None:
+    steps = [{"index": 0, "piece": "你"}, {"index": 1, "logprob": None}]
+    encoded = EncodedList([dumps(step) for step in steps])
+    assert json.loads(json.dumps(encoded, cls=Encoder)) == steps
+    assert json.dumps({"a": [1, 2]}, cls=Encoder) == json.dumps({"a": [1, 2]})
+    with pytest.raises(TypeError):
+        json.dumps({"a": EncodedList([])}, cls=Encoder)  # only a whole field's value
+
+
+@pytest.mark.django_db
+def test_a_row_saved_with_encoded_steps_reads_them_back_as_records(owner: str) -> None:
+    steps = [{"index": i, "text_delta": f"t{i}", "logprob": -math.inf if i else -0.25} for i in range(3)]
+    generation = make_generation(owner)
+    Generation.objects.filter(pk=generation.pk).update(steps=EncodedList([dumps(s) for s in steps]))
+    saved = Generation.objects.get(pk=generation.pk).steps
+    assert saved == [{"index": 0, "text_delta": "t0", "logprob": -0.25}] + [
+        {"index": i, "text_delta": f"t{i}", "logprob": None} for i in (1, 2)
+    ]
