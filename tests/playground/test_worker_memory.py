@@ -57,6 +57,7 @@ def test_metrics_forget_a_request_that_was_handed_off() -> None:
 def test_a_worker_process_logs_no_queries_even_under_debug(settings: Any) -> None:
     from celery.signals import worker_init
 
+    assert tasks._no_query_log in worker_init._live_receivers(None)  # what a starting worker calls
     settings.DEBUG = True
-    worker_init.send(sender=None)
+    tasks._no_query_log()
     assert settings.DEBUG is False
