@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+import inference
 from inference.bench import format_keys, percentile
 from inference.bench.batch import QUESTIONS, load, prompts, run_batched, summarize
 from inference.bundled_models import bundled_model
@@ -357,18 +358,28 @@ def started_stack(port: int, redis_port: int, dtype: str, device: str, work_dir:
         stop_group(process)
 
 
+def has_amx() -> bool:
+    try:
+        return " amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def started_llama_server(binary: str, gguf: Path, num_tokens: int, work_dir: Path) -> Iterator[str]:
     """llama-server on the GGUF with 16 slots and continuous batching; yields its base URL."""
     port = free_port()
     argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(LLAMA_SERVER_SLOTS)]
     argv += ["-c", str(LLAMA_SERVER_SLOTS * (256 + num_tokens)), "--cont-batching", "-t", str(os.cpu_count() or 1)]
-    # Its AMX weight repacking crashed at warm-up on this CPU (as in llamacpp.py): the AVX-512 kernels run.
-    argv += ["--no-repack"]
+    if has_amx():  # its AMX weight repacking crashed at warm-up on a Xeon (as in llamacpp.py)
+        argv += ["--no-repack"]
+    # The environment this process started with: the engine's OpenMP setting (inference/__init__.py)
+    # is for torch beside our kernels; llama.cpp's threads run on OpenMP and want to spin.
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | inference.STARTING_OPENMP_ENV
     log_path = work_dir / "llama-server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
     try:
         base_url = f"http://127.0.0.1:{port}"
