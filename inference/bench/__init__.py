@@ -16,9 +16,21 @@ interleaved, best of N, so machine noise hits both.
 
 from __future__ import annotations
 
+import os
 import statistics
 
+_STARTING_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # before __main__ sets it for this process
+
 MODES = ("precision", "decode", "batch", "stack", "fairness", "prefix", "pd", "determinism", "quality")
+
+
+def starting_env() -> dict[str, str]:
+    """This process's environment with the OpenMP setting it started with, for the processes it
+    starts (`__main__.quiet_openmp_workers` is for this process's engine only)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if _STARTING_OMP_WAIT_POLICY is not None:
+        env["OMP_WAIT_POLICY"] = _STARTING_OMP_WAIT_POLICY
+    return env
 
 
 def format_keys(results: dict) -> str:

@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-import inference
-from inference.bench import format_keys, percentile
+from inference.bench import format_keys, percentile, starting_env
 from inference.bench.batch import QUESTIONS, load, prompts, run_batched, summarize
 from inference.bundled_models import bundled_model
 from inference.config import EngineConfig
@@ -328,7 +327,7 @@ def stop_group(process: subprocess.Popen, grace_s: float = 30.0) -> None:
 @contextlib.contextmanager
 def started_stack(port: int, redis_port: int, dtype: str, device: str, work_dir: Path) -> Iterator[str]:
     """`scripts/run.py` on `port` with its own Redis and a fresh DB; yields its base URL."""
-    env = os.environ | {
+    env = starting_env() | {  # the worker as `make run` starts it: OpenMP as the user set it
         "HOST": "127.0.0.1",
         "PORT": str(port),
         "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
@@ -373,9 +372,7 @@ def started_llama_server(binary: str, gguf: Path, num_tokens: int, work_dir: Pat
     argv += ["-c", str(LLAMA_SERVER_SLOTS * (256 + num_tokens)), "--cont-batching", "-t", str(os.cpu_count() or 1)]
     if has_amx():  # its AMX weight repacking crashed at warm-up on a Xeon (as in llamacpp.py)
         argv += ["--no-repack"]
-    # The environment this process started with: the engine's OpenMP setting (inference/__init__.py)
-    # is for torch beside our kernels; llama.cpp's threads run on OpenMP and want to spin.
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | inference.STARTING_OPENMP_ENV
+    env = starting_env()  # llama.cpp's threads run on OpenMP and want to spin
     log_path = work_dir / "llama-server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
