@@ -47,14 +47,23 @@ def read(generation_id: int) -> list[dict[str, Any]]:
     return [json.loads(member) for member in store.client().zrange(keys.recent_steps(generation_id), 0, -1)]
 
 
-def merged(saved_text: str, saved_steps: list[dict[str, Any]], tail: list[dict[str, Any]]) -> tuple[str, list]:
-    """The row's text and steps extended by the tail's later steps (each index once, in order):
-    a token step adds its `text_delta`; a beam step's text is its best beam's."""
-    text, steps = saved_text, list(saved_steps)
+def merged(
+    saved_text: str, saved_steps: list[dict[str, Any]], tail: list[dict[str, Any]], *, is_running: bool
+) -> tuple[str, list]:
+    """The row's steps extended by the tail's later steps (each index once, in order), and the
+    answer's text as of those steps. A running answer's text is rebuilt from them (a token step
+    adds its `text_delta`, a beam step's text is its best beam's): the row's text is saved every
+    second and its steps less often, and a step is in the text before its message goes out, so
+    that text may run ahead of the steps, and the live steps that follow would repeat its end.
+    An ended answer's text is the row's (its steps are all saved)."""
+    steps = list(saved_steps)
     for step in sorted(tail, key=lambda s: s["index"]):
-        if steps and step["index"] <= steps[-1]["index"]:
-            continue  # the row has it already
-        steps.append(step)
+        if not steps or step["index"] > steps[-1]["index"]:  # else the row has it already
+            steps.append(step)
+    if not is_running or not steps:
+        return saved_text, steps
+    text = ""
+    for step in steps:
         if step.get("type") == "beam_step":
             text = step["beams"][0]["text"] if step.get("beams") else text
         else:

@@ -253,7 +253,7 @@ def _is_active(generation_id: int) -> bool:
 
 
 def _attached_event(generation: Generation, tail: list[dict[str, Any]], request_id: str | None) -> dict[str, Any]:
-    text, steps = recent_steps.merged(generation.text, list(generation.steps), tail)
+    text, steps = recent_steps.merged(generation.text, list(generation.steps), tail, is_running=generation.is_active)
     starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)
     return protocol.generation_attached(
         request_id,

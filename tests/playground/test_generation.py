@@ -90,7 +90,7 @@ def test_published_steps_wait_in_redis_until_the_row_holds_them(owner: str, monk
             return
         tail = recent_steps.read(queued.generation_id)
         row = Generation.objects.get(pk=queued.generation_id)
-        _, steps = recent_steps.merged(row.text, row.steps, tail)
+        _, steps = recent_steps.merged(row.text, row.steps, tail, is_running=True)
         indices = [s["index"] for s in steps]
         gaps.append(indices != list(range(len(indices))) or indices[-1] < event["steps"][-1]["index"])
 
@@ -114,12 +114,15 @@ def test_the_text_is_saved_at_its_interval_while_the_growing_steps_wait_in_redis
     monkeypatch.setattr(generation, "STEPS_SAVED_PER_S", 1e-9)  # steps: only at the end
     queued = queue_chat(owner)
     seen: list[tuple[str, int, int]] = []  # (row text, row steps, merged steps) at each message
+    snapshots: list[tuple[str, int]] = []  # what a page reloaded then gets: text, number of steps
 
     def check(event: dict[str, Any]) -> None:
         if event["type"] == "generation.tokens":
             row = Generation.objects.get(pk=queued.generation_id)
-            _, steps = recent_steps.merged(row.text, row.steps, recent_steps.read(queued.generation_id))
+            tail = recent_steps.read(queued.generation_id)
+            text, steps = recent_steps.merged(row.text, row.steps, tail, is_running=True)
             seen.append((row.text, len(row.steps), len(steps)))
+            snapshots.append((text, len(steps)))
 
     generation.run_generation(
         queued.generation_id, "worker-1", load_engine=lambda model: FakeEngine(ANSWER), send=check
@@ -128,6 +131,9 @@ def test_the_text_is_saved_at_its_interval_while_the_growing_steps_wait_in_redis
     assert len(seen) > 1 and published == sorted(published) and published[-1] >= len(ANSWER) - 8
     assert all(num_saved == 0 for _, num_saved, _ in seen)
     assert all(num_merged >= num_text for (_, _, num_merged), num_text in zip(seen, published))
+    # The row's text may run ahead of the published steps (a step is in it before its message
+    # goes out): the snapshot's text is its steps' own, so the live steps after it continue it.
+    assert all(text == ANSWER[:num_steps] for text, num_steps in snapshots)
     assert len(Generation.objects.get(pk=queued.generation_id).steps) == len(ANSWER)
 
 
