@@ -53,6 +53,7 @@ from inference.bench import format_keys, percentile, starting_env
 from inference.bench.batch import QUESTIONS, load, prompts, run_batched, summarize
 from inference.bundled_models import bundled_model
 from inference.config import EngineConfig
+from inference.kernels.cpu import cpu_flags
 from inference.models.loader import gguf_source
 from inference.sampling_params import SamplingParams
 
@@ -357,20 +358,13 @@ def started_stack(port: int, redis_port: int, dtype: str, device: str, work_dir:
         stop_group(process)
 
 
-def has_amx() -> bool:
-    try:
-        return " amx_tile" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def started_llama_server(binary: str, gguf: Path, num_tokens: int, work_dir: Path) -> Iterator[str]:
     """llama-server on the GGUF with 16 slots and continuous batching; yields its base URL."""
     port = free_port()
     argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(LLAMA_SERVER_SLOTS)]
     argv += ["-c", str(LLAMA_SERVER_SLOTS * (256 + num_tokens)), "--cont-batching", "-t", str(os.cpu_count() or 1)]
-    if has_amx():  # its AMX weight repacking crashed at warm-up on a Xeon (as in llamacpp.py)
+    if "amx_tile" in cpu_flags().split():  # its AMX weight repacking crashed at warm-up on a Xeon (as in llamacpp.py)
         argv += ["--no-repack"]
     env = starting_env()  # llama.cpp's threads run on OpenMP and want to spin
     log_path = work_dir / "llama-server.log"
