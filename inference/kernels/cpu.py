@@ -1,5 +1,6 @@
 """Fused CPU kernels for the forward pass (`cpu_kernels.c`: norms, rotary, attention, SiLU;
-`matmul.c`: the batch-invariant matrix products; `threads.c`: their thread pool) and the
+`matmul.c`: the batch-invariant matrix products, on AMX tiles in `matmul_amx.c` and AVX512-BF16
+dot products in `matmul_avx512bf16.c` where the CPU has them; `threads.c`: their thread pool) and the
 per-step read-outs of the distribution: built once per machine with the system's C compiler,
 loaded with ctypes, and called on torch tensors in place.
 
@@ -29,7 +30,9 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu_kernels.c", HERE / "matmul.c", HERE / "matmul_amx.c", HERE / "threads.c")
+SOURCES = tuple(
+    HERE / name for name in ("cpu_kernels.c", "matmul.c", "matmul_amx.c", "matmul_avx512bf16.c", "threads.c")
+)
 HEADERS = (HERE / "simd.h", HERE / "threads.h")
 # -O3 and the host's vector units. No -fassociative-math and no implicit fused multiply-adds
 # (-ffp-contract=off): every float sum is added in the order the source writes (simd.h), the
@@ -44,12 +47,18 @@ SIGNATURES = {
     "pg_attention": (_P, _P, _P, _C, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _C, _C),
     "pg_matmul": (_P, _C, _I, _I, _C, _P, _P, _C, _I, _P, _C, _P, _C, _C),
     "pg_amx": (_C,),
+    "pg_avx512bf16": (_C,),
     "pg_top_k": (_P, _I, _I, _P, _P),
     "pg_entropy": (_P, _I),
     "pg_count_greater": (_P, _I, _F),
     "pg_read_outs": (_P, _P, _I, _I, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _C),
 }
-RESTYPES = {"pg_entropy": ctypes.c_float, "pg_count_greater": ctypes.c_int64, "pg_amx": ctypes.c_int}
+RESTYPES = {
+    "pg_entropy": ctypes.c_float,
+    "pg_count_greater": ctypes.c_int64,
+    "pg_amx": ctypes.c_int,
+    "pg_avx512bf16": ctypes.c_int,
+}
 
 
 # Weight formats `CpuKernels.matmul` reads (matmul.c's PG_F32 ...).
@@ -267,6 +276,11 @@ class CpuKernels:
         for this process (benchmarks compare both paths: never mid-generation, or the same token
         could get other logits)."""
         return bool(self.lib.pg_amx(-1 if on is None else int(on)))
+
+    def avx512_bf16(self, on: bool | None = None) -> bool:
+        """Whether int8 and int4 products with bfloat16 x run on AVX512-BF16 dot products here
+        (`matmul_avx512bf16.c`: CPUs without AMX); `on` switches them for this process, as `amx`."""
+        return bool(self.lib.pg_avx512bf16(-1 if on is None else int(on)))
 
     def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k (<= len) largest of x (V,) float32, largest first, ties in index order -> (values, ids)."""

@@ -24,7 +24,9 @@
  *
  * With bfloat16 x on a CPU with AMX, `pg_matmul` hands bfloat16, int8 and int4 weights to
  * matmul_amx.c first, whose order is its own (k in order into one float32 accumulator per
- * element, 32 k per instruction): a weight always takes one of the two paths, whatever M is.
+ * element, 32 k per instruction); without AMX, int8 and int4 weights go to AVX512-BF16 dot
+ * products where the CPU has them (matmul_avx512bf16.c, pairs of k per lane). A weight always
+ * takes one path, whatever M is.
  */
 #include <stdlib.h>
 
@@ -54,30 +56,6 @@ typedef struct {
     void *out;  // (M, N)
     int out_bf16;
 } Args;
-
-static inline float load_at(const void *p, int is_bf16, int64_t i) {
-    if (!is_bf16) return ((const float *)p)[i];
-    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Round to nearest even, NaN kept a (quiet) NaN: c10::BFloat16's conversion. */
-static inline void store_at(void *p, int is_bf16, int64_t i, float f) {
-    if (!is_bf16) {
-        ((float *)p)[i] = f;
-        return;
-    }
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        ((uint16_t *)p)[i] = (uint16_t)((u >> 16) | 0x40u);
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-}
 
 /* PG_VL weights of row n from column k, as float32 (f32, bf16 and int8 rows). */
 PG_INLINE vf load_weights(const int kind, const void *w, int64_t K, int64_t n, int64_t k) {
@@ -347,12 +325,19 @@ static void run_task(void *ctx, int64_t task) {
 int pg_matmul_amx(const void *x, int64_t M, int64_t K, int kind, const void *w, const void *scales,
                   int scales_bf16, int64_t N, const void *bias, int bias_bf16, void *out, int out_bf16,
                   int num_threads);
+int pg_matmul_avx512bf16(const void *x, int64_t M, int64_t K, int kind, const void *w, const void *scales,
+                         int scales_bf16, int64_t N, const void *bias, int bias_bf16, void *out, int out_bf16,
+                         int num_threads);
 
 void pg_matmul(const void *x, int x_bf16, int64_t M, int64_t K, int kind, const void *w, const void *scales,
                int scales_bf16, int64_t N, const void *bias, int bias_bf16, void *out, int out_bf16,
                int num_threads) {
     // bfloat16 x on AMX tiles where this CPU has them (matmul_amx.c; its choice never depends on M)
     if (x_bf16 && pg_matmul_amx(x, M, K, kind, w, scales, scales_bf16, N, bias, bias_bf16, out, out_bf16, num_threads))
+        return;
+    // else int8 and int4 weights on AVX512-BF16 dot products where this CPU has them (matmul_avx512bf16.c)
+    if (x_bf16 && pg_matmul_avx512bf16(x, M, K, kind, w, scales, scales_bf16, N, bias, bias_bf16, out, out_bf16,
+                                       num_threads))
         return;
     Args a = {as_f32(x, x_bf16, M * K, kind), M, K, N, kind, w, scales, bias, scales_bf16, bias_bf16, out, out_bf16};
     if (M * N * K < 65536) num_threads = 1;  // waking a helper costs more than such a product

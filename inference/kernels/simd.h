@@ -116,6 +116,32 @@ PG_INLINE vi32 vload_u8(const uint8_t *p) {
 #endif
 }
 
+/* Element i of a float32 or bfloat16 array, as float32 (exact). */
+PG_INLINE float load_at(const void *p, int is_bf16, int64_t i) {
+    if (!is_bf16) return ((const float *)p)[i];
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* f as element i of a float32 or bfloat16 array; bfloat16 rounded to nearest even, a NaN kept
+ * a (quiet) NaN: c10::BFloat16's conversion. */
+PG_INLINE void store_at(void *p, int is_bf16, int64_t i, float f) {
+    if (!is_bf16) {
+        ((float *)p)[i] = f;
+        return;
+    }
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        ((uint16_t *)p)[i] = (uint16_t)((u >> 16) | 0x40u);
+        return;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+}
+
 /* The lanes of v added in one fixed pairwise tree. */
 PG_INLINE float vsum(vf v) {
     float a[PG_VL];

@@ -227,16 +227,24 @@ def test_matmul_adds_the_bias_and_writes_float32_logits_from_bfloat16(kernels) -
     assert torch.allclose(logits, x.float() @ head.dequantize().t(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", ["amx", "avx512_bf16"])
 @pytest.mark.parametrize("kind", ["bfloat16", "int8", "int4"])
-def test_products_on_amx_tiles_keep_each_rows_bits_and_round_once(kernels, kind: str) -> None:
-    """Where the CPU has AMX, bfloat16 x runs on tiles (`matmul_amx.c`) with bfloat16, int8 and
-    int4 weights: sums in float32 (int8: times the scale; int4: per group), plus the bias, rounded
-    once (bitwise torch's rounding of the float32 result); a row's bits the same among 1..40 rows
-    (one, two and a part of a block of 16) and on one thread; the vector kernels give the same
-    products to float32 rounding."""
-    if not kernels.amx():
-        pytest.skip("no AMX tiles on this CPU: the vector kernels (tested above) run")
+def test_products_on_bfloat16_instructions_keep_each_rows_bits_and_round_once(kernels, path: str, kind: str) -> None:
+    """Where the CPU has AMX, bfloat16 x runs on tiles (`matmul_amx.c`); without AMX, on
+    AVX512-BF16 dot products where it has those (`matmul_avx512bf16.c`), with bfloat16, int8 and
+    int4 weights: sums in float32 (int8: times the scale; int4: per group on tiles, of weights
+    rounded to bfloat16 on dot products), plus the bias, rounded once (bitwise torch's rounding of
+    the float32 result); a row's bits the same among 1..40 rows (tiles: one, two and a part of a
+    block of 16; dot products: a step's rows unpack weights in registers, more rows into a panel)
+    and on one thread; the vector kernels give the same products (to float32 rounding, or to the
+    bfloat16 reading of int4 weights)."""
+    switch = getattr(kernels, path)
+    if not switch():
+        pytest.skip(f"{path} does not run on this CPU: the vector kernels (tested above) do")
     weight, reference, _ = quantized_or_float(kind, 112, 96)  # 112 outputs: a last tile of 16
+    rounds_int4 = path == "avx512_bf16" and kind == "int4"
+    if rounds_int4:
+        reference = reference.to(BF16).float()
     args = {
         "bfloat16": (cpu_kernels.WEIGHT_BF16, weight, None),
         "int8": (cpu_kernels.WEIGHT_INT8, getattr(weight, "codes", None), getattr(weight, "scales", None)),
@@ -252,18 +260,19 @@ def test_products_on_amx_tiles_keep_each_rows_bits_and_round_once(kernels, kind:
     assert torch.allclose(logits, x.float() @ reference.t() + bias.float(), rtol=1e-5, atol=1e-4)
     full = product(x)
     assert torch.equal(full, logits.to(BF16))
-    for num_rows in (1, 2, 15, 16, 17, 31, 32, 33):
+    for num_rows in (1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33):
         assert torch.equal(product(x[:num_rows]), full[:num_rows]), f"{num_rows} rows"
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         assert torch.equal(product(x), full)
-        kernels.amx(False)
+        switch(False)
         on_vectors = product(x, torch.float32)
     finally:
-        kernels.amx(True)
+        switch(True)
         torch.set_num_threads(threads)
-    assert torch.allclose(on_vectors, logits, rtol=1e-5, atol=1e-4)
+    assert not torch.equal(on_vectors, logits)  # the switch took the vector path
+    assert torch.allclose(on_vectors, logits, rtol=1e-2 if rounds_int4 else 1e-5, atol=1e-2 if rounds_int4 else 1e-4)
 
 
 def test_top_k_keeps_torch_order_with_ties_in_id_order_and_minus_inf_last(kernels) -> None:
