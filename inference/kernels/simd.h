@@ -142,13 +142,27 @@ PG_INLINE void store_at(void *p, int is_bf16, int64_t i, float f) {
     ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
 }
 
-/* The lanes of v added in one fixed pairwise tree. */
+/* The lanes of v added in one fixed pairwise tree: lane i + PG_VL / 2 into lane i, then i + PG_VL / 4
+ * into i, ... (x86: the same additions in registers; a tile's outputs each end with one). */
 PG_INLINE float vsum(vf v) {
+#if defined(__AVX512F__)
+    __m512 z = (__m512)v;
+    __m256 eight = _mm256_add_ps(_mm512_castps512_ps256(z), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1)));
+    __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+    __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+#elif defined(__AVX__)
+    __m256 y = (__m256)v;
+    __m128 four = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+    __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+#else
     float a[PG_VL];
     memcpy(a, &v, sizeof a);
     for (int width = PG_VL / 2; width > 0; width /= 2)
         for (int i = 0; i < width; i++) a[i] += a[i + width];
     return a[0];
+#endif
 }
 
 /* sum of x[i] * y[i] for i < n: PG_VL lanes in order, then `vsum`, then the tail in order. */
