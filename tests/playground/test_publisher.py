@@ -35,6 +35,20 @@ def test_the_first_step_goes_at_once_then_fast_steps_go_out_in_batches_of_max_st
     assert batches == [[0], [1, 2, 3], [4, 5, 6], [7]]
 
 
+def test_a_fast_batchs_stream_goes_out_by_its_delay_not_every_few_steps() -> None:
+    """Eight streams stepping every 20 ms: one message per stream per `flush_delay_s(8)` (0.2 s),
+    as the worker's message budget means, not one every 8 steps (160 ms)."""
+    batches: list[list[int]] = []
+    clock = FakeClock()
+    coalescer = StepCoalescer(
+        lambda steps: batches.append([s["index"] for s in steps]), max_delay_s=flush_delay_s(8), clock=clock
+    )
+    for index in range(21):
+        clock.now = index * 0.02
+        coalescer.add({"index": index})
+    assert [len(batch) for batch in batches] == [1, 10, 10]
+
+
 def test_slow_steps_go_out_one_by_one() -> None:
     coalescer, batches, clock = make()
     for index in range(3):
