@@ -55,6 +55,7 @@ def send_to_group(event: dict[str, Any]) -> None:
 MIN_DELAY_S = 0.05  # one stream: ~20 messages a second, smooth to read
 MAX_DELAY_S = 0.25  # many streams: each still moves four times a second
 MESSAGES_PER_S = 40.0  # what a worker sends at most (above MIN_DELAY_S's streams)
+MAX_STEPS = 32  # steps in a message at most (with their top-20: ~150 KB)
 
 
 def flush_delay_s(num_streams: int) -> float:
@@ -74,14 +75,14 @@ class StepCoalescer:
     the delay is measured from the last flush rather than the first buffered step, so a slow
     model (one token per second) still shows each token as it arrives. `max_delay_s`: seconds,
     or a function giving them (read at each step: the worker's load changes). `max_steps` only
-    bounds a message's size (32 steps with their top-20: ~150 KB): at 8 it sent a message every
+    bounds a message's size (MAX_STEPS): at 8 it sent a message every
     8 steps once a batch of 8 stepped in 20 ms, more than `flush_delay_s` meant to.
     """
 
     def __init__(
         self,
         flush: Callable[[list[dict[str, Any]]], None],
-        max_steps: int = 32,
+        max_steps: int = MAX_STEPS,
         max_delay_s: float | Callable[[], float] = MIN_DELAY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

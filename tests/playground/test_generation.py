@@ -15,6 +15,7 @@ from playground.protocol import is_terminal
 from playground.web import submit
 from playground.web.api import generation_json
 from playground.worker import generation, serve_loop
+from playground.worker.publisher import MAX_STEPS
 
 from .fake_engine import R1_CHATML, FakeEngine
 
@@ -48,7 +49,7 @@ def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(owner: str
     assert types[:2] == ["generation.started", "generation.prefilled"]
     assert set(types[2:-1]) == {"generation.tokens"} and types[-1] == "generation.finished"
     assert [is_terminal(event) for event in events].count(True) == 1
-    assert all(1 <= len(event["steps"]) <= 8 for event in events[2:-1])
+    assert all(1 <= len(event["steps"]) <= MAX_STEPS for event in events[2:-1])
     steps = steps_of(events)
     assert [step["index"] for step in steps] == list(range(len(ANSWER)))
     assert "".join(step["text_delta"] for step in steps) == ANSWER
