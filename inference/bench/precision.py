@@ -101,8 +101,8 @@ def main_precision(args: argparse.Namespace) -> dict:
             print(f"{p}: skipped ({error})")
     reference = engines.get("float32") or Engine.load(EngineConfig(source=args.model, dtype="float32", device=device))
     first = next(iter(engines.values()))
-    chat_ids = first.encode(PROMPT)
-    long_ids = (first.encode("The lighthouse stood on the rocks above the harbour. ") * args.prompt_len)[
+    chat_ids = first.prompts.encode(PROMPT)
+    long_ids = (first.prompts.encode("The lighthouse stood on the rocks above the harbour. ") * args.prompt_len)[
         : args.prompt_len
     ]
     gguf = gguf_source(EngineConfig(source=args.model))
