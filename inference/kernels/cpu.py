@@ -278,8 +278,9 @@ class CpuKernels:
         return bool(self.lib.pg_amx(-1 if on is None else int(on)))
 
     def avx512_bf16(self, on: bool | None = None) -> bool:
-        """Whether int8 and int4 products with bfloat16 x run on AVX512-BF16 dot products here
-        (`matmul_avx512bf16.c`: CPUs without AMX); `on` switches them for this process, as `amx`."""
+        """Whether bfloat16, int8 and int4 products with bfloat16 x run on AVX512-BF16 dot
+        products here (`matmul_avx512bf16.c`: CPUs without AMX, or with AMX switched off); `on`
+        switches them for this process, as `amx`."""
         return bool(self.lib.pg_avx512bf16(-1 if on is None else int(on)))
 
     def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

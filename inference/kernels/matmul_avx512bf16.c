@@ -177,8 +177,9 @@ int pg_matmul_avx512bf16(const void *x, int64_t M, int64_t K, int kind, const vo
 
 int pg_amx(int on);
 
-/* 1 where int8 and int4 products with bfloat16 x run here in this process (AMX, where on, goes
- * first); `on` 0/1 switches them (the benchmarks' and tests' comparison), -1 only asks. */
+/* 1 where bfloat16, int8 and int4 products with bfloat16 x run here in this process (AMX, where
+ * on, goes first: with AMX switched off they come here); `on` 0/1 switches them (the benchmarks'
+ * and tests' comparison), -1 only asks. */
 int pg_avx512bf16(int on) {
     if (on >= 0) dp_on = on;
     return dp_on && !pg_amx(-1);
