@@ -10,8 +10,10 @@ alone or batched; without a compiler, or switched off, everything falls back to 
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -333,6 +335,27 @@ def test_a_steps_read_outs_in_one_call_equal_the_vectorized_torch_ones(kernels, 
             if got_top is not None:
                 assert [i for i, _ in got_top] == [i for i, _ in want_top]
                 assert [v for _, v in got_top] == pytest.approx([v for _, v in want_top], abs=1e-6)
+
+
+def test_vsum_in_registers_adds_the_same_pairs_as_its_scalar_tree(tmp_path) -> None:
+    """simd.h's `vsum` ends every output's sum; on x86 it runs in registers, and must stay the
+    fixed tree the batch invariance is written in (the same additions, so the same bits), for
+    values of every size and sign."""
+    library = ctypes.CDLL(str(cpu_kernels.build((Path(__file__).with_name("lane_sums.c"),), out_dir=tmp_path)))
+    lanes = library.pg_test_lanes()
+    generator = torch.Generator().manual_seed(23)
+    num_groups = 20_000
+    scale = torch.pow(2.0, torch.randint(-30, 30, (num_groups * lanes,), generator=generator).float())
+    v = (torch.randn(num_groups * lanes, generator=generator) * scale).contiguous()
+    sums, tree = torch.empty(num_groups), torch.empty(num_groups)
+    library.pg_test_lane_sums(
+        ctypes.c_void_p(v.data_ptr()),
+        ctypes.c_int64(num_groups),
+        ctypes.c_void_p(sums.data_ptr()),
+        ctypes.c_void_p(tree.data_ptr()),
+    )
+    assert torch.equal(sums.view(torch.int32), tree.view(torch.int32))
+    assert not torch.equal(sums, v.view(num_groups, lanes).double().sum(-1).float())  # the order shows
 
 
 @pytest.fixture
