@@ -75,8 +75,8 @@ class StepCoalescer:
     the delay is measured from the last flush rather than the first buffered step, so a slow
     model (one token per second) still shows each token as it arrives. `max_delay_s`: seconds,
     or a function giving them (read at each step: the worker's load changes). `max_steps` only
-    bounds a message's size (MAX_STEPS): at 8 it sent a message every
-    8 steps once a batch of 8 stepped in 20 ms, more than `flush_delay_s` meant to.
+    bounds a message's size (MAX_STEPS): at 8 it sent a message every 8 steps once a batch of 8
+    stepped in 20 ms, more often than `flush_delay_s` meant to.
     """
 
     def __init__(
