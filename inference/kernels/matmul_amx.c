@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "simd.h"
 #include "threads.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && \
@@ -240,12 +241,8 @@ static void tiles_1x1(const AmxArgs *a, const uint16_t *w, int64_t n, int64_t m0
 static void widen_int8(const AmxArgs *a, int64_t n, int64_t n_end, uint16_t *panel) {
     const int8_t *codes = (const int8_t *)a->w;
     for (int64_t row = n; row < n_end; row++)
-        for (int64_t k = 0; k < a->K; k += 32) {
-            const int8_t *at = codes + row * a->K + k;
-            __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)at)));
-            __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(at + 16))));
-            _mm512_storeu_si512(panel + (row - n) * a->K + k, (__m512i)_mm512_cvtne2ps_pbh(high, low));
-        }
+        for (int64_t k = 0; k < a->K; k += 32)
+            _mm512_storeu_si512(panel + (row - n) * a->K + k, vbf16_from_i8(codes + row * a->K + k));
 }
 
 /* Outputs [n, n_end) of every row of a bfloat16 weight w (N, K). */

@@ -70,18 +70,10 @@ PG_INLINE __m512i int4_group(const DpArgs *a, int64_t n, int64_t g) {
     return _mm512_permutexvar_epi16(index, (__m512i)_mm512_cvtne2ps_pbh(values, values));
 }
 
-/* Codes k..k+31 of int8 weight row n as bfloat16 (exact). */
-PG_INLINE __m512i int8_chunk(const DpArgs *a, int64_t n, int64_t k) {
-    const int8_t *at = (const int8_t *)a->w + n * a->K + k;
-    __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)at)));
-    __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(at + 16))));
-    return (__m512i)_mm512_cvtne2ps_pbh(high, low);
-}
-
 /* Weights k..k+31 of row n as bfloat16. */
 PG_INLINE __m512i unpack(const int kind, const DpArgs *a, int64_t n, int64_t k) {
     if (kind == DP_BF16) return _mm512_loadu_si512((const uint16_t *)a->w + n * a->K + k);
-    return kind == DP_INT4 ? int4_group(a, n, k / DP_K) : int8_chunk(a, n, k);
+    return kind == DP_INT4 ? int4_group(a, n, k / DP_K) : vbf16_from_i8((const int8_t *)a->w + n * a->K + k);
 }
 
 /* Weight rows [n0, n_end) as bfloat16 rows of `panel` (K each), 32 k of every row at a time:
@@ -117,7 +109,7 @@ PG_INLINE void tile(const int kind, const int MR, const int NR, const DpArgs *a,
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NR; j++) {
             float v = vsum((vf)acc[i][j]);
-            if (a->kind == DP_INT8) v *= load_at(a->scales, a->scales_bf16, n + j);
+            if (kind == DP_INT8) v *= load_at(a->scales, a->scales_bf16, n + j);
             if (a->bias) v += load_at(a->bias, a->bias_bf16, n + j);
             store_at(a->out, a->out_bf16, (m + i) * a->N + n + j, v);
         }

@@ -116,6 +116,16 @@ PG_INLINE vi32 vload_u8(const uint8_t *p) {
 #endif
 }
 
+#if defined(__AVX512BF16__)
+/* 32 int8 codes as bfloat16, in order (exact: |code| <= 127): int8 weights for the bfloat16
+ * instructions (matmul_amx.c's panels, matmul_avx512bf16.c's tiles). */
+PG_INLINE __m512i vbf16_from_i8(const int8_t *p) {
+    __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)p)));
+    __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(p + 16))));
+    return (__m512i)_mm512_cvtne2ps_pbh(high, low);
+}
+#endif
+
 /* Element i of a float32 or bfloat16 array, as float32 (exact). */
 PG_INLINE float load_at(const void *p, int is_bf16, int64_t i) {
     if (!is_bf16) return ((const float *)p)[i];
