@@ -198,7 +198,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "playground.coord.layer.RedisChannelLayer",
         "CONFIG": {"hosts": [REDIS_URL]},
     },
 }

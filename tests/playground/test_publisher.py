@@ -3,12 +3,20 @@ worker's one sending loop."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 
 from playground.coord import store
 from playground.worker import serving_view
-from playground.worker.publisher import MAX_DELAY_S, MIN_DELAY_S, StepCoalescer, flush_delay_s, send_to_group
+from playground.worker.publisher import (
+    MAX_DELAY_S,
+    MIN_DELAY_S,
+    StepCoalescer,
+    flush_delay_s,
+    group_send,
+    send_to_group,
+)
 
 
 class FakeClock:
@@ -112,7 +120,7 @@ def test_a_workers_sends_share_one_redis_connection_whatever_thread_sends(settin
     """asgiref's async_to_sync made a new event loop per send, and channels_redis a new
     connection per loop: every published message connected to Redis again."""
     settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}}
+        "default": {"BACKEND": "playground.coord.layer.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}}
     }
     send_to_group({"type": "generation.started", "generation_id": 1})  # the first send connects
     connections_before = store.client().info("stats")["total_connections_received"]
@@ -141,3 +149,62 @@ def test_the_serving_view_never_waits_for_a_send_still_on_its_way(monkeypatch) -
     serving_view._state["last_sent"] = 0.0
     serving_view.publish(None, {}, "w")
     assert len(sends) == 2 and serving_view._state["num_skipped"] == 0
+
+
+def test_streams_flush_at_the_same_instants_whenever_they_started() -> None:
+    """Each stream's next message is due at the first multiple of the delay past half a delay
+    after its last one: a worker's streams send together, so their messages share a batch."""
+    clock = FakeClock()
+    coalescers = [StepCoalescer(lambda steps: None, 100, 0.2, clock) for _ in range(3)]
+    for started_at, coalescer in zip((0.0, 0.07, 0.13), coalescers):
+        clock.now = started_at
+        coalescer.add({"index": 0})  # its first step: sent at once
+    assert [round(c.flush_due_at(), 6) for c in coalescers] == [0.2, 0.2, 0.4]  # 0.13 + 0.1 is past 0.2
+    for due in (0.2, 0.4, 0.6):
+        clock.now = due
+        for coalescer in coalescers:
+            if round(coalescer.flush_due_at(), 6) <= due:
+                coalescer.add({"index": 1})
+        assert {round(c.flush_due_at(), 6) for c in coalescers} == {round(due + 0.2, 6)}
+
+
+class BatchRecordingLayer:
+    """A layer whose first batch waits until released; records each batch's groups."""
+
+    batches: list[list[str]] = []
+    released = threading.Event()
+    fails = False
+
+    async def group_send_many(self, sends: list[tuple[str, dict]]) -> None:
+        self.batches.append([group for group, _ in sends])
+        while not self.released.is_set():
+            await asyncio.sleep(0.005)
+        if self.fails:
+            raise ConnectionError("Redis is gone")
+
+
+def test_what_threads_hand_in_while_a_batch_is_on_its_way_goes_out_as_one_batch(settings) -> None:
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.BatchRecordingLayer"}}
+    BatchRecordingLayer.batches, BatchRecordingLayer.fails = [], False
+    BatchRecordingLayer.released.clear()
+    first = group_send("g0", {"type": "x"})
+    while not BatchRecordingLayer.batches:  # the first batch is on its way (and waits)
+        threading.Event().wait(0.005)
+    futures = [group_send(f"g{i}", {"type": "x"}) for i in range(1, 6)]
+    BatchRecordingLayer.released.set()
+    for future in [first, *futures]:
+        future.result(timeout=10)
+    assert BatchRecordingLayer.batches == [["g0"], ["g1", "g2", "g3", "g4", "g5"]]
+
+
+def test_a_failed_batch_fails_every_send_in_it(settings) -> None:
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.BatchRecordingLayer"}}
+    BatchRecordingLayer.batches, BatchRecordingLayer.fails = [], True
+    BatchRecordingLayer.released.set()
+    futures = [group_send(f"g{i}", {"type": "x"}) for i in range(3)]
+    for future in futures:
+        try:
+            future.result(timeout=10)
+            raise AssertionError("a send of a failed batch succeeded")
+        except ConnectionError:
+            pass
