@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from channels.layers import get_channel_layer
 
 from playground import protocol
@@ -75,9 +76,11 @@ class _Outgoing:
                 batch, self.pending = self.pending, []
                 try:
                     await _send_batch([(group, message) for group, message, _ in batch])
-                except Exception as exc:
+                except (redis.RedisError, OSError) as exc:  # Redis: every send of the batch is lost
                     for *_, future in batch:
                         future.set_exception(exc)
+                except Exception:  # before anything went out (a message msgpack refuses): each on its own
+                    await _send_each(batch)
                 else:
                     for *_, future in batch:
                         future.set_result(None)
@@ -86,6 +89,17 @@ class _Outgoing:
 
 
 _outgoing_of_loop: dict[asyncio.AbstractEventLoop, _Outgoing] = {}
+
+
+async def _send_each(batch: list[tuple[str, dict[str, Any], concurrent.futures.Future]]) -> None:
+    """One stream's broken message fails that stream's send, not every stream's of its batch."""
+    for group, message, future in batch:
+        try:
+            await get_channel_layer().group_send(group, message)
+        except Exception as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
 
 
 def _outgoing(loop: asyncio.AbstractEventLoop) -> _Outgoing:

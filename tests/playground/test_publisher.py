@@ -172,6 +172,7 @@ class BatchRecordingLayer:
     """A layer whose first batch waits until released; records each batch's groups."""
 
     batches: list[list[str]] = []
+    sent: list[str] = []
     released = threading.Event()
     fails = False
 
@@ -181,6 +182,14 @@ class BatchRecordingLayer:
             await asyncio.sleep(0.005)
         if self.fails:
             raise ConnectionError("Redis is gone")
+        if any("broken" in message for _, message in sends):
+            raise TypeError("can not serialize 'object' object")  # as msgpack would, before sending
+        self.sent.extend(group for group, _ in sends)
+
+    async def group_send(self, group: str, message: dict) -> None:
+        if "broken" in message:
+            raise TypeError("can not serialize 'object' object")
+        self.sent.append(group)
 
 
 def test_what_threads_hand_in_while_a_batch_is_on_its_way_goes_out_as_one_batch(settings) -> None:
@@ -208,3 +217,22 @@ def test_a_failed_batch_fails_every_send_in_it(settings) -> None:
             raise AssertionError("a send of a failed batch succeeded")
         except ConnectionError:
             pass
+
+
+def test_a_message_that_cannot_be_sent_fails_its_own_stream_not_the_others_of_its_batch(settings) -> None:
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.BatchRecordingLayer"}}
+    BatchRecordingLayer.batches, BatchRecordingLayer.sent, BatchRecordingLayer.fails = [], [], False
+    BatchRecordingLayer.released.clear()
+    first = group_send("g0", {"type": "x"})
+    while not BatchRecordingLayer.batches:  # the next three wait for it: one batch
+        threading.Event().wait(0.005)
+    futures = [group_send(f"g{i}", {"type": "x", **({"broken": object()} if i == 2 else {})}) for i in range(1, 4)]
+    BatchRecordingLayer.released.set()
+    first.result(timeout=10)
+    futures[0].result(timeout=10), futures[2].result(timeout=10)
+    try:
+        futures[1].result(timeout=10)
+        raise AssertionError("the broken message was sent")
+    except TypeError:
+        pass
+    assert BatchRecordingLayer.batches[1] == ["g1", "g2", "g3"] and BatchRecordingLayer.sent == ["g0", "g1", "g3"]
