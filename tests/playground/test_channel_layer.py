@@ -28,8 +28,7 @@ def on_own_loop(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
 
 
 @pytest.fixture
-def layer(redis_url: str) -> RedisChannelLayer:
-    redis.Redis.from_url(redis_url).flushdb()
+def layer(redis_url: str) -> RedisChannelLayer:  # an empty database: the app_settings fixture flushed it
     return RedisChannelLayer(hosts=[redis_url], prefix="test-layer")
 
 
