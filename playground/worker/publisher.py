@@ -29,21 +29,6 @@ from channels.layers import get_channel_layer
 
 from playground import protocol
 
-_loop_lock = threading.Lock()
-_loop_of_pid: dict[int, asyncio.AbstractEventLoop] = {}  # a forked child makes its own
-
-
-def _layer_loop() -> asyncio.AbstractEventLoop:
-    """The process's sending loop, started on first use (the model-free web process never starts one)."""
-    with _loop_lock:
-        loop = _loop_of_pid.get(os.getpid())
-        if loop is None or loop.is_closed():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="channel-layer", daemon=True).start()
-            _loop_of_pid.clear()
-            _loop_of_pid[os.getpid()] = loop
-        return loop
-
 
 def group_send(group: str, message: dict[str, Any]) -> concurrent.futures.Future:
     """Starts sending `message` to `group` and returns at once; the future holds how it went
@@ -51,16 +36,18 @@ def group_send(group: str, message: dict[str, Any]) -> concurrent.futures.Future
     threads hand in while a batch is on its way goes out as the next batch, in two round trips
     (`coord.layer`'s `group_send_many`): a worker's streams flush at the same instants."""
     future: concurrent.futures.Future = concurrent.futures.Future()
-    loop = _layer_loop()
-    loop.call_soon_threadsafe(_outgoing(loop).add, group, message, future)
+    sender = _sender()
+    sender.loop.call_soon_threadsafe(sender.add, group, message, future)
     return future
 
 
-class _Outgoing:
-    """The sends handed to one sending loop and not sent yet (touched on that loop only)."""
+class _Sender:
+    """A process's sending loop and the sends handed to it and not sent yet (touched on that
+    loop only)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="channel-layer", daemon=True).start()
         self.pending: list[tuple[str, dict[str, Any], concurrent.futures.Future]] = []
         self.is_sending = False
 
@@ -74,8 +61,12 @@ class _Outgoing:
         try:
             while self.pending:
                 batch, self.pending = self.pending, []
+                layer = get_channel_layer()
+                if not hasattr(layer, "group_send_many"):  # a layer without batches (the tests' in-memory one)
+                    await _send_each(batch)
+                    continue
                 try:
-                    await _send_batch([(group, message) for group, message, _ in batch])
+                    await layer.group_send_many([(group, message) for group, message, _ in batch])
                 except (redis.RedisError, OSError) as exc:  # Redis: every send of the batch is lost
                     for *_, future in batch:
                         future.set_exception(exc)
@@ -88,11 +79,8 @@ class _Outgoing:
             self.is_sending = False
 
 
-_outgoing_of_loop: dict[asyncio.AbstractEventLoop, _Outgoing] = {}
-
-
 async def _send_each(batch: list[tuple[str, dict[str, Any], concurrent.futures.Future]]) -> None:
-    """One stream's broken message fails that stream's send, not every stream's of its batch."""
+    """One at a time: one stream's broken message fails that stream's send, not its batch's."""
     for group, message, future in batch:
         try:
             await get_channel_layer().group_send(group, message)
@@ -102,19 +90,19 @@ async def _send_each(batch: list[tuple[str, dict[str, Any], concurrent.futures.F
             future.set_result(None)
 
 
-def _outgoing(loop: asyncio.AbstractEventLoop) -> _Outgoing:
-    if loop not in _outgoing_of_loop:
-        _outgoing_of_loop[loop] = _Outgoing(loop)
-    return _outgoing_of_loop[loop]
+_sender_lock = threading.Lock()
+_sender_of_pid: dict[int, _Sender] = {}  # a forked child makes its own
 
 
-async def _send_batch(sends: list[tuple[str, dict[str, Any]]]) -> None:
-    layer = get_channel_layer()
-    if hasattr(layer, "group_send_many"):
-        await layer.group_send_many(sends)
-    else:  # a layer without batches (the tests' in-memory one)
-        for group, message in sends:
-            await layer.group_send(group, message)
+def _sender() -> _Sender:
+    """The process's sender, started on first use (the model-free web process never starts one)."""
+    with _sender_lock:
+        sender = _sender_of_pid.get(os.getpid())
+        if sender is None or sender.loop.is_closed():
+            sender = _Sender()
+            _sender_of_pid.clear()
+            _sender_of_pid[os.getpid()] = sender
+        return sender
 
 
 def send_to_group(event: dict[str, Any]) -> None:
