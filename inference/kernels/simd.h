@@ -175,6 +175,56 @@ PG_INLINE float vsum(vf v) {
 #endif
 }
 
+#if defined(__AVX512F__)
+/* `vsum` of 8 vectors at once: the same additions (each level adds the same lane pairs, and a
+ * float addition does not depend on its operands' order), 24 instructions instead of 8 x 8.
+ * Level 1 puts v[2i]'s and v[2i+1]'s halves side by side, level 2 their quarters, ... */
+PG_INLINE void vsum8(const __m512 v[8], float out[8]) {
+    __m512 h[4], q[2];
+    for (int i = 0; i < 4; i++)  // lanes 0-7: v[2i]'s lane j + lane j+8; 8-15: v[2i+1]'s
+        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 2; i++)  // 128-bit blocks: v[4i], v[4i+1], v[4i+2], v[4i+3], each j + j+4
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
+    // block b: v[b] (lanes 0-1) and v[4+b] (lanes 2-3), each j + j+2
+    __m512 e = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(q[0]), _mm512_castps_pd(q[1]))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(q[0]), _mm512_castps_pd(q[1]))));
+    // block b: lane 0 = v[b]'s total, lane 1 = v[4+b]'s
+    __m512 t = _mm512_add_ps(_mm512_shuffle_ps(e, e, 0x88), _mm512_shuffle_ps(e, e, 0xDD));
+    float lanes[16];
+    _mm512_storeu_ps(lanes, t);
+    for (int b = 0; b < 4; b++) out[b] = lanes[4 * b], out[4 + b] = lanes[4 * b + 1];
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* The first `count` lanes of `v` as elements i..i+count-1 of a float32 or bfloat16 array:
+ * `store_at` on 16 lanes at once (the same rounding, the same NaN), in one masked store. */
+PG_INLINE void store_lanes(void *p, int is_bf16, int64_t i, __m512 v, int count) {
+    const __mmask16 lanes = (__mmask16)((1u << count) - 1);
+    if (!is_bf16) {
+        _mm512_mask_storeu_ps((float *)p + i, lanes, v);
+        return;
+    }
+    const __m512i u = _mm512_castps_si512(v);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    _mm256_mask_storeu_epi16((uint16_t *)p + i, lanes, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+
+/* Elements i..i+count-1 of a float32 or bfloat16 array as float32 lanes (exact; the others 0). */
+PG_INLINE __m512 load_lanes(const void *p, int is_bf16, int64_t i, int count) {
+    const __mmask16 lanes = (__mmask16)((1u << count) - 1);
+    if (!is_bf16) return _mm512_maskz_loadu_ps(lanes, (const float *)p + i);
+    const __m256i h = _mm256_maskz_loadu_epi16(lanes, (const uint16_t *)p + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 /* sum of x[i] * y[i] for i < n: PG_VL lanes in order, then `vsum`, then the tail in order. */
 PG_INLINE float dot(const float *x, const float *y, int64_t n) {
     vf acc = vzero();

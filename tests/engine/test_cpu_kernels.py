@@ -358,6 +358,56 @@ def test_vsum_in_registers_adds_the_same_pairs_as_its_scalar_tree(tmp_path) -> N
     assert not torch.equal(sums, v.view(num_groups, lanes).double().sum(-1).float())  # the order shows
 
 
+def test_vsum8_and_masked_stores_end_sums_as_vsum_and_store_at_do(tmp_path) -> None:
+    """The dot-product tiles end 8 outputs' sums at once (`vsum8`) and store a row's outputs in
+    one masked store (`store_lanes`): the same bits as `vsum` on each and `store_at` on each
+    (bfloat16: round to nearest even, a NaN kept quiet; ties, infinities, subnormals, NaNs), and
+    nothing written past the outputs asked for."""
+    library = ctypes.CDLL(str(cpu_kernels.build((Path(__file__).with_name("lane_sums.c"),), out_dir=tmp_path)))
+    if not library.pg_test_has_vsum8():
+        pytest.skip("no AVX-512 here: the tiles that use them do not run on this CPU")
+    generator = torch.Generator().manual_seed(29)
+    num_groups = 5_000
+    scale = torch.pow(2.0, torch.randint(-30, 30, (num_groups * 8 * 16,), generator=generator).float())
+    v = (torch.randn(num_groups * 8 * 16, generator=generator) * scale).contiguous()
+    sums, each, tree = torch.empty(num_groups * 8), torch.empty(num_groups * 8), torch.empty(num_groups * 8)
+    library.pg_test_vsum8(ctypes.c_void_p(v.data_ptr()), ctypes.c_int64(num_groups), ctypes.c_void_p(sums.data_ptr()))
+    library.pg_test_lane_sums(
+        ctypes.c_void_p(v.data_ptr()),
+        ctypes.c_int64(num_groups * 8),
+        ctypes.c_void_p(each.data_ptr()),
+        ctypes.c_void_p(tree.data_ptr()),
+    )
+    assert torch.equal(sums.view(torch.int32), each.view(torch.int32))
+
+    special = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), torch.inf, -torch.inf, torch.nan, 1e-40, -0.0])
+    values = torch.cat([special, torch.randn(16 * 64 - len(special), generator=generator) * 1e3])  # (1024,)
+    values[100] = torch.tensor(0x7FA00000, dtype=torch.int32).view(torch.float32)  # a signalling NaN's bits
+    stored = {}
+    for bias in (torch.zeros(len(values)), torch.randn(len(values), generator=generator).to(BF16)):
+        for out_dtype in (BF16, torch.float32):
+            for count in (1, 3, 8, 16):
+                out = torch.full((len(values),), 7.0, dtype=out_dtype)
+                want = out.clone()
+                library.pg_test_store_lanes(
+                    ctypes.c_void_p(values.data_ptr()),
+                    ctypes.c_void_p(bias.data_ptr()),
+                    ctypes.c_int(bias.dtype == BF16),
+                    ctypes.c_int64(len(values)),
+                    ctypes.c_int(count),
+                    ctypes.c_int(out_dtype == BF16),
+                    ctypes.c_void_p(out.data_ptr()),
+                    ctypes.c_void_p(want.data_ptr()),
+                )
+                bits = torch.int16 if out_dtype == BF16 else torch.int32
+                assert torch.equal(out.view(bits), want.view(bits)), (bias.dtype, out_dtype, count)
+                stored[bias.dtype, out_dtype, count] = out
+    rounded = stored[torch.float32, BF16, 16][: len(special)]  # ties to even; a NaN stays one
+    assert rounded[:5].tolist() == [1.0, 1.015625, -1.0, torch.inf, -torch.inf] and rounded[5].isnan()
+    assert stored[torch.float32, BF16, 16][100].isnan()
+    assert stored[BF16, BF16, 3].view(-1, 16)[:, 3:].eq(7).all()  # lanes past `count` are not written
+
+
 @pytest.fixture
 def fresh_load() -> Iterator[None]:
     """`cpu_kernels.load()` looks again (it is cached per process), before and after the test."""
