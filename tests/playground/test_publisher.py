@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import threading
 
+from playground import protocol
 from playground.coord import store
 from playground.worker import serving_view
 from playground.worker.publisher import (
@@ -236,3 +237,22 @@ def test_a_message_that_cannot_be_sent_fails_its_own_stream_not_the_others_of_it
     except TypeError:
         pass
     assert BatchRecordingLayer.batches[1] == ["g1", "g2", "g3"] and BatchRecordingLayer.sent == ["g0", "g1", "g3"]
+
+
+def test_a_prefilled_report_is_not_waited_for_and_keeps_its_place_before_the_first_token(settings) -> None:
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.BatchRecordingLayer"}}
+    BatchRecordingLayer.batches, BatchRecordingLayer.sent, BatchRecordingLayer.fails = [], [], False
+    BatchRecordingLayer.released.clear()
+
+    def sent_in_thread(event: dict) -> threading.Event:
+        done = threading.Event()
+        threading.Thread(target=lambda: (send_to_group(event), done.set()), daemon=True).start()
+        return done
+
+    prefilled = sent_in_thread({"type": "generation.prefilled", "generation_id": 7})
+    assert prefilled.wait(5)  # returned while Redis (the gate) has not taken it
+    tokens = sent_in_thread({"type": "generation.tokens", "generation_id": 8})
+    assert not tokens.wait(0.2)  # a step's message waits until it is sent
+    BatchRecordingLayer.released.set()
+    assert tokens.wait(10)
+    assert BatchRecordingLayer.sent == [protocol.group_name(7), protocol.group_name(8)]
