@@ -180,6 +180,21 @@ PG_INLINE void dot4(const float *restrict q, const char *const k[4], const int k
     }
 }
 
+#if defined(__AVX512F__)
+/* Eight of them where D is a whole number of vectors: the same multiply-adds, and their eight
+ * lane trees summed at once (`vsum8`: `vsum`'s additions), a third of a score's instructions. */
+PG_INLINE void dot8(const float *restrict q, const char *const k[8], const int kv_bf16, const int64_t D,
+                    float out[8]) {
+    __m512 acc[8];
+    for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += PG_VL) {
+        const vf qv = vload(q + d);
+        for (int r = 0; r < 8; r++) acc[r] = (__m512)vfma(qv, vload_kv(k[r] + d * (kv_bf16 ? 2 : 4), kv_bf16), (vf)acc[r]);
+    }
+    vsum8(acc, out);
+}
+#endif
+
 PG_INLINE float dot_kv(const float *restrict q, const char *k, const int kv_bf16, const int64_t D) {
     vf acc = vzero();
     int64_t d = 0;
@@ -199,6 +214,17 @@ PG_INLINE void attend_group(const float *restrict qg, const char *k_head, const 
                             const int64_t *seq_slots, int64_t L, int64_t slot_bytes, int64_t group, const int64_t D,
                             float scale, float *restrict scores, float *restrict acc) {
     int64_t p = 0;
+#if defined(__AVX512F__)
+    for (; D % PG_VL == 0 && p + 8 <= L; p += 8) {
+        const char *k[8];
+        for (int r = 0; r < 8; r++) k[r] = k_head + (seq_slots ? seq_slots[p + r] : p + r) * slot_bytes;
+        for (int64_t g = 0; g < group; g++) {
+            float dots[8];
+            dot8(qg + g * D, k, kv_bf16, D, dots);
+            for (int r = 0; r < 8; r++) scores[g * L + p + r] = dots[r] * scale;
+        }
+    }
+#endif
     for (; p + 4 <= L; p += 4) {
         const char *k[4];
         for (int r = 0; r < 4; r++) k[r] = k_head + (seq_slots ? seq_slots[p + r] : p + r) * slot_bytes;
