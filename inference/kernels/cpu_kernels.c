@@ -189,7 +189,8 @@ PG_INLINE void dot8(const float *restrict q, const char *const k[8], const int k
     for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += PG_VL) {
         const vf qv = vload(q + d);
-        for (int r = 0; r < 8; r++) acc[r] = (__m512)vfma(qv, vload_kv(k[r] + d * (kv_bf16 ? 2 : 4), kv_bf16), (vf)acc[r]);
+        for (int r = 0; r < 8; r++)
+            acc[r] = (__m512)vfma(qv, vload_kv(k[r] + d * (kv_bf16 ? 2 : 4), kv_bf16), (vf)acc[r]);
     }
     vsum8(acc, out);
 }
@@ -204,6 +205,24 @@ PG_INLINE float dot_kv(const float *restrict q, const char *k, const int kv_bf16
     return total;
 }
 
+/* The scores of positions p..p+N-1 for each head of the group (N = 8: `dot8`, AVX-512 and D a
+ * whole number of vectors; N = 4: `dot4`), scaled. */
+PG_INLINE void score_block(const int N, const float *restrict qg, const char *k_head, const int kv_bf16,
+                           const int64_t *seq_slots, int64_t p, int64_t L, int64_t slot_bytes, int64_t group,
+                           const int64_t D, float scale, float *restrict scores) {
+    const char *k[8];
+    for (int r = 0; r < N; r++) k[r] = k_head + (seq_slots ? seq_slots[p + r] : p + r) * slot_bytes;
+    for (int64_t g = 0; g < group; g++) {
+        float dots[8];
+#if defined(__AVX512F__)
+        if (N == 8) dot8(qg + g * D, k, kv_bf16, D, dots);
+        else
+#endif
+            dot4(qg + g * D, k, kv_bf16, D, dots);
+        for (int r = 0; r < N; r++) scores[g * L + p + r] = dots[r] * scale;
+    }
+}
+
 /* One query row's heads of one KV group, qg (group, D), over its L cached positions -> acc
  * (group, D). Every sum's order depends on D and L only (never on other rows, the blocking of
  * a prompt or the thread), so a position gets the same output whether it is computed in a
@@ -215,25 +234,11 @@ PG_INLINE void attend_group(const float *restrict qg, const char *k_head, const 
                             float scale, float *restrict scores, float *restrict acc) {
     int64_t p = 0;
 #if defined(__AVX512F__)
-    for (; D % PG_VL == 0 && p + 8 <= L; p += 8) {
-        const char *k[8];
-        for (int r = 0; r < 8; r++) k[r] = k_head + (seq_slots ? seq_slots[p + r] : p + r) * slot_bytes;
-        for (int64_t g = 0; g < group; g++) {
-            float dots[8];
-            dot8(qg + g * D, k, kv_bf16, D, dots);
-            for (int r = 0; r < 8; r++) scores[g * L + p + r] = dots[r] * scale;
-        }
-    }
+    for (; D % PG_VL == 0 && p + 8 <= L; p += 8)
+        score_block(8, qg, k_head, kv_bf16, seq_slots, p, L, slot_bytes, group, D, scale, scores);
 #endif
-    for (; p + 4 <= L; p += 4) {
-        const char *k[4];
-        for (int r = 0; r < 4; r++) k[r] = k_head + (seq_slots ? seq_slots[p + r] : p + r) * slot_bytes;
-        for (int64_t g = 0; g < group; g++) {
-            float dots[4];
-            dot4(qg + g * D, k, kv_bf16, D, dots);
-            for (int r = 0; r < 4; r++) scores[g * L + p + r] = dots[r] * scale;
-        }
-    }
+    for (; p + 4 <= L; p += 4)
+        score_block(4, qg, k_head, kv_bf16, seq_slots, p, L, slot_bytes, group, D, scale, scores);
     for (; p < L; p++) {
         const char *k = k_head + (seq_slots ? seq_slots[p] : p) * slot_bytes;
         for (int64_t g = 0; g < group; g++) scores[g * L + p] = dot_kv(qg + g * D, k, kv_bf16, D) * scale;

@@ -125,7 +125,8 @@ PG_INLINE void tile(const int kind, const int MR, const int NR, const DpArgs *a,
     for (int at = 0; at < MR * NR; at += 8) {  // `vsum`'s tree, 8 accumulators at a time
         __m512 eight[8];
 #pragma GCC unroll 8
-        for (int e = 0; e < 8; e++) eight[e] = at + e < MR * NR ? acc[(at + e) / NR][(at + e) % NR] : _mm512_setzero_ps();
+        for (int e = 0; e < 8; e++)
+            eight[e] = at + e < MR * NR ? acc[(at + e) / NR][(at + e) % NR] : _mm512_setzero_ps();
         vsum8(eight, sums + at);
     }
     // The int8 scale, the bias, one rounding (`store_at`'s), a row's NR outputs at once: done one
