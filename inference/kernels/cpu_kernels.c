@@ -251,10 +251,10 @@ PG_INLINE void attend_group(const float *restrict qg, const char *k_head, const 
         for (int64_t t = 0; t < L; t++) sg[t] *= inv;
     }
     enum { MAX_ACC = PG_VL == 16 ? 16 : 8 };  // of 32 vector registers (AVX-512), of 16 (AVX2)
-    if ((D == 64 || D == 128) && D % PG_VL == 0 && D / PG_VL <= MAX_ACC) {
-        // The same sums (each output element adds its positions in order), in registers: up to
-        // MAX_ACC accumulators, the vectors of a few heads of the group at a time (AVX-512: 4 heads of 64, 2 of 128),
-        // each pass over the positions reading their values once. Through memory (below), each
+    if ((D == 64 || D == 128) && D / PG_VL <= MAX_ACC) {
+        // The same sums (each output element adds its positions in order), in up to MAX_ACC
+        // registers: a few heads of the group at a time (AVX-512: 4 heads of 64, 2 of 128), each
+        // pass over the positions reading their values once. Through memory (below), each
         // position cost every accumulator a load and a store: attention took ~2x as long.
         const int per_head = (int)(D / PG_VL), heads = MAX_ACC / per_head;
         for (int64_t g0 = 0; g0 < group; g0 += heads) {

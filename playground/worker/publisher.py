@@ -110,7 +110,7 @@ def _sender() -> _Sender:
 
 # Progress reports that another event of the same stream always follows: handed on without
 # waiting for Redis, so the first token's message is not held behind the round trip of the
-# `generation.prefilled` just before it (5-8 ms of a lone request's first token). The order
+# `generation.prefilled` just before it (4-9 ms of a lone request's first token). The order
 # holds (one sending loop sends in the order handed in); a lost Redis fails the next send too.
 UNAWAITED_TYPES = frozenset({"generation.prefilled", "generation.waiting"})
 
