@@ -514,15 +514,17 @@ async def test_streamed_and_non_streamed_text_are_identical(engine: FakeEngine) 
 
 
 async def test_timings_are_the_rate_the_stream_got(engine: FakeEngine) -> None:
-    """The fake engine says 1000 tok/s (its compute time); the stream got a token every 50 ms."""
+    """The fake engine says 1000 tok/s (its compute time); the stream got a token every 50 ms
+    (20 tok/s; the first and last tokens are timed where the worker handles them, so a few ms of
+    scheduling around them moves the rate by a few percent either way)."""
     engine.on_step = lambda index: time.sleep(0.05)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "timings": True}
     timings = (await post("/v1/chat/completions", body)).json()["timings"]
-    assert 10 < timings["predicted_per_second"] <= 20 and timings["predicted_ms"] >= 5 * 50
+    assert 10 < timings["predicted_per_second"] <= 21 and timings["predicted_ms"] >= 5 * 47
     assert timings["queue_ms"] >= 0
     chunks = events_of(await stream_body(await post("/v1/chat/completions", {**body, "stream": True})))
     streamed = chunks[-2]["timings"]
-    assert 10 < streamed["predicted_per_second"] <= 20 and streamed["queue_ms"] >= 0
+    assert 10 < streamed["predicted_per_second"] <= 21 and streamed["queue_ms"] >= 0
 
 
 async def test_requests_beyond_the_client_concurrency_wait_for_their_turn(
