@@ -127,8 +127,8 @@ def send_to_group(event: dict[str, Any]) -> None:
 
 
 def _log_failure(future: concurrent.futures.Future) -> None:
-    if future.exception() is not None:
-        logger.warning("an unawaited event was not sent: %s", future.exception())
+    if (exc := future.exception()) is not None:
+        logger.warning("an unawaited event was not sent: %s", exc)
 
 
 MIN_DELAY_S = 0.05  # one stream: ~20 messages a second, smooth to read
