@@ -86,6 +86,30 @@ PG_INLINE __m512i unpack(const int kind, const DpArgs *a, int64_t n, int64_t k) 
     return kind == DP_INT4 ? int4_group(a, n, k / DP_K) : vbf16_from_i8((const int8_t *)a->w + n * a->K + k);
 }
 
+/* Prefetches, in a step's tiles (up to 8 rows, weights unpacked in registers), the weights the
+ * tile PREFETCH_TILES ahead will read at the same k, a 64-byte line at a time, and an int4
+ * group's (scale, zero) pairs. Such a tile reads NR weight rows K apart, each once, from memory;
+ * left to the hardware prefetcher, 8 rows' bfloat16 output layer (57 MB) ran at half the speed
+ * of one row's, waiting on memory between bursts of compute (2.6 against 1.3-1.6 ms; int4 layers
+ * ~20% faster too). One row (the 1x8 tile) streams at memory speed already and is left alone. */
+#define PREFETCH_TILES 2
+PG_INLINE void prefetch_ahead(const int kind, const int NR, const DpArgs *a, int64_t n, int64_t k) {
+    const int64_t steps_per_line = kind == DP_BF16 ? 1 : kind == DP_INT8 ? 2 : 4;  // 64 bytes of a row
+    const int64_t ahead = n + PREFETCH_TILES * NR;
+    if (ahead + NR > a->N) return;
+    if (kind == DP_INT4)  // the group's pairs of outputs ahead.. (16 outputs a line)
+        _mm_prefetch((const char *)a->scales + ((k / DP_K) * a->N + ahead) * 2 * (a->scales_bf16 ? 2 : 4),
+                     _MM_HINT_T0);
+    if ((k / DP_K) % steps_per_line) return;
+    for (int j = 0; j < NR; j++) {
+        const int64_t row = ahead + j;
+        const char *line = kind == DP_BF16   ? (const char *)((const uint16_t *)a->w + row * a->K + k)
+                           : kind == DP_INT8 ? (const char *)a->w + row * a->K + k
+                                             : (const char *)a->w + row * (a->K / 2) + k / 2;
+        _mm_prefetch(line, _MM_HINT_T0);
+    }
+}
+
 /* Weight rows [n0, n_end) as bfloat16 rows of `panel` (K each), 32 k of every row at a time:
  * int4's (scale, zero) pairs are stored by group, the panel's outputs' side by side. */
 PG_INLINE void unpack_rows(const int kind, const DpArgs *a, int64_t n0, int64_t n_end, uint16_t *panel) {
@@ -113,6 +137,7 @@ PG_INLINE void tile(const int kind, const int MR, const int NR, const DpArgs *a,
         for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k += DP_K) {
         __m512bh w[NR_MAX];
+        if (!panel && MR > 1) prefetch_ahead(kind, NR, a, n, k);
         for (int j = 0; j < NR; j++)
             w[j] = (__m512bh)(panel ? _mm512_loadu_si512(panel + (p + j) * K + k) : unpack(kind, a, n + j, k));
         for (int i = 0; i < MR; i++) {
