@@ -299,9 +299,11 @@ class EngineCore:
 
     def _sample_rows(self, logits: torch.Tensor, sampled: list[tuple[Request, Row, int]]) -> list[RowSample]:
         rows = [row for _, row, _ in sampled]
-        index = torch.tensor([i for _, _, i in sampled], device=logits.device)
+        indices = [i for _, _, i in sampled]
+        # Each logits row sampled once, in order (no forks): the rows themselves, not a copy.
+        is_whole = indices == list(range(len(logits)))
         try:
-            return sample_rows(logits[index], rows)
+            return sample_rows(logits if is_whole else logits[torch.tensor(indices, device=logits.device)], rows)
         except Exception:  # one row's settings broke the batch call: sample each alone
             logger.exception("sampling the step's rows together failed; sampling each alone")
             return [self._sample_alone(logits[i], row) for _, row, i in sampled]

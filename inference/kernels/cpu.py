@@ -52,6 +52,7 @@ SIGNATURES = {
     "pg_entropy": (_P, _I),
     "pg_count_greater": (_P, _I, _F),
     "pg_read_outs": (_P, _P, _I, _I, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _C),
+    "pg_argmax": (_P, _I, _I, _P, _C),
 }
 RESTYPES = {
     "pg_entropy": ctypes.c_float,
@@ -296,6 +297,13 @@ class CpuKernels:
     def count_greater(self, x: torch.Tensor, value: float) -> int:
         """How many of x (V,) float32 are greater than `value`."""
         return self.lib.pg_count_greater(x.data_ptr(), x.shape[0], value)
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """(S,) int64: each row's argmax of x (S, V) contiguous float32, as torch.argmax (the first
+        NaN, else the first of the largest)."""
+        ids = torch.empty(x.shape[0], dtype=torch.long)
+        self.lib.pg_argmax(x.data_ptr(), x.shape[0], x.shape[1], ids.data_ptr(), torch.get_num_threads())
+        return ids
 
     def read_outs(self, raw: torch.Tensor, processed: torch.Tensor | None, token_ids: torch.Tensor, k: int) -> ReadOuts:
         """A step's read-outs in one call: `raw` and `processed` (S, V) contiguous float32 logprobs

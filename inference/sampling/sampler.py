@@ -55,9 +55,7 @@ class Sampler:
         processed = apply_processors(self.processors, logits, context_ids)
         logprobs = torch.log_softmax(processed, dim=-1) if self.processors else raw_logprobs
         if self.params.is_greedy:
-            # On the logits, not the logprobs: subtracting the log-normalizer can round two
-            # distinct logits to one value and so change which index wins.
-            token_ids = processed.argmax(dim=-1)
+            token_ids = argmax(processed)
         else:
             token_ids = _draw(logprobs.exp(), self.generator)
         _check_drawn(token_ids, logprobs)
@@ -132,21 +130,30 @@ def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[RowSample]:
         groups.setdefault(row.sampler.settings_key, []).append(i)
     for indices in groups.values():
         first = rows[indices[0]].sampler
-        index = torch.tensor(indices, device=logits.device)
+        # Every row in one group (the common step): the rows as they are, not a copy of them
+        # (a 49k vocabulary's 8 rows: 0.26 ms).
+        index = slice(None) if len(indices) == len(rows) else torch.tensor(indices, device=logits.device)
         processed = logits[index]
         if first.processors:
             processed = apply_processors(first.processors, processed, _contexts([rows[i] for i in indices]))
             logprobs[index] = torch.log_softmax(processed, dim=-1)
         if first.params.is_greedy:
-            # On the logits, not the logprobs: subtracting the log-normalizer can round two
-            # distinct logits to one value and so change which index wins.
-            token_ids[index] = processed.argmax(dim=-1)
+            token_ids[index] = argmax(processed)
         else:
             uniform = torch.cat(
                 [torch.rand(1, 1, generator=rows[i].sampler.generator, dtype=torch.float64) for i in indices]
             )
             token_ids[index] = _inverse_cdf(logprobs[index].exp(), uniform.to(logits.device))
     return _read_outs(logits, raw_logprobs, logprobs, token_ids, rows)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """(B,) each row's greedy choice of `logits` (B, V): on the logits, not the logprobs
+    (subtracting the log-normalizer can round two distinct logits to one value and so change
+    which index wins); on the CPU kernels where they can read them (torch's took 0.3 ms for 8
+    rows of a 49k vocabulary), the same index."""
+    kernels = _kernels_for(logits, 2)
+    return kernels.argmax(logits) if kernels is not None else logits.argmax(dim=-1)
 
 
 def _contexts(rows: Sequence[Row]) -> torch.Tensor:

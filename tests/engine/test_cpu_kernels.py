@@ -292,6 +292,23 @@ def test_top_k_keeps_torch_order_with_ties_in_id_order_and_minus_inf_last(kernel
     assert ids.tolist() == [1, 3, 6, 4, 0, 5, 2, 7] and values[-2:].tolist() == [-torch.inf, -torch.inf]
 
 
+def test_argmax_is_torchs_index_with_ties_nan_and_infinities(kernels) -> None:
+    rows = rand(9, 49157, seed=14)  # V not a multiple of the vector width: a scalar tail
+    rows[1, [40, 7000, 49156]] = 5.0  # ties: the first wins
+    rows[2, 49155] = 9.0  # the largest in the tail
+    rows[3, [10, 300]] = torch.nan  # the first NaN wins over any number
+    rows[3, 5] = torch.inf
+    rows[4] = -torch.inf  # nothing above -inf: index 0
+    rows[5, 77] = torch.inf
+    rows[6] = 0.0
+    rows[6, 12] = -0.0  # -0 == 0: the first of the two
+    rows[7, 49156] = torch.nan  # a NaN in the tail only
+    rows[8, 3] = 1e30
+    got, want = kernels.argmax(rows), rows.argmax(dim=-1)
+    assert got.tolist() == want.tolist() == [int(want[0]), 40, 49155, 10, 0, 77, 0, 49156, 3]
+    assert kernels.argmax(rows[:1, :5]).tolist() == rows[:1, :5].argmax(dim=-1).tolist()  # shorter than a vector
+
+
 def test_entropy_and_rank_read_outs_match_torch(kernels) -> None:
     logprobs = torch.log_softmax(rand(5000, seed=12) * 4, -1)
     logprobs[::7] = -torch.inf  # filtered tokens contribute nothing
