@@ -225,9 +225,12 @@ class GenerationRun:
         the next step; its events wait in their outbox until the announcement went out."""
         params = self._read_params()
         engine = self._load(load_engine)
-        prompt_ids, prompt = self._prompt(engine, engine.info.max_context)
+        built, num_dropped = self._prompt(engine, engine.info.max_context)
+        prompt_ids = built.prompt.token_ids
         submitted = submit(prompt_ids, params)
-        self.announce(prompt, len(prompt_ids))
+        # Its record after the submit: the loop waits for the request between its prompt's build
+        # and its submit, and a long prompt's per-token records take milliseconds of Python.
+        self.announce(self._prompt_record(engine, built, num_dropped), len(prompt_ids))
         return engine, params, prompt_ids, submitted
 
     def _read_params(self) -> SamplingParams:
@@ -297,9 +300,9 @@ class GenerationRun:
                 self._on_step(event)
         raise RuntimeError("the engine ended without a Finished record")
 
-    def _prompt(self, engine: Engine, max_context: int) -> tuple[list[int], dict[str, Any]]:
-        """The prompt's token ids and its record ({text, spans, tokens, images}), within the limits.
-        A chat that outgrew them leaves out its oldest turns (`_shortened`), not the new one."""
+    def _prompt(self, engine: Engine, max_context: int) -> tuple[_Built, int]:
+        """The prompt, within the limits, and how many of the chat's oldest messages it left out:
+        a chat that outgrew them leaves out its oldest turns (`_shortened`), not the new one."""
         generation = self.generation
         template = generation.chat_template.source if generation.chat_template else None
         inputs = generation.inputs
@@ -322,15 +325,18 @@ class GenerationRun:
                 built = self._build(engine, template, [{"role": "user", "content": text}], "", [], image_records)
             else:  # raw completion: the text as it is (after its images' placeholders)
                 built = self._build(engine, template, None, text, inputs.get("token_ids", []), image_records)
-        prompt = built.prompt
-        limits.check_prompt_tokens(len(prompt.tokens), max_context)
-        self.images = list(prompt.images)
-        kv_bytes_per_token = engine.info.kv_bytes_per_token
+        limits.check_prompt_tokens(len(built.prompt.tokens), max_context)
+        self.images = list(built.prompt.images)
+        return built, num_dropped
+
+    def _prompt_record(self, engine: Engine, built: _Built, num_dropped: int) -> dict[str, Any]:
+        """The prompt as the page shows it: {text, spans, tokens, images, ...}."""
+        prompt, kv_bytes_per_token = built.prompt, engine.info.kv_bytes_per_token
         blocks = [
             protocol.image_block(span.to_dict(), engine.vision.grid, record, span.num_tokens * kv_bytes_per_token)
             for span, record in zip(prompt.image_spans, built.image_records)
         ]
-        record = protocol.prompt_record(
+        return protocol.prompt_record(
             prompt.text,
             [span.to_dict() for span in prompt.spans],
             [t.to_dict() for t in prompt.tokens],
@@ -338,7 +344,6 @@ class GenerationRun:
             list(prompt.dropped_reasoning),
             num_dropped_messages=num_dropped,
         )
-        return prompt.token_ids, record
 
     def _build(
         self,
