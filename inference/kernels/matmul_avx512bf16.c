@@ -97,7 +97,7 @@ PG_INLINE void prefetch_ahead(const int kind, const int NR, const DpArgs *a, int
     const int64_t steps_per_line = kind == DP_BF16 ? 1 : kind == DP_INT8 ? 2 : 4;  // 64 bytes of a row
     const int64_t ahead = n + PREFETCH_TILES * NR;
     if (ahead + NR > a->N) return;
-    if (kind == DP_INT4)  // the group's pairs of outputs ahead.. (16 outputs a line)
+    if (kind == DP_INT4)  // the group's (scale, zero) pairs of the outputs ahead: 16 or 8 outputs a line
         _mm_prefetch((const char *)a->scales + ((k / DP_K) * a->N + ahead) * 2 * (a->scales_bf16 ? 2 : 4),
                      _MM_HINT_T0);
     if ((k / DP_K) % steps_per_line) return;
