@@ -263,8 +263,7 @@ PG_INLINE void attend_group(const float *restrict qg, const char *k_head, const 
             for (int i = 0; i < MAX_ACC; i++) sums[i] = vzero();
             for (int64_t t = 0; t < L; t++) {
                 const char *v = v_head + (seq_slots ? seq_slots[t] : t) * slot_bytes;
-                for (int h = 0; h < heads; h++) {
-                    if (h >= num_heads) break;
+                for (int h = 0; h < num_heads; h++) {
                     const vf score = vsplat(scores[(g0 + h) * L + t]);
                     for (int j = 0; j < per_head; j++)
                         sums[h * per_head + j] = vfma(score, vload_kv(v + j * PG_VL * (kv_bf16 ? 2 : 4), kv_bf16),
