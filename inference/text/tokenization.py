@@ -88,6 +88,13 @@ _tables: "weakref.WeakKeyDictionary[Any, TokenTable]" = weakref.WeakKeyDictionar
 _tables_lock = threading.Lock()
 
 
+# A worker builds its prompts on its task threads, several at once. A transformers fast
+# tokenizer is one Rust object whose truncation and padding settings each encode call checks and
+# may reset (a tokenizer.json that ships with truncation on): a second thread's call meanwhile
+# fails with "Already borrowed". Encoding is a few milliseconds for a long chat; one at a time.
+_encode_lock = threading.Lock()
+
+
 def token_table(tokenizer: Tokenizer) -> TokenTable:
     """The tokenizer's table, built on first use and kept as long as the tokenizer lives."""
     with _tables_lock:
@@ -116,7 +123,8 @@ def encode(tokenizer: Tokenizer, text: str) -> list[int]:
     """
     if not isinstance(text, str):
         raise ValueError(f"text to tokenize must be a string, not {type(text).__name__}")
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    with _encode_lock:
+        return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def tokenize(tokenizer: Tokenizer, text: str) -> list[TokenInfo]:
@@ -134,7 +142,8 @@ def bos_for_raw_text(tokenizer: Tokenizer, text: str) -> TokenInfo | None:
     bos_id = getattr(tokenizer, "bos_token_id", None)
     if not text or bos_id is None:
         return None
-    with_special = tokenizer.encode(text, add_special_tokens=True)
+    with _encode_lock:
+        with_special = tokenizer.encode(text, add_special_tokens=True)
     without = encode(tokenizer, text)
     if with_special[:1] != [bos_id] or without[:1] == [bos_id]:
         return None

@@ -220,16 +220,14 @@ class GenerationRun:
         self, load_engine: Callable[[LanguageModel], Engine], submit: Callable[[list[int], SamplingParams], T]
     ) -> tuple[Engine, SamplingParams, list[int], T]:
         """Loads the model, builds the prompt, hands it to `submit` (what it returns comes back
-        last), then saves the prompt and announces `generation.started`. Submitted first: the loop
-        waits for a request right after its prompt's build (serve_loop.FOLLOW_UP_S), so it joins
-        the next step; its events wait in their outbox until the announcement went out."""
+        last), then saves the prompt and announces `generation.started`. Submitted first, so it
+        joins the next step; its events wait in their outbox until the announcement went out."""
         params = self._read_params()
         engine = self._load(load_engine)
         built, num_dropped = self._prompt(engine, engine.info.max_context)
         prompt_ids = built.prompt.token_ids
         submitted = submit(prompt_ids, params)
-        # Its record after the submit: the loop waits for the request between its prompt's build
-        # and its submit, and a long prompt's per-token records take milliseconds of Python.
+        # Its record after the submit: a long prompt's per-token records take milliseconds of Python.
         self.announce(self._prompt_record(engine, built, num_dropped), len(prompt_ids))
         return engine, params, prompt_ids, submitted
 
@@ -360,15 +358,13 @@ class GenerationRun:
             raise CommandError("images_not_supported", f"model {self.generation.model.name!r} takes no images")
         images = prompt_images(image_records) if image_records else []
 
-        def build() -> Prompt:  # on the loop thread: the tokenizer is not safe to share between threads
-            return engine.prompts.build(
+        try:  # on this task thread: the engine's thread keeps stepping the batch meanwhile
+            prompt = engine.prompts.build(
                 messages=messages, text=text, template=template, extra_token_ids=token_ids, images=images
             )
-
-        try:
-            return _Built(self.loop.call(build, follow_up=True), image_records)  # its request comes next
         except PromptError as exc:
             raise CommandError(exc.code, str(exc)) from exc
+        return _Built(prompt, image_records)
 
     def _shortened(
         self, build: Callable[[int], _Built], history: list[tuple[dict[str, str], list[Any]]], max_context: int

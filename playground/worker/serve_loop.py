@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 
 PollCancelled = Callable[[list[int]], set[int]]  # generation ids -> those whose user pressed stop
 CANCEL_POLL_S = 0.05  # a user's stop takes effect within this and one step
-FOLLOW_UP_S = 0.05  # how long the loop waits for a command announced as following (`call`)
 EVENT_TIMEOUT_S = 600.0  # a request that gets no event for this long: the loop is stuck
 
 
@@ -123,7 +122,7 @@ class ServeLoop:
         self.engine = engine
         self.poll_cancelled = poll_cancelled
         self.observer = observer
-        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue, bool]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue]] = queue.SimpleQueue()
         self._outboxes: dict[int, Outbox] = {}
         self._generation_of: dict[int, int] = {}  # request id -> generation id (for the cancel check)
         self._waiting_since: dict[int, float] = {}
@@ -141,12 +140,12 @@ class ServeLoop:
 
     # ---- called from task threads ------------------------------------------------------
 
-    def call(self, fn: Callable[[], Any], follow_up: bool = False) -> Any:
+    def call(self, fn: Callable[[], Any]) -> Any:
         """Runs `fn` on the loop thread between two steps and returns its result (or raises).
-        `follow_up`: the caller sends another command right after (a prompt built, then its
-        request): the loop waits up to FOLLOW_UP_S for it before the next step."""
+        Every step waits for it: keep it to what only the engine's thread may do (a prompt is
+        built on the caller's thread)."""
         reply: queue.SimpleQueue = queue.SimpleQueue()
-        self._commands.put((fn, reply, follow_up))
+        self._commands.put((fn, reply))
         ok, value = reply.get()
         if not ok:
             raise value
@@ -238,8 +237,9 @@ class ServeLoop:
                 self.observer.after_step(self.engine, step, generation_of, self.num_requests)
 
     def _run_commands(self, block: bool) -> None:
+        """Runs every command handed in; `block`: the engine is idle, wait (a second) for one."""
         try:
-            fn, reply, follows = self._commands.get(timeout=1.0) if block else self._commands.get_nowait()
+            fn, reply = self._commands.get(timeout=1.0) if block else self._commands.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -248,9 +248,7 @@ class ServeLoop:
             except Exception as exc:
                 reply.put((False, exc))
             try:
-                # A task whose prompt was just built here hands its request in right after: wait a
-                # moment for it, or it would wait for a whole step (its first token: two steps).
-                fn, reply, follows = self._commands.get(timeout=FOLLOW_UP_S if follows else 0.0)
+                fn, reply = self._commands.get_nowait()
             except queue.Empty:
                 return
 

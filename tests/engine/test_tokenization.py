@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -211,3 +213,30 @@ def test_a_gguf_that_asks_for_bos_keeps_asking_once_converted(tmp_path, flag: bo
     tokenizer = AutoTokenizer.from_pretrained(ensure_converted(tmp_path / "tiny.gguf", tmp_path / "converted"))
     bos = bos_for_raw_text(tokenizer, "hello")
     assert (bos.piece if bos else None) == ("<|bos|>" if flag else None)
+
+
+def test_a_tokenizer_encodes_one_text_at_a_time_whatever_the_threads() -> None:
+    """A worker builds its prompts on several task threads at once. A fast tokenizer's Rust object
+    checks (and may reset) its truncation settings in each call: a second thread's call meanwhile
+    fails with "Already borrowed"."""
+    inside, most, count_lock = 0, 0, threading.Lock()
+
+    class Probe:  # a tokenizer that notes how many threads are inside its encode
+        def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+            nonlocal inside, most
+            with count_lock:
+                inside += 1
+                most = max(most, inside)
+            time.sleep(0.01)  # the GIL is free: another thread would come in now
+            with count_lock:
+                inside -= 1
+            return [len(text)]
+
+    probe, results = Probe(), {}
+    threads = [threading.Thread(target=lambda n=n: results.update({n: encode(probe, "x" * n)})) for n in range(1, 7)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert results == {n: [n] for n in range(1, 7)}
+    assert most == 1

@@ -144,37 +144,6 @@ def test_a_parallel_choice_that_is_stopped_ends_alone() -> None:
     assert list(other)[-1].finish_reason == "length"
 
 
-class StepCounter:
-    """A LoopObserver that notes, on the loop thread, which step delivered a request's first token."""
-
-    def __init__(self) -> None:
-        self.num_steps = 0
-        self.first_token_step: dict[int, int] = {}
-
-    def on_event(self, request_id: int, event) -> None:
-        if isinstance(event, Step):
-            self.first_token_step.setdefault(request_id, self.num_steps + 1)
-
-    def after_step(self, engine, step, generation_of, num_requests) -> None:
-        self.num_steps += 1
-
-
-def test_a_request_handed_in_right_after_its_prompt_was_built_gets_its_token_in_the_next_step() -> None:
-    """The worker builds a prompt on the loop, then submits it: without waiting for that submit the
-    loop would run a whole step first (under a long prompt's load: a second or more of TTFT)."""
-    counter = StepCounter()
-    engine = engine_for("llama")
-    loop = ServeLoop(engine, lambda ids: set(), counter)
-    busy = loop.submit(list(range(3, 60)), SamplingParams(greedy=True, max_new_tokens=150, ignore_eos=True), 1)
-    next(e for e in busy if isinstance(e, Step))  # the batch is stepping
-    built_at = loop.call(lambda: counter.num_steps, follow_up=True)
-    events = loop.submit([5, 6, 7], SamplingParams(greedy=True, max_new_tokens=2, ignore_eos=True), 2)
-    assert isinstance(list(events)[-1], Finished)
-    request_id = max(counter.first_token_step)
-    assert counter.first_token_step[request_id] == built_at + 1
-    list(busy)
-
-
 def _step(index: int) -> SimpleNamespace:
     return SimpleNamespace(type="step", index=index)
 
