@@ -12,6 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from playground import encoded_json
+
+STEPS_JSON = "steps_json"  # a steps event's records, as JSON text, between the worker and the web process
+
 ERROR_CODES = (
     "bad_json",
     "unknown_command",
@@ -227,13 +231,32 @@ def generation_prefilled(generation_id: int, prefilled: dict[str, Any]) -> dict[
 
 
 def generation_steps(
-    generation_id: int, steps: list[dict[str, Any]], *, is_beam: bool, segments: list[dict[str, Any]] | None = None
+    generation_id: int, step_texts: list[str], *, is_beam: bool, segments: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """Coalesced token steps (`generation.tokens`) or beam steps (`generation.beams`).
+    """Coalesced token steps (`generation.tokens`) or beam steps (`generation.beams`), given as
+    each step record's JSON text. They cross the channel layer as that text (`STEPS_JSON`, one
+    JSON list), spliced into the browser's frame as `steps` (`frame_text`) and parsed only where
+    they are read (`steps_of`): unpacking a message's nested records and encoding them again was
+    a third of the web process's CPU under 8 streams (docs/continuous-batching.md, a ninth pass).
     `segments`: the reasoning split of the whole answer so far (`inference.text.reasoning`)."""
     kind = "generation.beams" if is_beam else "generation.tokens"
-    event = {"type": kind, "generation_id": generation_id, "steps": steps}
+    event = {"type": kind, "generation_id": generation_id, STEPS_JSON: "[" + ",".join(step_texts) + "]"}
     return event if segments is None else {**event, "segments": segments}
+
+
+def steps_of(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The step records of a `generation_steps` event."""
+    return encoded_json.loads(event[STEPS_JSON])
+
+
+def frame_text(event: dict[str, Any]) -> str:
+    """An event as the JSON text of its WebSocket frame: a steps message's `steps` as the worker
+    encoded them (docs/protocol.md: the browser reads a `steps` list)."""
+    steps_json = event.get(STEPS_JSON)
+    if steps_json is None:
+        return encoded_json.dumps(event)
+    head = encoded_json.dumps({key: value for key, value in event.items() if key != STEPS_JSON})
+    return f'{head[:-1]},"steps":{steps_json}}}'
 
 
 def generation_finished(

@@ -26,7 +26,7 @@ from django.utils import translation
 from django.utils.translation import gettext
 
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
-from playground import dispatch, encoded_json, protocol
+from playground import dispatch, protocol
 from playground.coord import model_states, recent_steps
 from playground.coord.store import OUTAGE_ERRORS, OUTAGE_MESSAGE
 from playground.models import Generation
@@ -198,9 +198,10 @@ class GenerationConsumer(SurvivesLayerOutage, AsyncJsonWebsocketConsumer):
 
     @classmethod
     async def encode_json(cls, content: dict[str, Any]) -> str:
-        # Steps with their top-k alternatives are most of what daphne sends: orjson encodes
-        # them in a twentieth of the json module's time (and a stray NaN as null, not NaN).
-        return encoded_json.dumps(content)
+        # Steps with their top-k alternatives are most of what daphne sends: they arrive as the
+        # worker's JSON text and go out as it is; the rest orjson encodes (a twentieth of the json
+        # module's time, and a stray NaN as null, not NaN).
+        return protocol.frame_text(content)
 
     # Channel-layer handlers: `generation.tokens` -> `generation_tokens`, and so on.
     generation_started = generation_prefilled = generation_tokens = generation_beams = _deliver

@@ -414,14 +414,14 @@ class GenerationRun:
         if self.first_token_at is None:
             self.first_token_at = self.last_token_at
         self.num_timed_tokens += 1
-        text = encoded_json.dumps(event.to_dict())  # once: Redis' tail and every save of the row reuse it
+        # Encoded once: the message, Redis' tail and every save of the row carry this text as it is.
+        text = encoded_json.dumps(event.to_dict())
         self.step_texts.append(text)
-        step = encoded_json.loads(text)  # the message's record: JSON's values (null for -inf), as saved
         if isinstance(event, Step):
             self.text += event.text_delta
         elif event.beams:
             self.text = event.beams[0].text
-        self.coalescer.add(step)
+        self.coalescer.add((event.index, text))
         now = time.monotonic()
         if now - self.saved_at >= SAVE_PARTIAL_EVERY_S:
             fields: dict[str, Any] = {"text": self.text}
@@ -433,16 +433,17 @@ class GenerationRun:
     def _flush_delay_s(self) -> float:
         return flush_delay_s(self.loop.num_requests if self.loop is not None else 1)
 
-    def _send_steps(self, steps: list[dict[str, Any]]) -> None:
+    def _send_steps(self, steps: list[tuple[int, str]]) -> None:
+        """Publishes buffered steps, each (its index, its record's JSON text)."""
         # Kept before they are published: a page re-attaching in between reads them there
         # (coord/recent_steps.py); the row has them after the next save.
-        texts = self.step_texts[len(self.step_texts) - len(steps) :]  # a message carries the newest steps
         try:
-            recent_steps.append(self.generation.pk, [(step["index"], text) for step, text in zip(steps, texts)])
+            recent_steps.append(self.generation.pk, steps)
         except redis.RedisError:
             logger.warning("generation %s: the recent steps could not be kept", self.generation.pk, exc_info=True)
         segments = None if self.is_beam_search else self._segments(self.text)
-        self.send(protocol.generation_steps(self.generation.pk, steps, is_beam=self.is_beam_search, segments=segments))
+        texts = [text for _, text in steps]
+        self.send(protocol.generation_steps(self.generation.pk, texts, is_beam=self.is_beam_search, segments=segments))
 
     def _segments(self, text: str) -> list[dict[str, Any]]:
         return segments_for_browser(text, starts_in_reasoning=self.starts_in_reasoning)

@@ -161,18 +161,18 @@ class StepCoalescer:
 
     def __init__(
         self,
-        flush: Callable[[list[dict[str, Any]]], None],
+        flush: Callable[[list[Any]], None],
         max_steps: int = MAX_STEPS,
         max_delay_s: float | Callable[[], float] = MIN_DELAY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._flush, self.max_steps, self._clock = flush, max_steps, clock
         self._delay_s = max_delay_s if callable(max_delay_s) else lambda: max_delay_s
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[Any] = []
         self._last_flush = clock()
         self._is_first = True
 
-    def add(self, step: dict[str, Any]) -> None:
+    def add(self, step: Any) -> None:
         self._buffer.append(step)
         # (1 ns of slack: an instant is a multiple computed in floating point, 3 * 0.2 > 0.6)
         if self._is_first or len(self._buffer) >= self.max_steps or self._clock() >= self._due_at() - 1e-9:

@@ -299,7 +299,7 @@ async def test_a_reloaded_page_attaches_to_its_running_generation_and_gets_what_
     assert (attached["type"], attached["request_id"], attached["status"]) == ("generation.attached", "a1", "running")
     assert (attached["text"], attached["steps"]) == ("Hello", saved)
     await get_channel_layer().group_send(
-        protocol.group_name(generation_id), protocol.generation_steps(generation_id, [{"index": 2}], is_beam=False)
+        protocol.group_name(generation_id), protocol.generation_steps(generation_id, ['{"index":2}'], is_beam=False)
     )
     assert (await ws.receive_json_from(timeout=TIMEOUT_S))["steps"] == [{"index": 2}]
     await get_channel_layer().group_send(

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from playground import protocol
 from playground.encoded_json import EncodedList, Encoder, dumps, loads
 from playground.models import Generation
 
@@ -37,3 +38,21 @@ def test_a_row_saved_with_encoded_steps_reads_them_back_as_records(owner: str) -
     assert saved == [{"index": 0, "text_delta": "t0", "logprob": -0.25}] + [
         {"index": i, "text_delta": f"t{i}", "logprob": None} for i in (1, 2)
     ]
+
+
+def test_a_steps_message_crosses_as_its_workers_text_and_reaches_the_browser_as_a_steps_list() -> None:
+    steps = [{"index": 0, "piece": '"</script>', "logprob": -math.inf}, {"index": 1, "piece": "你\n"}]
+    event = protocol.generation_steps(7, [dumps(step) for step in steps], is_beam=False, segments=[{"kind": "answer"}])
+    assert protocol.steps_of(event) == [{**steps[0], "logprob": None}, steps[1]]
+    frame = json.loads(protocol.frame_text(event))
+    assert frame == {
+        "type": "generation.tokens",
+        "generation_id": 7,
+        "steps": protocol.steps_of(event),
+        "segments": [{"kind": "answer"}],
+    }
+    assert protocol.STEPS_JSON not in frame
+    assert json.loads(protocol.frame_text({"type": "generation.waiting", "position": 2})) == {
+        "type": "generation.waiting",
+        "position": 2,
+    }

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from inference.sampling_params import SamplingParams
+from playground import protocol
 from playground.coord import cancel, recent_steps, store
 from playground.models import ChatTemplate, Generation, Message
 from playground.protocol import is_terminal
@@ -37,7 +38,7 @@ def run(generation_id: int, engine: FakeEngine | None = None, **kwargs: Any) -> 
 
 
 def steps_of(events: list[dict[str, Any]], kind: str = "generation.tokens") -> list[dict[str, Any]]:
-    return [step for event in events if event["type"] == kind for step in event["steps"]]
+    return [step for event in events if event["type"] == kind for step in protocol.steps_of(event)]
 
 
 def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(owner: str) -> None:
@@ -49,7 +50,7 @@ def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(owner: str
     assert types[:2] == ["generation.started", "generation.prefilled"]
     assert set(types[2:-1]) == {"generation.tokens"} and types[-1] == "generation.finished"
     assert [is_terminal(event) for event in events].count(True) == 1
-    assert all(1 <= len(event["steps"]) <= MAX_STEPS for event in events[2:-1])
+    assert all(1 <= len(protocol.steps_of(event)) <= MAX_STEPS for event in events[2:-1])
     steps = steps_of(events)
     assert [step["index"] for step in steps] == list(range(len(ANSWER)))
     assert "".join(step["text_delta"] for step in steps) == ANSWER
@@ -93,7 +94,7 @@ def test_published_steps_wait_in_redis_until_the_row_holds_them(owner: str, monk
         row = Generation.objects.get(pk=queued.generation_id)
         _, steps = recent_steps.merged(row.text, row.steps, tail, is_running=True)
         indices = [s["index"] for s in steps]
-        gaps.append(indices != list(range(len(indices))) or indices[-1] < event["steps"][-1]["index"])
+        gaps.append(indices != list(range(len(indices))) or indices[-1] < protocol.steps_of(event)[-1]["index"])
 
     events: list[dict[str, Any]] = []
     generation.run_generation(

@@ -382,7 +382,7 @@ async def test_the_first_token_goes_out_at_once(monkeypatch: pytest.MonkeyPatch)
     store.client().set(liveness.generation_key(queued[0]), 1, px=60_000)  # its worker is alive
     parts = response.streaming_content.__aiter__()
     assert events_of(await asyncio.wait_for(parts.__anext__(), 5))[0]["choices"][0]["delta"]["role"] == "assistant"
-    step = {"index": 0, "token_id": 72, "text_delta": "Hel"}
+    step = '{"index": 0, "token_id": 72, "text_delta": "Hel"}'
     await sync_to_async(send_to_group)(protocol.generation_steps(queued[0], [step], is_beam=False))
     first = events_of(await asyncio.wait_for(parts.__anext__(), 5))[0]
     assert first["choices"][0]["delta"] == {"content": "Hel"}

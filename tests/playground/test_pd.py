@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from inference.engine import Engine
 from inference.sampling_params import SamplingParams
-from playground import dispatch, task_names
+from playground import dispatch, protocol, task_names
 from playground.asgi import application
 from playground.coord import cancel, keys, kv_store, liveness, store
 from playground.models import Generation
@@ -91,7 +91,7 @@ def run_disaggregated(
 
 
 def steps_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [step for event in events if event["type"] == "generation.tokens" for step in event["steps"]]
+    return [step for event in events if event["type"] == "generation.tokens" for step in protocol.steps_of(event)]
 
 
 def types_of(events: list[dict[str, Any]]) -> list[str]:

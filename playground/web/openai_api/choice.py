@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.text.reasoning import prompt_opens_reasoning
+from playground import protocol
 from playground.web.openai_api.answer import Answer, Delta
 from playground.web.openai_api.errors import ApiError, from_event
 from playground.web.openai_api.follow import Follower
@@ -119,7 +120,7 @@ class Choice:
             self.answer.starts_in_reasoning = self.is_chat and prompt_opens_reasoning(self.prompt_text)
             return Item(self, "started")
         if kind == "generation.tokens":
-            return Item(self, "tokens", self.answer.add(event["steps"]))
+            return Item(self, "tokens", self.answer.add(protocol.steps_of(event)))
         if kind == "generation.finished":
             self.finished = event
             return Item(self, "end", self.answer.finish(event["text"]))
