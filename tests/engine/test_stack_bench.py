@@ -11,10 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from inference import bench
 from inference.bench import format_keys, parse_keys
 from inference.bench.stack import (
     ClientRun,
     llama_server_client,
+    llama_server_env,
     median_of,
     parse_args,
     report_keys,
@@ -186,3 +188,12 @@ def test_v1_clients_stream_greedy_chat_completions_and_count_every_coalesced_tok
     assert all(b["use_prefix_cache"] is False and b["ignore_eos"] for b in bodies)  # as the engine's side
     keys = report_keys({8: side(160.0)}, {8: side(144.0)}, llama={}, v1={8: side(136.0, ttft_p95=300.0)})
     assert keys["v1_efficiency_8"] == pytest.approx(0.85) and keys["v1_ttft_p95_ms_8"] == 300.0
+
+
+def test_llama_server_runs_on_its_own_openmp_setting_whatever_the_caller_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setattr(bench, "_STARTING_OMP_WAIT_POLICY", "PASSIVE")  # as `OMP_WAIT_POLICY=PASSIVE python -m ...`
+    monkeypatch.setenv("SOME_SETTING", "kept")
+    env = llama_server_env()
+    assert "OMP_WAIT_POLICY" not in env and env["SOME_SETTING"] == "kept"
+    assert bench.starting_env()["OMP_WAIT_POLICY"] == "PASSIVE"  # the stack's worker still gets the caller's
