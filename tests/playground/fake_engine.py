@@ -7,6 +7,8 @@ One token per character (id = code point); a chat is rendered with a real ChatML
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from types import SimpleNamespace
@@ -20,6 +22,7 @@ from inference.sampling_params import SamplingParams
 from inference.text.chat_template import RenderedPrompt, Span, render_chat
 from inference.text.prompt import Prompt, PromptError
 from inference.text.tokenization import TokenInfo
+from playground.worker import generation
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -255,3 +258,20 @@ class FakeEngine:
             decode_tok_s=1000.0,
             kv_cache_bytes=100,
         )
+
+
+def run_on_a_thread(generation_id: int, engine: FakeEngine, steps_run: list[int]) -> tuple[threading.Thread, list]:
+    """Runs the generation on a thread of its own (as a worker's pool does) and returns once
+    `engine` has stepped it five times (`steps_run`: what the engine's `on_step` appends to);
+    the thread and the events it sends."""
+    events: list[dict[str, Any]] = []
+    running = threading.Thread(
+        target=generation.run_generation,
+        args=(generation_id, "worker-1"),
+        kwargs={"load_engine": lambda model: engine, "send": events.append},
+    )
+    running.start()
+    deadline = time.monotonic() + 30
+    while len(steps_run) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return running, events

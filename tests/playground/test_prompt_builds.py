@@ -3,7 +3,6 @@ batch meanwhile (a long chat's render and tokenization take tens of milliseconds
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -13,7 +12,7 @@ from playground.protocol import is_terminal
 from playground.web import submit
 from playground.worker import generation
 
-from .fake_engine import FakeEngine
+from .fake_engine import FakeEngine, run_on_a_thread
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)  # one run is on another thread
 
@@ -22,16 +21,7 @@ def test_the_batch_keeps_stepping_while_a_new_prompt_is_built(owner: str) -> Non
     steps_run: list[int] = []
     engine = FakeEngine("y" * 400, on_step=lambda index: (steps_run.append(index), time.sleep(0.005)))
     first = submit.generate(owner, {"content": "Hi!", "overrides": {"max_new_tokens": 500}})
-    first_events: list[dict[str, Any]] = []
-    running = threading.Thread(
-        target=generation.run_generation,
-        args=(first.generation_id, "worker-1"),
-        kwargs={"load_engine": lambda model: engine, "send": first_events.append},
-    )
-    running.start()
-    deadline = time.monotonic() + 30
-    while len(steps_run) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    running, first_events = run_on_a_thread(first.generation_id, engine, steps_run)
 
     build, steps_during_build = engine.prompts.build, []
 

@@ -4,7 +4,6 @@ leaving them `running` until someone reads them after the kill that ends the gra
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +16,7 @@ from playground.protocol import is_terminal
 from playground.web import submit
 from playground.worker import generation
 
-from .fake_engine import FakeEngine
+from .fake_engine import FakeEngine, run_on_a_thread
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)  # the run is on another thread
 
@@ -32,16 +31,7 @@ def test_shutdown_ends_a_running_generation_as_worker_lost_with_its_partial_answ
     queued = submit.generate(owner, {"content": "Hi!", "overrides": {"max_new_tokens": 500}})
     steps_run: list[int] = []
     engine = FakeEngine("y" * 400, on_step=lambda index: (steps_run.append(index), time.sleep(0.01)))
-    events: list[dict[str, Any]] = []
-    run = threading.Thread(
-        target=generation.run_generation,
-        args=(queued.generation_id, "worker-1"),
-        kwargs={"load_engine": lambda model: engine, "send": events.append},
-    )
-    run.start()
-    deadline = time.monotonic() + 30
-    while len(steps_run) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    run, events = run_on_a_thread(queued.generation_id, engine, steps_run)
     tasks._stop_generations(sig=None, how="Warm", exitcode=0)  # what Celery's signal calls
     run.join(timeout=30)
     assert not run.is_alive()
