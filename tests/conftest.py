@@ -128,11 +128,12 @@ class LiveStack:
     web: Service
     worker: Service | None = None
     num_workers_started: int = 0
+    worker_name: str = ""  # the current worker's Celery node name
 
     def start_worker(self) -> Service:
         """Start a fresh worker (the old one should be dead) and wait until it answers."""
         self.num_workers_started += 1
-        node_name = f"e2e-gpu{self.num_workers_started}@{socket.gethostname()}"
+        node_name = self.worker_name = f"e2e-gpu{self.num_workers_started}@{socket.gethostname()}"
         argv = worker_argv("gpu,celery", node_name)
         log_path = ARTIFACTS_DIR / f"worker-{self.num_workers_started}.log"
         self.worker = Service(

@@ -155,16 +155,20 @@ def test_killed_worker_ends_the_generation_with_one_worker_lost_error(tab: Brows
         live_stack.ensure_worker()
 
 
-def test_the_worker_loaded_its_default_model_when_it_started_and_every_page_can_see_it(tab: BrowserTab) -> None:
+def test_the_worker_loaded_its_default_model_when_it_started_and_every_page_can_see_it(
+    tab: BrowserTab, live_stack
+) -> None:
     """The worker loads the default model before it takes work and announces it; a page that
     follows the models learns its state (here long "ready", with the load's time), and the first
     answer waits for no load (no `model_load_ms` in its stats)."""
     with tab.connect() as ws:
         send(ws, "follow_models")
         event = receive(ws, timeout_s=10)
-        assert event["type"] == "worker.model", event
+        while event.get("worker") != live_stack.worker_name:  # a worker an earlier test killed: listed for 5 s
+            assert event["type"] == "worker.model", event
+            event = receive(ws, timeout_s=10)
         assert (event["state"], event["model_name"]) == ("ready", "SmolLM2-135M-Instruct (bundled)")
-        assert event["load_ms"] > 0 and event["elapsed_ms"] >= 0 and event["worker"].startswith("e2e-gpu")
+        assert event["load_ms"] > 0 and event["elapsed_ms"] >= 0
         send(ws, "generate", request_id="r1", content="Name one colour.", overrides=SHORT)
         events = receive_until(ws, ends_request)
     assert events[-1]["type"] == "generation.finished", events[-1]
