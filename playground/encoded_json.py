@@ -1,5 +1,6 @@
 """JSON text made once and reused. A worker encodes each step record when it makes it; that
-text goes to Redis (the recent steps) and, joined, into the row's saved steps, which are
+text goes to Redis (the recent steps), joined into the messages to the web process
+(`protocol.generation_steps`), and joined into the row's saved steps, which are
 rewritten whole as the answer grows: encoding them again at each save (the standard library
 takes ~35 us a step, orjson ~2) was a large part of a task thread's time with 16 streams.
 

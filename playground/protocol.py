@@ -240,7 +240,7 @@ def generation_steps(
     a third of the web process's CPU under 8 streams (docs/continuous-batching.md, a ninth pass).
     `segments`: the reasoning split of the whole answer so far (`inference.text.reasoning`)."""
     kind = "generation.beams" if is_beam else "generation.tokens"
-    event = {"type": kind, "generation_id": generation_id, STEPS_JSON: "[" + ",".join(step_texts) + "]"}
+    event = {"type": kind, "generation_id": generation_id, STEPS_JSON: encoded_json.EncodedList(step_texts).to_json()}
     return event if segments is None else {**event, "segments": segments}
 
 
