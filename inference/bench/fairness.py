@@ -173,8 +173,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fairness-bench-") as tmp, contextlib.ExitStack() as services:
-        base_url = args.url or services.enter_context(
-            started_stack(free_port(), free_port(), args.dtype, args.device, Path(tmp))
+        base_url = (
+            args.url
+            or services.enter_context(
+                started_stack(free_port(), free_port(), args.dtype, args.device, Path(tmp))
+            ).base_url
         )
         model_id = stack_model_id(base_url, args.model)
         measure(base_url, model_id, "none", 1)  # the worker loads its model on the first request

@@ -15,6 +15,12 @@ N HTTP streaming clients against that binary on the model's GGUF (16 slots, cont
 batching). Each side: aggregate tokens/s (all tokens over first send to last token) and time to
 first token p50/p95 from the send. The last line is `key=value` pairs (`report_keys`):
 `stack_efficiency_N` is the stack's aggregate over the engine's (`v1_efficiency_N` through `/v1`).
+Each side's CPU per token is measured too (a row of its own under each N): the engine alone's
+(this process), the clients' (this process's threads) and, for a stack or llama-server this run
+starts, that of its processes by role (`/proc`: the worker, daphne, Redis). What the stack and its
+clients spend per token on this machine's cores bounds what it can deliver (`cpu_bound`): where
+the engine alone already keeps every core busy, `stack_cpu_bound_N` is the most
+`stack_efficiency_N` can read here, whatever the stack's scheduling.
 Each N runs `--repeats` rounds (default 3, `--quick` 1), the sides interleaved in each round;
 every figure is the median of its rounds (`median_of`).
 
@@ -53,6 +59,7 @@ from inference.bench import format_keys, percentile, starting_env
 from inference.bench.batch import QUESTIONS, load, prompts, run_batched, summarize
 from inference.bundled_models import bundled_model
 from inference.config import EngineConfig
+from inference.engine import Engine
 from inference.kernels.cpu import cpu_flags
 from inference.models.loader import gguf_source
 from inference.sampling_params import SamplingParams
@@ -63,6 +70,12 @@ GENERATION_TIMEOUT_S = 900.0  # 16 clients of the larger model on a busy 2-core 
 NUM_ALTERNATIVES = 20  # as the chat page asks for
 LLAMA_SERVER_SLOTS = 16
 PAGE_TOKEN = re.compile(r'<meta name="page-token" content="([0-9a-f]+)">')
+# What each of a started stack's processes is, by a word of its command line (scripts/run.py
+# starts Redis, the Celery worker and daphne; the supervisor itself counts as "other").
+ROLES = (("worker", "celery"), ("web", "daphne"), ("redis", "redis-server"), ("llama_server", "llama-server"))
+# The engine's threads, by the names the OS has for them: the worker's loop thread
+# (`serve_loop.ENGINE_THREAD_NAME`) and the CPU kernels' helpers (kernels/threads.c).
+ENGINE_THREADS = ("engine-loop", "pg-kernels")
 
 
 @dataclass
@@ -102,8 +115,10 @@ def report_keys(
     stack: dict[int, dict[str, float]],
     llama: dict[int, dict[str, float]],
     v1: dict[int, dict[str, float]] | None = None,
+    num_cores: int = 1,
 ) -> dict[str, float]:
-    """The last line's pairs for every N the stack ran (and the engine, `/v1` and llama-server with it)."""
+    """The last line's pairs for every N the stack ran (and the engine, `/v1` and llama-server
+    with it); the CPU ones where it was measured (`measured_clients`, `measured_engine`)."""
     results: dict[str, float] = {}
     for n in sorted(stack):
         results[f"stack_tok_s_{n}"] = stack[n]["tok_s"]
@@ -112,20 +127,31 @@ def report_keys(
         results[f"stack_ttft_p50_ms_{n}"] = stack[n]["ttft_p50"]
         results[f"stack_ttft_p95_ms_{n}"] = stack[n]["ttft_p95"]
         results[f"engine_ttft_p95_ms_{n}"] = engine[n]["ttft_p95"]
+        if "cpu_ms_engine" in engine[n]:
+            results[f"engine_cpu_ms_per_token_{n}"] = engine[n]["cpu_ms_engine"]
+        if (cpu_ms := stack_cpu_ms(stack[n])) is not None:
+            results[f"stack_cpu_ms_per_token_{n}"] = cpu_ms
+            results[f"client_cpu_ms_per_token_{n}"] = stack[n]["cpu_ms_clients"]
+            results[f"stack_cpu_bound_{n}"] = cpu_bound(engine[n], stack[n], num_cores)
         if v1 and n in v1:
             results[f"v1_tok_s_{n}"] = v1[n]["tok_s"]
             results[f"v1_efficiency_{n}"] = v1[n]["tok_s"] / engine[n]["tok_s"]
             results[f"v1_ttft_p95_ms_{n}"] = v1[n]["ttft_p95"]
+            if (bound := cpu_bound(engine[n], v1[n], num_cores)) is not None:
+                results[f"v1_cpu_bound_{n}"] = bound
         if n in llama:
             results[f"llama_server_tok_s_{n}"] = llama[n]["tok_s"]
             results[f"vs_llama_server_{n}"] = stack[n]["tok_s"] / llama[n]["tok_s"]
     return results
 
 
-def run_clients(n: int, one_client: Callable[[int, threading.Barrier, ClientRun], None]) -> list[ClientRun]:
-    """N threads; each prepares (connects), waits for the others, then sends its request."""
+def run_clients(
+    n: int, one_client: Callable[[int, threading.Barrier, ClientRun], None], on_start: Callable[[], None] | None = None
+) -> list[ClientRun]:
+    """N threads; each prepares (connects), waits for the others, then sends its request
+    (`on_start` runs once, when all are ready and before any sends)."""
     runs = [ClientRun() for _ in range(n)]
-    barrier = threading.Barrier(n)
+    barrier = threading.Barrier(n, action=on_start)
 
     def guarded(index: int) -> None:
         try:
@@ -140,6 +166,109 @@ def run_clients(n: int, one_client: Callable[[int, threading.Barrier, ClientRun]
     for thread in threads:
         thread.join(GENERATION_TIMEOUT_S + 60)
     return runs
+
+
+# ---- CPU: what each side spends per token, and the bound that puts on the stack -------------
+
+
+def process_tree_cpu_s(root_pid: int) -> dict[str, float]:
+    """CPU seconds so far (user + system) of `root_pid` and every process under it, summed by
+    role: each process's by `ROLES` (a word of its command line; anything else is "other"), less
+    the threads the OS knows by `ENGINE_THREADS`, which count as "engine". Linux's /proc;
+    elsewhere, or for a process that is gone, {}."""
+    processes: dict[int, tuple[int, float, str]] = {}  # pid: (parent pid, CPU seconds, command line)
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and (stat := read_stat(entry)) is not None:
+                with contextlib.suppress(OSError):
+                    command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    processes[int(entry.name)] = (stat[0], stat[1], command)
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in processes.items():
+        children.setdefault(parent, []).append(pid)
+    by_role: dict[str, float] = {}
+    todo = [root_pid] if root_pid in processes else []
+    while todo:
+        pid = todo.pop()
+        _, cpu_s, command = processes[pid]
+        engine_cpu_s = engine_threads_cpu_s(pid)
+        role = next((role for role, word in ROLES if word in command), "other")
+        by_role[role] = by_role.get(role, 0.0) + cpu_s - engine_cpu_s
+        if engine_cpu_s:
+            by_role["engine"] = by_role.get("engine", 0.0) + engine_cpu_s
+        todo.extend(children.get(pid, []))
+    return by_role
+
+
+def read_stat(path: Path) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds) from a /proc process's or thread's stat; None when it is gone."""
+    try:  # the command name is in parentheses and may hold spaces: split after it
+        fields = (path / "stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def engine_threads_cpu_s(pid: int) -> float:
+    """The CPU seconds of a process's threads named as the engine's (`ENGINE_THREADS`)."""
+    total = 0.0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                if (task / "comm").read_text().strip() in ENGINE_THREADS and (stat := read_stat(task)):
+                    total += stat[1]
+    return total
+
+
+def measured_clients(
+    n: int, one_client: Callable[[int, threading.Barrier, ClientRun], None], server_pid: int | None
+) -> dict[str, float]:
+    """One round of N clients (`summarize_clients`) with the CPU it cost per token, in ms, from
+    the moment all are connected (their page loads are not part of it): this process's clients
+    (`cpu_ms_clients`) and, for a server this run started, each role of its processes (`cpu_ms_<role>`)."""
+    before: dict[str, float] = {}
+    clients_started: list[float] = []
+
+    def on_start() -> None:
+        before.update(process_tree_cpu_s(server_pid) if server_pid else {})
+        clients_started.append(time.process_time())
+
+    runs = run_clients(n, one_client, on_start)
+    clients_cpu_s = time.process_time() - clients_started[0] if clients_started else 0.0
+    after = process_tree_cpu_s(server_pid) if server_pid else {}
+    summary = summarize_clients(runs)  # raises when no client got a token
+    num_tokens = sum(len(run.token_times) for run in runs)
+    summary["cpu_ms_clients"] = clients_cpu_s * 1000 / num_tokens
+    for role, cpu_s in after.items():
+        summary[f"cpu_ms_{role}"] = (cpu_s - before.get(role, 0.0)) * 1000 / num_tokens
+    return summary
+
+
+def measured_engine(engine: Engine, prompt_ids: list[list[int]], params: SamplingParams) -> dict[str, float]:
+    """The engine alone's round (`batch.run_batched`, in this process) with its CPU per token
+    (`cpu_ms_engine`: every thread of this process, the kernels' helpers included)."""
+    started = time.process_time()
+    summary = run_batched(engine, prompt_ids, params)
+    num_tokens = len(prompt_ids) * params.max_new_tokens  # ignore_eos: each prompt gets them all
+    summary["cpu_ms_engine"] = (time.process_time() - started) * 1000 / num_tokens
+    return summary
+
+
+def stack_cpu_ms(side: dict[str, float]) -> float | None:
+    """The stack's processes' CPU per token (every role), or None when it was not measured."""
+    roles = [value for key, value in side.items() if key.startswith("cpu_ms_") and key != "cpu_ms_clients"]
+    return sum(roles) if roles else None
+
+
+def cpu_bound(engine: dict[str, float], side: dict[str, float], num_cores: int) -> float | None:
+    """The most of the engine's aggregate that a side can deliver when its CPU is the limit:
+    `num_cores` cores spending what it measured per token (its processes' and the clients', all
+    on this machine) give at most num_cores / that tokens a second. Above 1: the CPU it spends
+    does not bind it on these cores (the engine alone, or a GPU, is the limit)."""
+    cpu_ms = stack_cpu_ms(side)
+    if cpu_ms is None:
+        return None
+    return num_cores * 1000 / (cpu_ms + side["cpu_ms_clients"]) / engine["tok_s"]
 
 
 # ---- the stack's side: browsers speaking the WebSocket protocol ------------------------------
@@ -325,9 +454,18 @@ def stop_group(process: subprocess.Popen, grace_s: float = 30.0) -> None:
     process.wait()
 
 
+@dataclass(frozen=True)
+class Server:
+    """A server to measure: its base URL and, when this run started it, its process (the root of
+    the processes whose CPU `process_tree_cpu_s` counts)."""
+
+    base_url: str
+    pid: int | None = None
+
+
 @contextlib.contextmanager
-def started_stack(port: int, redis_port: int, dtype: str, device: str, work_dir: Path) -> Iterator[str]:
-    """`scripts/run.py` on `port` with its own Redis and a fresh DB; yields its base URL."""
+def started_stack(port: int, redis_port: int, dtype: str, device: str, work_dir: Path) -> Iterator[Server]:
+    """`scripts/run.py` on `port` with its own Redis and a fresh DB."""
     env = starting_env() | {  # the worker as `make run` starts it: OpenMP as the user set it
         "HOST": "127.0.0.1",
         "PORT": str(port),
@@ -353,7 +491,7 @@ def started_stack(port: int, redis_port: int, dtype: str, device: str, work_dir:
     try:
         base_url = f"http://127.0.0.1:{port}"
         wait_for_http(base_url + "/", process, log_path)
-        yield base_url
+        yield Server(base_url, process.pid)
     finally:
         stop_group(process)
 
@@ -366,8 +504,8 @@ def llama_server_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def started_llama_server(binary: str, gguf: Path, num_tokens: int, work_dir: Path) -> Iterator[str]:
-    """llama-server on the GGUF with 16 slots and continuous batching; yields its base URL."""
+def started_llama_server(binary: str, gguf: Path, num_tokens: int, work_dir: Path) -> Iterator[Server]:
+    """llama-server on the GGUF with 16 slots and continuous batching."""
     port = free_port()
     argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(LLAMA_SERVER_SLOTS)]
     argv += ["-c", str(LLAMA_SERVER_SLOTS * (256 + num_tokens)), "--cont-batching", "-t", str(os.cpu_count() or 1)]
@@ -386,7 +524,7 @@ def started_llama_server(binary: str, gguf: Path, num_tokens: int, work_dir: Pat
     try:
         base_url = f"http://127.0.0.1:{port}"
         wait_for_http(base_url + "/health", process, log_path)
-        yield base_url
+        yield Server(base_url, process.pid)
     finally:
         stop_group(process, grace_s=10.0)
 
@@ -465,6 +603,22 @@ def print_row(
     print(row, flush=True)
 
 
+def print_cpu(engine: dict[str, float], sides: dict[str, dict[str, float]]) -> None:
+    """The row's CPU per token: the engine alone's, then each side's by process role, its
+    clients' and the bound that CPU puts on it (`cpu_bound`)."""
+    parts = [f"engine alone {engine['cpu_ms_engine']:.2f}"]
+    for name, side in sides.items():
+        roles = ", ".join(f"{key[7:]} {value:.2f}" for key, value in side.items() if key.startswith("cpu_ms_"))
+        bound = cpu_bound(engine, side, num_cores())
+        parts.append(f"{name}: {roles}" + (f" (at most {bound:.2f} of the engine)" if bound is not None else ""))
+    print(f"{'':>7} CPU ms per token on {num_cores()} cores: " + "; ".join(parts), flush=True)
+
+
+def num_cores() -> int:
+    """The cores this process may run on (the stack it starts inherits them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     engine = load(args.model, args.device, args.dtype, max(args.client_counts))
@@ -483,12 +637,19 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--llama-server: {args.model} has no GGUF; pass --gguf PATH")
     with tempfile.TemporaryDirectory(prefix="stack-bench-") as tmp, contextlib.ExitStack() as services:
         work_dir = Path(tmp)
-        base_url = args.url or services.enter_context(
-            started_stack(args.port or free_port(), args.redis_port or free_port(), args.dtype, args.device, work_dir)
+        stack = (
+            Server(args.url)
+            if args.url
+            else services.enter_context(
+                started_stack(
+                    args.port or free_port(), args.redis_port or free_port(), args.dtype, args.device, work_dir
+                )
+            )
         )
+        base_url = stack.base_url
         model = stack_model(base_url, args.model)
         model_id = model["id"]
-        llama_url = (
+        llama = (
             services.enter_context(started_llama_server(args.llama_server, gguf, args.num_tokens, work_dir))
             if gguf is not None
             else None
@@ -505,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             header
             + f" {'efficiency':>10} {'finished':>8} {'v1 tok/s':>9} {'ttft p50/p95':>13} {'efficiency':>10}"
-            + (f" {'llama tok/s':>12} {'ttft p50/p95':>13}" if llama_url else "")
+            + (f" {'llama tok/s':>12} {'ttft p50/p95':>13}" if llama else "")
         )
         results: dict[str, dict[int, dict[str, float]]] = {"engine": {}, "stack": {}, "v1": {}, "llama": {}}
         for n in args.client_counts:
@@ -514,19 +675,23 @@ def main(argv: list[str] | None = None) -> int:
             # Side by side, each round in turn (engine, stack, /v1, llama-server): a machine that
             # slows down for a while costs every side alike, and the medians drop a stray round.
             for _ in range(args.repeats):
-                rounds["engine"].append(run_batched(engine, prompt_ids, params))
-                stack_runs = run_clients(n, stack_client(base_url, model_id, QUESTIONS[:n], args.num_tokens))
-                rounds["stack"].append(summarize_clients(stack_runs))
-                v1_runs = run_clients(n, v1_client(base_url, model["name"], QUESTIONS[:n], args.num_tokens))
-                rounds["v1"].append(summarize_clients(v1_runs))
-                if llama_url is not None:
-                    llama_runs = run_clients(n, llama_server_client(llama_url, prompt_ids, args.num_tokens))
-                    rounds["llama"].append(summarize_clients(llama_runs))
+                rounds["engine"].append(measured_engine(engine, prompt_ids, params))
+                stack_client_n = stack_client(base_url, model_id, QUESTIONS[:n], args.num_tokens)
+                rounds["stack"].append(measured_clients(n, stack_client_n, stack.pid))
+                v1_client_n = v1_client(base_url, model["name"], QUESTIONS[:n], args.num_tokens)
+                rounds["v1"].append(measured_clients(n, v1_client_n, stack.pid))
+                if llama is not None:
+                    llama_client_n = llama_server_client(llama.base_url, prompt_ids, args.num_tokens)
+                    rounds["llama"].append(measured_clients(n, llama_client_n, llama.pid))
             for side, measured in rounds.items():
                 if measured:
                     results[side][n] = median_of(measured)
             print_row(n, results["engine"][n], results["stack"][n], results["v1"][n], results["llama"].get(n))
-    keys = report_keys(results["engine"], results["stack"], results["llama"], results["v1"])
+            print_cpu(
+                results["engine"][n],
+                {side: results[side][n] for side in ("stack", "v1", "llama") if n in results[side]},
+            )
+    keys = report_keys(results["engine"], results["stack"], results["llama"], results["v1"], num_cores())
     sides = [*results["stack"].items(), *results["v1"].items()]
     keys["all_finished"] = int(all(s["num_finished"] == n for n, s in sides))
     print(format_keys(keys))

@@ -10,8 +10,10 @@ alone or batched; without a compiler, or switched off, everything falls back to 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
 from inference import SamplingParams
+from inference.bench.stack import ENGINE_THREADS
 from inference.kernels import cpu as cpu_kernels
 from inference.kernels.cpu import KVAddress
 from inference.models.matmul import invariant_linear
@@ -480,3 +483,30 @@ def test_a_sequence_gets_the_same_tokens_alone_or_batched(kernels, precision: st
     batched = run_all(engine, requests)
     for i, (prompt_ids, _) in enumerate(requests):
         assert tokens(batched[i]) == tokens(alone(engine, prompt_ids, params)), f"request {i}"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
+def test_the_kernels_helper_threads_are_named_for_the_os(kernels) -> None:
+    """`top -H` and the stack benchmark (`ENGINE_THREADS`) count their CPU as the engine's."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # a helper even on a one-core machine
+        q, kv, slots = rand(64, 9, 64), KVAddress.layers(rand(1, 2, 300, 3, 64).to(BF16), 2, 3)[0], torch.arange(300)
+        kernels.attention(
+            q, kv, 3, torch.arange(1, 65), slots, torch.zeros(64, dtype=torch.long), torch.empty(64, 9, 64, dtype=BF16)
+        )
+    finally:
+        torch.set_num_threads(threads)
+    deadline = time.monotonic() + 10  # a helper names itself once it runs, maybe after the call
+    while "pg-kernels" not in (names := thread_names()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "pg-kernels" in names
+    assert "pg-kernels" in ENGINE_THREADS
+
+
+def thread_names() -> list[str]:
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            names.append((task / "comm").read_text().strip())
+    return names

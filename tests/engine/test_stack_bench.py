@@ -6,6 +6,9 @@ Nothing here is timed, and nothing starts the stack (tests/system does that)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -15,10 +18,13 @@ from inference import bench
 from inference.bench import format_keys, parse_keys
 from inference.bench.stack import (
     ClientRun,
+    cpu_bound,
     llama_server_client,
     llama_server_env,
+    measured_clients,
     median_of,
     parse_args,
+    process_tree_cpu_s,
     report_keys,
     run_clients,
     stack_model_id,
@@ -197,3 +203,75 @@ def test_llama_server_runs_on_its_own_openmp_setting_whatever_the_caller_set(mon
     env = llama_server_env()
     assert "OMP_WAIT_POLICY" not in env and env["SOME_SETTING"] == "kept"
     assert bench.starting_env()["OMP_WAIT_POLICY"] == "PASSIVE"  # the stack's worker still gets the caller's
+
+
+BURN = """
+import ctypes, sys, threading, time
+
+def burn(seconds):  # CPU time, not wall time: a busy machine only makes it take longer
+    started = time.thread_time()
+    while time.thread_time() - started < seconds:
+        pass
+
+burned = threading.Event()
+
+def engine_thread():  # lives on, as the worker's engine threads do
+    ctypes.CDLL(None).prctl(15, b"pg-kernels", 0, 0, 0)  # PR_SET_NAME, as kernels/threads.c names its helpers
+    burn(0.6)
+    burned.set()
+    time.sleep(3600)
+
+threading.Thread(target=engine_thread, daemon=True).start()
+burn(0.2)
+burned.wait()
+print("done", flush=True)
+sys.stdin.read()  # stays alive (its CPU readable) until the test closes stdin
+"""
+# The parent starts the burner with "daphne" in its command line only (not in the parent's own).
+PARENT = "import os, subprocess, sys; subprocess.run([sys.executable, '-c', os.environ['BURN'], os.environ['ROLE']])"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
+def test_a_started_servers_cpu_is_counted_by_role_with_the_engines_threads_apart() -> None:
+    environment = {**os.environ, "BURN": BURN, "ROLE": "daphne"}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environment
+    )
+    try:
+        assert parent.stdout.readline().strip() == "done"
+        by_role = process_tree_cpu_s(parent.pid)
+    finally:
+        parent.stdin.close()
+        parent.wait(timeout=30)
+    assert set(by_role) == {"other", "web", "engine"}  # the parent, the burner, its named thread
+    assert 0.55 <= by_role["engine"] < 1.0  # the named thread's 0.6 s
+    assert 0.15 <= by_role["web"] < 0.5  # the main thread's 0.2 s and its start, without the named thread's
+    assert process_tree_cpu_s(parent.pid) == {}  # gone: nothing to count
+
+
+def test_the_cpu_bound_is_what_the_cores_give_at_the_cpu_a_token_cost() -> None:
+    engine = side(400.0) | {"cpu_ms_engine": 5.0}  # two busy cores: 2 / 5 ms = 400 tok/s
+    stack = side(300.0) | {"cpu_ms_engine": 5.0, "cpu_ms_worker": 0.5, "cpu_ms_web": 0.4, "cpu_ms_clients": 0.1}
+    assert cpu_bound(engine, stack, num_cores=2) == pytest.approx(2000 / 6.0 / 400.0)  # 0.83: CPU binds
+    assert cpu_bound(engine, stack, num_cores=4) > 1  # spare cores: the CPU it spends does not bind it
+    assert cpu_bound(engine, side(300.0) | {"cpu_ms_clients": 0.1}, num_cores=2) is None  # --url: not measured
+    keys = report_keys({8: engine}, {8: stack}, llama={}, num_cores=2)
+    assert keys["stack_cpu_ms_per_token_8"] == pytest.approx(5.9)  # every role but the clients
+    assert keys["client_cpu_ms_per_token_8"] == 0.1 and keys["engine_cpu_ms_per_token_8"] == 5.0
+    assert keys["stack_cpu_bound_8"] == pytest.approx(0.8333, rel=1e-3)
+
+
+def test_a_rounds_cpu_is_read_once_every_client_is_ready_and_before_any_sends() -> None:
+    order: list[str] = []
+
+    def one_client(index: int, barrier: threading.Barrier, run: ClientRun) -> None:
+        order.append("ready")
+        barrier.wait(timeout=30)
+        order.append("sent")
+        run.token_times = [1.0, 2.0]
+        run.sent, run.outcome = 0.5, "generation.finished"
+
+    summary = measured_clients(3, one_client, server_pid=None)
+    assert order[:3] == ["ready"] * 3 and order[3:] == ["sent"] * 3
+    assert summary["num_finished"] == 3 and summary["cpu_ms_clients"] >= 0
+    assert not any(key.startswith("cpu_ms_") and key != "cpu_ms_clients" for key in summary)  # no server pid

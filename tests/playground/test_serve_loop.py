@@ -3,16 +3,19 @@ cancel check, the waiting position and a failing step, on a real tiny batching e
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from inference import EngineConfig, Finished, SamplingParams, Step
+from inference.bench.stack import ENGINE_THREADS
 from inference.engine import Engine
-from playground.worker.serve_loop import LoopFailed, Outbox, ServeLoop, Waiting
+from playground.worker.serve_loop import ENGINE_THREAD_NAME, LoopFailed, Outbox, ServeLoop, Waiting
 from tests.engine.engines import engine_for
 
 PARAMS = SamplingParams(greedy=True, max_new_tokens=8, ignore_eos=True, use_prefix_cache=False)
@@ -205,3 +208,12 @@ def test_an_outbox_read_in_two_loops_loses_nothing_taken_in_one_wake() -> None:
         break
     rest = list(outbox)
     assert rest == [_step(1), HANDED_OFF]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux names threads through prctl")
+def test_the_loop_thread_is_named_for_the_os_so_its_cpu_counts_as_the_engines() -> None:
+    loop = ServeLoop(engine_for("llama"), never_cancelled)
+    list(loop.submit(prompt(1), PARAMS, generation_id=1))  # the loop has run
+    comm = Path(f"/proc/self/task/{loop._thread.native_id}/comm").read_text().strip()
+    assert comm == ENGINE_THREAD_NAME == "engine-loop"  # what inference.bench.stack's ENGINE_THREADS reads
+    assert ENGINE_THREAD_NAME in ENGINE_THREADS
