@@ -176,27 +176,28 @@ def process_tree_cpu_s(root_pid: int) -> dict[str, float]:
     role: each process's by `ROLES` (a word of its command line; anything else is "other"), less
     the threads the OS knows by `ENGINE_THREADS`, which count as "engine". Linux's /proc;
     elsewhere, or for a process that is gone, {}."""
-    processes: dict[int, tuple[int, float, str]] = {}  # pid: (parent pid, CPU seconds, command line)
+    processes: dict[int, tuple[int, float]] = {}  # pid: (parent pid, CPU seconds), of every process
     with contextlib.suppress(OSError):
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and (stat := read_stat(entry)) is not None:
-                with contextlib.suppress(OSError):
-                    command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                    processes[int(entry.name)] = (stat[0], stat[1], command)
+                processes[int(entry.name)] = stat
     children: dict[int, list[int]] = {}
-    for pid, (parent, _, _) in processes.items():
+    for pid, (parent, _) in processes.items():
         children.setdefault(parent, []).append(pid)
     by_role: dict[str, float] = {}
     todo = [root_pid] if root_pid in processes else []
     while todo:
         pid = todo.pop()
-        _, cpu_s, command = processes[pid]
+        todo.extend(children.get(pid, []))
+        try:  # only the tree's command lines are read
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # it exited meanwhile
         engine_cpu_s = engine_threads_cpu_s(pid)
         role = next((role for role, word in ROLES if word in command), "other")
-        by_role[role] = by_role.get(role, 0.0) + cpu_s - engine_cpu_s
+        by_role[role] = by_role.get(role, 0.0) + processes[pid][1] - engine_cpu_s
         if engine_cpu_s:
             by_role["engine"] = by_role.get("engine", 0.0) + engine_cpu_s
-        todo.extend(children.get(pid, []))
     return by_role
 
 
@@ -608,7 +609,9 @@ def print_cpu(engine: dict[str, float], sides: dict[str, dict[str, float]]) -> N
     clients' and the bound that CPU puts on it (`cpu_bound`)."""
     parts = [f"engine alone {engine['cpu_ms_engine']:.2f}"]
     for name, side in sides.items():
-        roles = ", ".join(f"{key[7:]} {value:.2f}" for key, value in side.items() if key.startswith("cpu_ms_"))
+        roles = ", ".join(
+            f"{key.removeprefix('cpu_ms_')} {value:.2f}" for key, value in side.items() if key.startswith("cpu_ms_")
+        )
         bound = cpu_bound(engine, side, num_cores())
         parts.append(f"{name}: {roles}" + (f" (at most {bound:.2f} of the engine)" if bound is not None else ""))
     print(f"{'':>7} CPU ms per token on {num_cores()} cores: " + "; ".join(parts), flush=True)
