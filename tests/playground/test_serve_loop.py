@@ -53,18 +53,47 @@ def test_threads_submit_at_once_and_each_gets_exactly_its_own_answer() -> None:
     assert loop.num_requests == 0
 
 
+class PacedStop:
+    """A cancel check that flags `generation_id` once the engine has taken `at_step` steps, and
+    holds the engine's next step until the check has said so. The loop cannot finish the doomed
+    answer before the stop is seen, however the machine schedules the threads: with the flag set
+    by the reader, a loaded machine let the loop run all 200 steps before the reader took two."""
+
+    def __init__(self, engine: Engine, generation_id: int, at_step: int) -> None:
+        self.generation_id = generation_id
+        self.is_due = threading.Event()
+        self.is_reported = threading.Event()
+        real_step, num_steps = engine.step, 0
+
+        def step() -> list:
+            nonlocal num_steps
+            if self.is_due.is_set():
+                assert self.is_reported.wait(10.0), "the cancel watch never read the stop"
+            events = real_step()
+            num_steps += 1
+            if num_steps == at_step:
+                self.is_due.set()
+            return events
+
+        engine.step = step
+
+    def __call__(self, generation_ids: list[int]) -> set[int]:
+        if self.is_due.is_set() and self.generation_id in generation_ids:
+            self.is_reported.set()
+            return {self.generation_id}
+        return set()
+
+
+LONG = SamplingParams(greedy=True, max_new_tokens=200, ignore_eos=True, use_prefix_cache=False)
+
+
 def test_the_cancel_check_ends_only_the_flagged_generation() -> None:
-    flagged: set[int] = set()
-    loop = ServeLoop(engine_for("llama"), lambda ids: flagged & set(ids))
-    long = SamplingParams(greedy=True, max_new_tokens=200, ignore_eos=True, use_prefix_cache=False)
-    doomed = loop.submit(prompt(1), long, generation_id=7)
+    engine = engine_for("llama")
+    loop = ServeLoop(engine, PacedStop(engine, generation_id=7, at_step=3))
+    doomed = loop.submit(prompt(1), LONG, generation_id=7)
     other = loop.submit(prompt(2), PARAMS, generation_id=8)
-    seen = []
-    for event in doomed:
-        seen.append(event)
-        if len(tokens(seen)) == 3:
-            flagged.add(7)
-    assert seen[-1].finish_reason == "cancelled" and len(tokens(seen)) < 200
+    seen = list(doomed)
+    assert seen[-1].finish_reason == "cancelled" and 2 <= len(tokens(seen)) < 200
     assert list(other)[-1].finish_reason == "length"
 
 
@@ -134,16 +163,11 @@ def test_parallel_choices_are_one_unit_each_with_its_own_seed() -> None:
 
 
 def test_a_parallel_choice_that_is_stopped_ends_alone() -> None:
-    flagged: set[int] = set()
-    loop = ServeLoop(engine_for("llama"), lambda ids: flagged & set(ids))
-    long = SamplingParams(greedy=True, max_new_tokens=200, ignore_eos=True, use_prefix_cache=False)
-    doomed, other = loop.submit_parallel(prompt(1), long, [5, 6])
-    seen = []
-    for event in doomed:
-        seen.append(event)
-        if len(tokens(seen)) == 2:
-            flagged.add(5)
-    assert seen[-1].finish_reason == "cancelled" and len(tokens(seen)) < 200
+    engine = engine_for("llama")
+    loop = ServeLoop(engine, PacedStop(engine, generation_id=5, at_step=3))
+    doomed, other = loop.submit_parallel(prompt(1), LONG, [5, 6])
+    seen = list(doomed)
+    assert seen[-1].finish_reason == "cancelled" and 2 <= len(tokens(seen)) < 200
     assert list(other)[-1].finish_reason == "length"
 
 
