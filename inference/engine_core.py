@@ -15,9 +15,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
@@ -31,6 +30,7 @@ from inference.core.pacer import StepPacer
 from inference.core.scheduler import Chunk, Scheduler, SchedulerOutput
 from inference.core.sequence import Sequence
 from inference.events import Event, Prefilled
+from inference.introspect.passes import InspectionPasses
 from inference.kv.transfer import HandedOff, Handoff
 from inference.models.runner import ModelRunner, StepOutput
 from inference.requests import Request, Vocabulary
@@ -72,6 +72,7 @@ class EngineCore:
         self.block_manager = BlockManager(runner.pool.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.pacer = StepPacer(config.max_step_ms, config.max_num_batched_tokens)
+        self.passes = InspectionPasses(runner, self.block_manager, config.max_num_batched_tokens)
         self.requests: dict[int, AnyRequest] = {}
         self.owners: dict[int, AnyRequest] = {}  # seq_id -> the request it computes for
         self._ids = itertools.count()
@@ -153,50 +154,6 @@ class EngineCore:
     def kv_bytes(self, seq: Sequence) -> int:
         """The KV the sequence keeps: none without a KV cache (each step's is thrown away)."""
         return seq.num_computed_tokens * self.runner.bytes_per_token if seq.params.use_kv_cache else 0
-
-    def teacher_force(self, prompt_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
-        """float32 logits (len(answer_ids) + 1, vocab) predicting each answer token and the one
-        after, computed as a stream computes them: the prompt in one pass, then one decode step
-        per answer token (the served path's kernels and rounding)."""
-        with self._scratch(prompt_ids, len(answer_ids)) as seq:
-            rows = [self.runner.run([Chunk(seq, 0, seq.num_tokens, True, "prefill")]).logits[0]]
-            for token_id in answer_ids:
-                seq.num_computed_tokens = seq.num_tokens
-                seq.append_token(token_id)
-                self.block_manager.append_slots(seq, seq.num_tokens)
-                rows.append(self.runner.run([Chunk(seq, seq.num_tokens - 1, 1, True, "decode")]).logits[0])
-        return torch.stack(rows)
-
-    def score(self, token_ids: list[int], read: Callable[[int, torch.Tensor], None], max_rows: int = 256) -> None:
-        """Every position's float32 logits through the served path (row i predicts token i + 1),
-        handed to `read(first_position, logits (n, vocab))` in chunks of at most `max_rows`
-        positions (a long prompt's whole logits would not fit: 2,000 x 152k x 4 bytes)."""
-        with self._scratch(token_ids) as seq:
-            for start in range(0, seq.num_tokens, max_rows):
-                num_tokens = min(max_rows, seq.num_tokens - start)
-                is_last = start + num_tokens == seq.num_tokens
-                chunk = Chunk(seq, start, num_tokens, is_last, "prefill", is_scored=True)
-                read(start, self.runner.run([chunk]).logits)
-
-    def read_layers(self, token_ids: list[int]) -> torch.Tensor:
-        """The logit lens at the last of `token_ids`: float32 (L + 1, vocab), read after the
-        embedding and after each layer of the served pass; the last row is its own logits."""
-        with self._scratch(token_ids) as seq:
-            return self.runner.run_layers([Chunk(seq, 0, seq.num_tokens, True, "prefill")])[:, 0]
-
-    @contextmanager
-    def _scratch(self, token_ids: list[int], num_more: int = 0) -> Iterator[Sequence]:
-        """A sequence of `token_ids` in blocks of its own (room for `num_more` tokens), shared
-        with no one and freed after: an inspection's. Runs between two steps."""
-        seq = Sequence(list(token_ids), SamplingParams(use_prefix_cache=False))
-        num_blocks = seq.num_blocks_needed(self.block_manager.block_size, seq.num_tokens + num_more)
-        if num_blocks > self.block_manager.num_free_blocks:
-            raise ValueError("the KV pool has no room for this replay now: try again when the batch is smaller")
-        self.block_manager.allocate(seq)
-        try:
-            yield seq
-        finally:
-            self.block_manager.deallocate(seq)
 
     def stats(self) -> dict[str, Any]:
         """The batch and its KV pool now: for the live view and the metrics."""

@@ -15,9 +15,11 @@ from channels.sessions import SessionMiddlewareStack  # noqa: E402
 
 from playground.routing import websocket_urlpatterns  # noqa: E402
 from playground.web.origin import SameOriginValidator  # noqa: E402
+from playground.web.socket_failures import close_failing_sockets  # noqa: E402
 from playground.web.status_lines import complete_reason_phrases  # noqa: E402
 
 complete_reason_phrases()  # daphne wrote "429 Unknown Status"
+close_failing_sockets()  # daphne dropped a socket with invalid UTF-8 or an oversized frame, no close code
 
 application = ProtocolTypeRouter(
     {

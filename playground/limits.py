@@ -26,6 +26,19 @@ def check_prompt_chars(num_chars: int) -> None:
         )
 
 
+def check_num_messages(num_messages: int) -> None:
+    """The cheap bound on a chat's rendering (the web process, before anything is written): each
+    message costs its template's role markers whatever its length, so 10,000 one-letter messages
+    render to 60,000 tokens within the character limit."""
+    limit = settings.PLAYGROUND_MAX_MESSAGES
+    if num_messages > limit:
+        raise CommandError(
+            "prompt_too_long",
+            gettext("messages=%(num_messages)s exceeds this server's limit of %(limit)s messages in one chat")
+            % {"num_messages": num_messages, "limit": limit},
+        )
+
+
 def check_prompt_tokens(num_tokens: int, max_context: int) -> None:
     limit = settings.PLAYGROUND_MAX_PROMPT_TOKENS
     if num_tokens > limit:

@@ -17,6 +17,7 @@ from django.utils.translation import gettext, gettext_noop
 
 from inference.bundled_models import SMOLLM2, BundledModel, bundled_model, preparation_problem
 from playground.models import LanguageModel
+from playground.protocol import without_server_paths
 
 # The catalog's summaries, marked here for `make messages` (inference/ knows no Django) and looked
 # up by their English when a page asks: a test keeps them equal to `BundledModel.summary`.
@@ -38,10 +39,11 @@ class DefaultChoice:
 
 
 def unavailable_reason(model: LanguageModel) -> str | None:
-    """Why `model` cannot answer on this host (a bundled model not prepared here), else None."""
+    """Why `model` cannot answer on this host (a bundled model not prepared here), else None. Said
+    to clients (refusals, the model list): a failed preparation's words lose the server's paths."""
     bundled = bundled_model(model.source)
     problem = preparation_problem(bundled, settings.PLAYGROUND_DATA_DIR) if bundled else None
-    return None if problem is None else _translated_problem(bundled, problem)
+    return None if problem is None else without_server_paths(_translated_problem(bundled, problem))
 
 
 def _translated_problem(bundled: BundledModel, problem: str) -> str:

@@ -10,7 +10,10 @@ ORM, Celery or the engine; events are plain JSON-ready dicts whose `type` is the
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
+
+from django.conf import settings
 
 from playground import encoded_json
 
@@ -32,6 +35,7 @@ ERROR_CODES = (
     "message_too_large",
     "nesting_too_deep",
     "invalid_unicode",
+    "request_too_large",
     "server_busy",
     "inspection_timeout",
     "not_moe",
@@ -55,9 +59,36 @@ class CommandError(Exception):
 
     def __init__(self, code: str, message: str) -> None:
         assert code in ERROR_CODES, code
+        message = without_server_paths(message)  # an exception's text may name a file of the server
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+# An absolute path in a message: a "/" that starts a word (not the "/" of "a/b", of a URL or of
+# "~/"), up to a space, a quote, a bracket or a colon (what an exception's text puts around one).
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~/:\\-])/[^\s'\"`()<>\[\]{},;:|*?]+")
+
+
+def without_server_paths(text: str) -> str:
+    """`text` with each absolute path of the server shortened, for a client's eyes: one under
+    `PLAYGROUND_DATA_DIR` to its path relative to it (`models/x/config.json`: what a model's
+    source may say), any other to its file name. A one-part path (`/v1`, `/tmp`) stays: it
+    says nothing about this host. The server's own log keeps the full paths."""
+    if "/" not in text:
+        return text
+    data_dir = str(getattr(settings, "PLAYGROUND_DATA_DIR", "")).rstrip("/")
+    return _ABSOLUTE_PATH.sub(lambda match: _shortened(match.group(0), data_dir), text)
+
+
+def _shortened(path: str, data_dir: str) -> str:
+    stripped = path.rstrip(".")  # a sentence's full stop is no part of the path
+    end = path[len(stripped) :]
+    if data_dir and (stripped == data_dir or stripped.startswith(data_dir + "/")):
+        return (stripped[len(data_dir) + 1 :] or "<data dir>") + end
+    if stripped.rstrip("/").count("/") < 2:
+        return path
+    return stripped.rstrip("/").rsplit("/", 1)[-1] + end
 
 
 # Command fields --------------------------------------------------------------------------
@@ -106,7 +137,7 @@ def json_safe(value: Any) -> Any:
 
 def error(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
     """A refused command: nothing was started."""
-    return {"type": "error", "request_id": request_id, "code": code, "message": message}
+    return {"type": "error", "request_id": request_id, "code": code, "message": without_server_paths(message)}
 
 
 def generation_attached(
@@ -280,6 +311,7 @@ def generation_finished(
 
 def generation_error(generation_id: int, code: str, message: str) -> dict[str, Any]:
     assert code in ERROR_CODES, code
+    message = without_server_paths(message)  # a row saved before this rule may hold one
     return {"type": "generation.error", "generation_id": generation_id, "code": code, "message": message}
 
 
@@ -360,7 +392,7 @@ def worker_model(
         "model_name": model_name,
         "elapsed_ms": elapsed_ms,
         "load_ms": load_ms,
-        "error": error,
+        "error": without_server_paths(error),
     }
 
 

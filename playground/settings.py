@@ -30,6 +30,14 @@ def env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={value!r} must be an integer") from None
 
 
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "")
+    try:
+        return float(value) if value.strip() else default
+    except ValueError:
+        raise ValueError(f"{name}={value!r} must be a number") from None
+
+
 def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
@@ -57,6 +65,9 @@ PLAYGROUND_DTYPE = os.environ.get("PLAYGROUND_DTYPE", "auto")
 # tokens are checked exactly by the worker, which has the tokenizer.
 PLAYGROUND_MAX_PROMPT_CHARS = env_int("PLAYGROUND_MAX_PROMPT_CHARS", 32_000)
 PLAYGROUND_MAX_PROMPT_TOKENS = env_int("PLAYGROUND_MAX_PROMPT_TOKENS", 8_192)
+# Messages in one chat: an API request with more is refused; a browser conversation that grew past
+# it is rendered from its newest ones (each message costs its template's role markers).
+PLAYGROUND_MAX_MESSAGES = env_int("PLAYGROUND_MAX_MESSAGES", 1_000)
 PLAYGROUND_MAX_NEW_TOKENS = env_int("PLAYGROUND_MAX_NEW_TOKENS", 2_048)
 PLAYGROUND_MAX_CONCURRENT_PER_CLIENT = env_int("PLAYGROUND_MAX_CONCURRENT_PER_CLIENT", 2)
 # Generations waiting for a worker, over all clients; more are refused with `server_busy` (0: no bound).
@@ -86,10 +97,15 @@ PLAYGROUND_MAX_BATCHED_TOKENS = env_int("PLAYGROUND_MAX_BATCHED_TOKENS", 512)
 # prompt (docs/continuous-batching.md, "Fair sharing"). 0: the token budget alone.
 PLAYGROUND_MAX_STEP_MS = env_int("PLAYGROUND_MAX_STEP_MS", 500)
 
-# Liveness (see playground/liveness.py): a worker refreshes a per-generation key every
-# HEARTBEAT_INTERVAL; the key lives HEARTBEAT_TTL, so a missing key means a dead worker.
-PLAYGROUND_HEARTBEAT_INTERVAL_S = 0.5
-PLAYGROUND_HEARTBEAT_TTL_S = 3
+# Liveness (playground/coord/liveness.py, beacon.py): a worker's beacon, a child process of its
+# own, refreshes a per-generation key every HEARTBEAT_INTERVAL; the key lives HEARTBEAT_TTL, so a
+# missing key means the worker process (or its host) is gone. The beacon ends with the process;
+# the TTL only covers a beacon delayed by a loaded machine (docs/reliability.md: its longest
+# measured gap). A worker that runs no Python for WORKER_STALL (wedged, far longer than any model
+# load) is let go silent, and its generations are then lost.
+PLAYGROUND_HEARTBEAT_INTERVAL_S = env_float("PLAYGROUND_HEARTBEAT_INTERVAL_S", 1.0)
+PLAYGROUND_HEARTBEAT_TTL_S = env_float("PLAYGROUND_HEARTBEAT_TTL_S", 10.0)
+PLAYGROUND_WORKER_STALL_S = env_float("PLAYGROUND_WORKER_STALL_S", 900.0)
 # A queued generation is declared lost only when no worker at all is alive this long after
 # it was queued: a busy worker may take minutes to reach it.
 PLAYGROUND_QUEUE_TIMEOUT_S = env_int("PLAYGROUND_QUEUE_TIMEOUT_S", 15)
@@ -117,7 +133,9 @@ PLAYGROUND_KV_STORE = os.environ.get("PLAYGROUND_KV_STORE", "redis")
 PLAYGROUND_KV_TTL_S = env_int("PLAYGROUND_KV_TTL_S", 120)
 
 SECRET_KEY = load_secret_key(PLAYGROUND_DATA_DIR)
-DEBUG = env_bool("DEBUG", True)
+# Off unless asked for (`DEBUG=1`, `make dev`): Django's debug pages name the settings and the
+# source paths to whoever gets an error. Without it, static files come from collectstatic.
+DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
 # Pages allowed to open the WebSocket (scheme://host[:port], compared exactly; see
@@ -144,7 +162,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "playground.web.middleware.ContentSecurityPolicyMiddleware",
-    "playground.web.middleware.ApiNotFoundMiddleware",
+    "playground.web.middleware.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -208,6 +226,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A worker whose Redis is gone keeps trying to reconnect (Celery's default gives up after 100
 # tries and the worker exits); see also scripts/worker.py's RECONNECT_OPTIONS.
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# kombu's Redis transport with channels that can close after Redis died mid-task: without it the
+# worker exited instead of reconnecting (playground/broker.py says why). `rediss://` keeps kombu's
+# own transport: naming a class would skip kombu's TLS set-up for that scheme.
+CELERY_BROKER_TRANSPORT = "playground.broker:Transport" if REDIS_URL.startswith("redis://") else None
 CELERY_TASK_IGNORE_RESULT = True  # results travel over the channel layer and the DB
 CELERY_TASK_ROUTES = {
     "playground.tasks.run_generation": {"queue": "gpu"},
@@ -250,9 +272,9 @@ STORAGES = {
         else "whitenoise.storage.CompressedStaticFilesStorage",
     },
 }
-# In DEBUG, serve straight from static/ (no collectstatic) under daphne too.
-WHITENOISE_USE_FINDERS = DEBUG
-WHITENOISE_AUTOREFRESH = DEBUG
+# In DEBUG, serve straight from static/ (no collectstatic) under daphne too; also where
+# collectstatic never ran (scripts/run.py started without `make run`, the tests), rather than 404s.
+WHITENOISE_USE_FINDERS = WHITENOISE_AUTOREFRESH = DEBUG or not STATIC_ROOT.is_dir()
 
 CSRF_FAILURE_VIEW = "playground.web.api.csrf_failure"
 # Every response (see playground/web/middleware.py): nothing inline, nothing from elsewhere;

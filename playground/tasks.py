@@ -71,6 +71,7 @@ def _announce_worker(sender: str, instance: Any = None, **kwargs: Any) -> None:
     if instance is not None and worker_routing.SHARED_QUEUE in instance.app.amqp.queues.consume_from:
         instance.app.amqp.queues.select_add(worker_routing.worker_queue(sender))
     liveness.start_worker_heartbeat(sender)
+    liveness.start_reaper()  # a dead worker's rows end even when nobody reads them
     from playground.worker import observer  # the live view and metrics name this worker as Celery does
 
     observer.set_worker_name(sender)

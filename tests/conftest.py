@@ -189,6 +189,10 @@ def stack_env(redis_url: str, db_path: Path) -> dict[str, str]:
         }
     )
     env.setdefault("PLAYGROUND_DEVICE", "cpu")  # a CUDA dev box still tests the CPU path
+    # `make dev`'s DEBUG (off is settings.py's default now): whitenoise serves static/ as it is,
+    # where DEBUG off would serve a collectstatic copy the stack does not make. Tests of DEBUG
+    # off: in-process, and tests/system/test_malformed_live.py's own server.
+    env.setdefault("DEBUG", "1")
     # Served tokens are compared with in-process float32 references, and the exact counts the
     # pages show (top-k 10 keeps 10) assume float32 logits: bfloat16's coarse logits tie often.
     env.setdefault("PLAYGROUND_DTYPE", "float32")

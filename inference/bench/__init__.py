@@ -21,7 +21,7 @@ import statistics
 
 _STARTING_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # before __main__ sets it for this process
 
-MODES = ("precision", "decode", "batch", "stack", "fairness", "prefix", "pd", "determinism", "quality")
+MODES = ("precision", "decode", "batch", "stack", "fairness", "prefix", "pd", "determinism", "quality", "overload")
 
 
 def starting_env() -> dict[str, str]:

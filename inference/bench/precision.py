@@ -67,7 +67,7 @@ def answer_logprobs(engine: Engine, ids: torch.Tensor, num_prompt_tokens: int) -
     the served path: the engine's runner, a prefill then one decode step per answer token, so the
     numbers are the ones a chat's steps report (its kernels and rounding, not transformers')."""
     prompt_ids, answer = ids[0, :num_prompt_tokens].tolist(), ids[0, num_prompt_tokens:-1].tolist()
-    logits = engine.core.teacher_force(prompt_ids, answer)  # (N, V)
+    logits = engine.passes.teacher_force(prompt_ids, answer)  # (N, V)
     return torch.log_softmax(logits.float().cpu(), -1)
 
 

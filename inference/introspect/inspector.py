@@ -26,7 +26,7 @@ class Inspector:
     def prompt_logprobs(self, prompt_ids: list[int], top_n: int) -> list[dict[str, Any]]:
         from inference.introspect.prompt_logprobs import prompt_logprobs
 
-        tokens = prompt_logprobs(self.engine.core.score, prompt_ids, top_n)
+        tokens = prompt_logprobs(self.engine.passes.score, prompt_ids, top_n)
         for token in tokens:
             token["token_bytes"] = self.engine.prompts.table.bytes_of(token["token_id"]).hex()
         return self.named(tokens)
@@ -75,7 +75,7 @@ class Inspector:
         seen: dict[str, Any] = {
             "position": position,
             "token_id": ids[position],
-            "lens": lens.lens_rows(self.engine.core.read_layers(context), top_n),
+            "lens": lens.lens_rows(self.engine.passes.read_layers(context), top_n),
             "embedding": lens.embedding_of(model, ids[position], top_n=top_n),
             "num_layers": num_layers,
             "context": [{"token_id": i} for i in context],

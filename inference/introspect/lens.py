@@ -1,7 +1,7 @@
 """Inside the layers for one token of a sequence: its embedding, the logit lens and the
 attention of each head of one layer.
 
-Owns: the lens's read-out of the served pass's per-layer logits (`EngineCore.read_layers`: the
+Owns: the lens's read-out of the served pass's per-layer logits (`InspectionPasses.read_layers`: the
 model's final norm and LM head applied after each layer, as the model does to its last one, on
 the served runner and kernels, so the last row is the streamed distribution itself), and the
 attention weights, from one batch-1 transformers pass in eager attention (the only

@@ -44,11 +44,11 @@ class Recomputed:
 
 
 def replay(engine, prompt_ids: list[int], generated_ids: list[int]) -> Recomputed:
-    """The steps' logits through `engine`'s served path (`EngineCore.teacher_force`): equal to
+    """The steps' logits through `engine`'s served path (`InspectionPasses.teacher_force`): equal to
     what the stream computed. Run it on the engine's own thread, between two steps."""
     if not prompt_ids or not generated_ids:
         raise ValueError("need at least one prompt token and one generated token")
-    logits = engine.core.teacher_force(list(prompt_ids), list(generated_ids[:-1]))  # (n, V)
+    logits = engine.passes.teacher_force(list(prompt_ids), list(generated_ids[:-1]))  # (n, V)
     ids = torch.tensor(prompt_ids + generated_ids, dtype=torch.long, device=logits.device)
     return Recomputed(token_ids=ids, num_prompt_tokens=len(prompt_ids), step_logits=logits)
 

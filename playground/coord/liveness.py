@@ -1,9 +1,11 @@
 """Is the worker behind a generation still alive? Heartbeats in Redis, and the one rule that
 declares a generation lost.
 
-A worker process refreshes `playground:worker:<name>` while it lives, and
-`playground:generation:<id>` while it runs that generation; both keys expire on their own,
-so a killed worker simply stops refreshing them. The rule (`mark_lost_if_stale`) is shared
+A worker process keeps `playground:worker:<name>` alive while it lives, and
+`playground:generation:<id>` while it runs that generation; the beats come from the process's
+beacon child (`coord.beacon`), which ends with the worker process however it dies, so both keys
+expire a TTL after the process does, and only then: a worker busy loading a model, converting a
+GGUF or building a huge prompt, on a machine loaded by others, keeps them. The rule (`mark_lost_if_stale`) is shared
 by the watchdog (web/following.py), the concurrency limit and the HTTP loads. It also ends a
 queued generation whose task message Redis lost (it restarted without its data): no worker will
 ever get it, and it would hold one of its owner's slots. `end_queued_for_outage` ends a queued
@@ -15,21 +17,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import redis
 from django.conf import settings
+from django.db import close_old_connections
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from playground import protocol
-from playground.coord import keys, store, worker_routing
+from playground.coord import beacon, cancel, keys, model_states, store, worker_routing
 from playground.models import Generation
 
 logger = logging.getLogger(__name__)
 
-_WORKER_TTL_S = 5
+# A worker process's key: its beacon child beats it every HEARTBEAT_INTERVAL and ends with the
+# process, so the key is gone this long after the process (or its host's link) is.
+WORKER_TTL_S = 10
 # A queue counts as served while a worker consuming it was seen this recently: long enough
 # that a worker restarting after a crash is not refused, short enough to fail fast under
 # `make run`, where no prefill/decode worker ever ran.
@@ -40,57 +47,48 @@ def generation_key(generation_id: int) -> str:
     return keys.generation_alive(generation_id)
 
 
-class Heartbeat(threading.Thread):
-    """Refreshes one key every `interval_s` until stopped (then deletes it)."""
+class Heartbeat:
+    """Keeps keys alive while something lives, from the beacon's child process (`coord.beacon`:
+    no GIL pause of this process can let them lapse): `start()`, then `stop()` (the keys go
+    now) or `hand_off(hold_s)` (they live `hold_s` more: the prefill worker's handoff)."""
 
-    def __init__(self, key: str, ttl_s: float, interval_s: float) -> None:
-        super().__init__(name=f"heartbeat {key}", daemon=True)
-        self.key, self.ttl_ms, self.interval_s = key, int(ttl_s * 1000), interval_s
-        self.stopped = threading.Event()
+    def __init__(self, keys_: str | list[str], ttl_s: float) -> None:
+        self.keys = [keys_] if isinstance(keys_, str) else list(keys_)
+        self.ttl_s = ttl_s
+        self.is_beating = False
 
-    is_failing = False  # one warning per outage, not one per beat
+    @property
+    def key(self) -> str:
+        return self.keys[0]
 
-    def beat(self) -> None:
-        try:
-            store.client().set(self.key, 1, px=self.ttl_ms)
-        except redis.RedisError as exc:  # keep beating: Redis may come back
-            self._failed(exc)
-        else:
-            self._answered()
-
-    def _failed(self, exc: Exception) -> None:
-        if not self.is_failing:
-            logger.warning("heartbeat %s failed (retrying every %.1f s): %s", self.key, self.interval_s, exc)
-        self.is_failing = True
-
-    def _answered(self) -> None:
-        if self.is_failing:
-            logger.info("heartbeat %s: Redis answers again", self.key)
-        self.is_failing = False
-
-    def start(self) -> None:
-        self.beat()  # the key exists as soon as start() returns
-        super().start()
-
-    def run(self) -> None:
-        while not self.stopped.wait(self.interval_s):
-            self.beat()
+    def start(self) -> Heartbeat:
+        """The keys exist when this returns."""
+        self.beacon = beacon.get()
+        for key in self.keys:
+            self.beacon.beat(key, self.ttl_s)
+        self.is_beating = True
+        return self
 
     def stop(self) -> None:
-        self.stopped.set()
-        self.join()
-        with contextlib.suppress(redis.RedisError):
-            store.client().delete(self.key)
+        """Stops beating; the keys go now."""
+        self._end(None)
+
+    def hand_off(self, hold_s: float) -> None:
+        """Stops beating; the keys live `hold_s` more."""
+        self._end(hold_s)
+
+    def _end(self, hold_s: float | None) -> None:
+        if self.is_beating:
+            self.is_beating = False
+            for key in self.keys:
+                self.beacon.drop(key, hold_s=hold_s)
 
 
 @contextlib.contextmanager
-def generation_heartbeat(generation_id: int, beat_class: type[Heartbeat] = Heartbeat) -> Iterator[Heartbeat]:
+def generation_heartbeat(generation_id: int) -> Iterator[Heartbeat]:
     """Beats for one generation; the key exists before the body runs and is gone after it
-    (unless `beat_class.stop` keeps it: the prefill worker's handoff)."""
-    beat = beat_class(
-        generation_key(generation_id), settings.PLAYGROUND_HEARTBEAT_TTL_S, settings.PLAYGROUND_HEARTBEAT_INTERVAL_S
-    )
-    beat.start()
+    (unless the body called `hand_off`: the prefill worker's handoff)."""
+    beat = Heartbeat(generation_key(generation_id), settings.PLAYGROUND_HEARTBEAT_TTL_S).start()
     try:
         yield beat
     finally:
@@ -103,9 +101,8 @@ _worker_beats: list[Heartbeat] = []
 
 
 def start_worker_heartbeat(worker_name: str) -> Heartbeat:
-    """Beats for this worker process until it exits (a daemon thread) or `stop()`."""
-    beat = Heartbeat(worker_routing.alive_key(worker_name), _WORKER_TTL_S, 1.0)
-    beat.start()
+    """Says this worker process is alive until it exits (its beacon child then ends) or `stop()`."""
+    beat = Heartbeat(worker_routing.alive_key(worker_name), WORKER_TTL_S).start()
     _worker_beats.append(beat)
     return beat
 
@@ -116,38 +113,12 @@ def stop_worker_heartbeats() -> None:
         _worker_beats.pop().stop()
 
 
-class _QueueHeartbeat(Heartbeat):
-    """Refreshes one key per queue a worker consumes (in one round trip)."""
-
-    def __init__(self, queue_keys: list[str], ttl_s: float, interval_s: float) -> None:
-        super().__init__(queue_keys[0], ttl_s, interval_s)
-        self.queue_keys = queue_keys
-
-    def beat(self) -> None:
-        try:
-            with store.client().pipeline() as pipe:
-                for key in self.queue_keys:
-                    pipe.set(key, 1, px=self.ttl_ms)
-                pipe.execute()
-        except redis.RedisError as exc:
-            self._failed(exc)
-        else:
-            self._answered()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join()
-        with contextlib.suppress(redis.RedisError):
-            store.client().delete(*self.queue_keys)
-
-
 def start_queue_heartbeat(worker_name: str, queues: Iterable[str]) -> Heartbeat | None:
     """Says which queues this worker serves (see `queue_has_consumer`) until it exits."""
     queue_keys = [keys.queue_consumer(queue, worker_name) for queue in sorted(queues)]
     if not queue_keys:
         return None
-    beat = _QueueHeartbeat(queue_keys, QUEUE_SEEN_TTL_S, 1.0)
-    beat.start()
+    beat = Heartbeat(queue_keys, QUEUE_SEEN_TTL_S).start()
     _worker_beats.append(beat)
     return beat
 
@@ -157,6 +128,32 @@ def alive_workers() -> list[str]:
     prefix = worker_routing.alive_key("")
     names = store.client().scan_iter(match=worker_routing.alive_key("*"), count=100)
     return sorted(name.decode().removeprefix(prefix) for name in names)
+
+
+def why_no_answer(waited_s: float, queue: str) -> str:
+    """Why no worker answered a request within `waited_s`, as the workers say it: none runs, one
+    is loading a model (and for how long), or they are busy. Redis unreachable: that."""
+    try:
+        workers, states = alive_workers(), model_states.current()
+    except redis.RedisError:
+        return str(store.OUTAGE_MESSAGE)
+    loading = [state for state in states if state["state"] == "loading"]
+    if not workers:
+        return gettext("no generation worker is running (queue %(queue)r): start one (docs/running.md)") % {
+            "queue": queue
+        }
+    if loading:
+        return gettext(
+            "the worker %(worker)s is loading %(model)s (%(seconds)s s so far); ask again once it is ready"
+        ) % {
+            "worker": loading[0]["worker"],
+            "model": loading[0]["model_name"],
+            "seconds": f"{loading[0]['elapsed_ms'] / 1000:.0f}",
+        }
+    return gettext("the workers (%(workers)s) are busy: none answered within %(seconds)s s; ask again in a moment") % {
+        "workers": ", ".join(workers),
+        "seconds": f"{waited_s:.0f}",
+    }
 
 
 def queue_has_consumer(queue: str) -> bool:
@@ -170,7 +167,10 @@ TASK_SENT_WITHIN_S = 10
 _NO_WORKER_MESSAGE = (
     "no worker picked up this generation; is a worker running (celery -A playground worker -Q gpu -P threads)?"
 )
-_WORKER_GONE_MESSAGE = "the worker running this generation stopped responding; the partial answer was kept"
+_WORKER_GONE_MESSAGE = (
+    "the worker running this generation (%(worker)s) is gone: its process ended, or its host stopped reaching "
+    "Redis, %(seconds)s s ago; the partial answer was kept"
+)
 _TASK_LOST_MESSAGE = (
     "no worker will run this request: its task was lost (Redis restarted, or the server process that held it "
     "stopped); send it again"
@@ -183,15 +183,16 @@ def _why_lost(generation: Generation) -> tuple[str, str] | None:
     r = store.client()
     if generation.status == Generation.Status.RUNNING:
         # The beat starts before `started_at` is stamped, so once the TTL has passed since
-        # then a missing key means the worker stopped refreshing it (or finished, which
-        # the conditional update in `mark_lost_if_stale` tells apart).
+        # then a missing key means the worker's process (and with it its beacon) is gone, or
+        # finished it, which the conditional update in `mark_lost_if_stale` tells apart.
         ttl = timedelta(seconds=settings.PLAYGROUND_HEARTBEAT_TTL_S)
         if (
             generation.started_at is not None
             and generation.started_at < now - ttl
             and not r.exists(generation_key(generation.pk))
         ):
-            return "worker_lost", _WORKER_GONE_MESSAGE
+            seconds = f"{settings.PLAYGROUND_HEARTBEAT_TTL_S:.0f}"
+            return "worker_lost", _WORKER_GONE_MESSAGE % {"worker": generation.worker or "?", "seconds": seconds}
     elif generation.status == Generation.Status.QUEUED:
         if generation.created_at < now - timedelta(seconds=settings.PLAYGROUND_QUEUE_TIMEOUT_S) and (
             next(r.scan_iter(match=worker_routing.alive_key("*"), count=100), None) is None
@@ -233,6 +234,10 @@ def mark_lost_if_stale(generation: Generation) -> bool:
     )
     if num_updated:
         logger.warning("generation %s lost: %s", generation.pk, message)
+        # Its client is answered now: a worker that still runs it (a host cut off from Redis for a
+        # while, a task that comes late) stops at its next step instead of spending the batch on it.
+        with contextlib.suppress(redis.RedisError):
+            cancel.request_cancel(generation.pk)
     return bool(num_updated)
 
 
@@ -266,6 +271,39 @@ def reconcile(generations: Iterable[Generation]) -> None:
     for generation in generations:
         if generation.is_active:
             mark_lost_if_stale(generation)
+
+
+REAP_INTERVAL_S = 30.0
+
+
+def reap_once() -> int:
+    """Applies the lost rule to every active row (a worker killed while nobody followed its
+    generations left them `running`); how many it ended."""
+    active = Generation.objects.filter(status__in=Generation.ACTIVE_STATUSES).defer(
+        "steps", "prompt", "prompt_text", "inputs"
+    )
+    return sum(mark_lost_if_stale(generation) for generation in active)
+
+
+def start_reaper(interval_s: float = REAP_INTERVAL_S) -> threading.Thread:
+    """Every live worker runs `reap_once` every `interval_s`, so a dead worker's rows end within a
+    TTL and an interval whether or not anyone reads them."""
+
+    def reap_forever() -> None:
+        while True:
+            time.sleep(interval_s)
+            try:
+                num_ended = reap_once()
+                if num_ended:
+                    logger.info("ended %d generation(s) whose worker is gone", num_ended)
+            except Exception:  # the database or Redis is away: the next round tries again
+                logger.warning("reaping lost generations failed", exc_info=True)
+            finally:
+                close_old_connections()
+
+    thread = threading.Thread(target=reap_forever, name="lost-reaper", daemon=True)
+    thread.start()
+    return thread
 
 
 def ended_event(generation_id: int) -> dict[str, Any] | None:

@@ -1,8 +1,8 @@
 """Every worker's model state in Redis: which model it holds or is loading, and since when.
 
 Owns: the record (`state`, `model_id`, `model_name`, `started_at` and `load_ms`, `error`) under
-`keys.worker_model(worker)`, written by the worker with a short TTL it keeps refreshing (a killed
-worker's record expires on its own), and `current()`: every live worker's state as the
+`keys.worker_model(worker)`, written by the worker and kept alive by its beacon (a killed worker's record
+expires on its own), and `current()`: every live worker's state as the
 `worker.model` events the pages get (elapsed time measured here, on one clock). Must not know:
 the engine, sockets.
 """
@@ -14,13 +14,14 @@ import time
 from typing import Any
 
 from playground import protocol
-from playground.coord import keys, store
+from playground.coord import beacon, keys, store
 
-TTL_S = 5  # as a worker's liveness key: refreshed every second while the worker lives
+TTL_S = 10  # as a worker's liveness key: beaten by its beacon while the worker process lives
 
 
-def write(worker: str, record: dict[str, Any]) -> None:
-    store.client().set(keys.worker_model(worker), json.dumps(record), px=TTL_S * 1000)
+def keep(worker: str, record: dict[str, Any]) -> None:
+    """Keeps the worker's record alive (from its beacon child) until it changes or the worker ends."""
+    beacon.get().beat(keys.worker_model(worker), TTL_S, json.dumps(record))
 
 
 def record(state: str, model_id: int | None, model_name: str, started_at: float, **extra: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ Django's CSRF middleware (header `X-CSRFToken`).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +21,8 @@ from playground import limits
 from playground.coord import cancel, liveness
 from playground.model_choice import default_model, summary, unavailable_reason
 from playground.models import Conversation, Generation, LanguageModel, Message, SamplingPreset
-from playground.protocol import CommandError, get_field, prompt_record
-from playground.web import owners
+from playground.protocol import CommandError, get_field, prompt_record, without_server_paths
+from playground.web import owners, request_body
 from playground.web.submit import owned_conversation, owned_generation, resolve_model, resolve_preset
 
 _STATUS_BY_CODE = {
@@ -33,6 +32,7 @@ _STATUS_BY_CODE = {
     "too_many_generations": 429,
     "server_busy": 503,
     "service_unavailable": 503,
+    **request_body.STATUS_BY_CODE,
 }
 
 View = Callable[..., HttpResponse]
@@ -79,10 +79,7 @@ def owned_by(request: HttpRequest) -> str:
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
-    try:
-        body = json.loads(request.body or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CommandError("bad_json", f"the body is not valid JSON: {exc}") from exc
+    body = request_body.json_body(request)
     if not isinstance(body, dict):
         raise CommandError("bad_json", "the body must be a JSON object")
     return body
@@ -112,7 +109,7 @@ def message_json(message: Message) -> dict[str, Any]:
         "stats": generation.stats if generation else None,
         "status": generation.status if generation else None,
         "error": (
-            {"code": generation.error_code, "message": generation.error_message}
+            {"code": generation.error_code, "message": without_server_paths(generation.error_message)}
             if generation is not None and generation.status == Generation.Status.ERROR
             else None
         ),
@@ -143,7 +140,7 @@ def generation_json(generation: Generation) -> dict[str, Any]:
         saved.get("num_dropped_messages", 0),
     )
     error = (
-        {"code": generation.error_code, "message": generation.error_message}
+        {"code": generation.error_code, "message": without_server_paths(generation.error_message)}
         if generation.status == Generation.Status.ERROR
         else None
     )

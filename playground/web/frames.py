@@ -2,8 +2,10 @@
 
 Owns: what a frame must be before any command logic sees it: at most
 `PLAYGROUND_MAX_MESSAGE_BYTES`, valid JSON, an object, nested at most `MAX_DEPTH` levels, and
-text that is valid Unicode (JSON may spell a lone surrogate, `"\\ud800"`, which no database
-or encoder accepts). Every refusal leaves the socket usable. Must not know: the commands.
+text that is valid Unicode (a binary frame's bytes UTF-8; JSON may spell a lone surrogate,
+`"\\ud800"`, which no database or encoder accepts). Every refusal leaves the socket usable.
+(A text frame that is not UTF-8 never gets here: daphne closes its socket with 1007,
+`socket_failures.py`.) Must not know: the commands.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def parse(text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
             "message_too_large",
             gettext("the message has %(size)s bytes; the limit is %(limit)s") % {"size": size, "limit": limit},
         )
+    if isinstance(raw, bytes):  # a binary frame; a text frame's UTF-8 daphne has checked (socket_failures.py)
+        raw = _utf8(raw)
     try:
         content = json.loads(raw)
     except RecursionError:
@@ -46,17 +50,26 @@ def parse(text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
     if not isinstance(content, dict):
         raise FrameError("bad_json", "each message must be a JSON object")
     request_id = content.get("request_id")
-    request_id = request_id if isinstance(request_id, str) and _is_unicode(request_id) else None
-    if _depth(content) > MAX_DEPTH:
+    request_id = request_id if isinstance(request_id, str) and is_unicode(request_id) else None
+    if nesting_depth(content) > MAX_DEPTH:
         raise FrameError("nesting_too_deep", f"the message nests deeper than {MAX_DEPTH} levels", request_id)
-    if not _is_unicode(json.dumps(content, ensure_ascii=False)):
+    if not is_unicode(json.dumps(content, ensure_ascii=False)):
         raise FrameError(
             "invalid_unicode", "the message holds a lone surrogate (e.g. \\ud800), which is not valid text", request_id
         )
     return content
 
 
-def _is_unicode(text: str) -> bool:
+def _utf8(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FrameError(
+            "invalid_unicode", f"the message is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})"
+        ) from None
+
+
+def is_unicode(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -64,8 +77,9 @@ def _is_unicode(text: str) -> bool:
     return True
 
 
-def _depth(value: Any) -> int:
-    """Levels of objects and lists (iterative: the parser already bounded the recursion)."""
+def nesting_depth(value: Any, bound: int = MAX_DEPTH) -> int:
+    """Levels of objects and lists, counted up to `bound` + 1 (iterative: the parser already
+    bounded the recursion)."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -73,7 +87,7 @@ def _depth(value: Any) -> int:
         if children is None:
             continue
         deepest = max(deepest, depth)
-        if depth > MAX_DEPTH:
+        if depth > bound:
             return depth
         stack.extend((child, depth + 1) for child in children)
     return deepest

@@ -10,7 +10,6 @@ worker recomputes what it is asked. Must not import torch or the worker package.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -20,9 +19,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.translation import gettext
 
 from playground import dispatch, inspection, task_names
-from playground.coord import worker_routing
+from playground.coord import liveness, worker_routing
 from playground.models import Generation
 from playground.protocol import CommandError
+from playground.web import request_body
 from playground.web.api import error_response, owned_by
 from playground.web.submit import owned_generation
 
@@ -35,6 +35,7 @@ _STATUS_BY_CODE = {
     "model_unavailable": 503,
     "service_unavailable": 503,
     "internal_error": 500,
+    **request_body.STATUS_BY_CODE,
 }
 
 
@@ -48,10 +49,7 @@ async def inspect_generation(request: HttpRequest, generation_id: int) -> HttpRe
 
 
 async def _inspect(request: HttpRequest, generation_id: int) -> dict[str, Any]:
-    try:
-        content = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CommandError("bad_json", f"the body is not JSON: {exc}") from exc
+    content = request_body.json_body(request)
     owner = await sync_to_async(owned_by)(request)
     row = await sync_to_async(_finished)(owner, generation_id)
     # A run that gave no seed drew one, reported in its stats: what-ifs replay with it.
@@ -83,11 +81,8 @@ async def ask_worker(generation_id: int, checked: dict[str, Any]) -> dict[str, A
     try:
         answer = await asyncio.wait_for(layer.receive(reply_channel), timeout=inspection.WAIT_S)
     except TimeoutError:
-        raise CommandError(
-            "inspection_timeout",
-            gettext("no worker answered within %(seconds)s s: is a generation worker running (queue %(queue)r)?")
-            % {"seconds": f"{inspection.WAIT_S:.0f}", "queue": worker_routing.SHARED_QUEUE},
-        ) from None
+        why = await sync_to_async(liveness.why_no_answer)(inspection.WAIT_S, worker_routing.SHARED_QUEUE)
+        raise CommandError("inspection_timeout", why) from None
     if not answer.get("ok"):
         raise CommandError(answer.get("code", "internal_error"), answer.get("message", "the inspection failed"))
     return answer["result"]

@@ -56,9 +56,14 @@ def allowed_origins(scope: dict[str, Any]) -> list[str]:
 
 
 def is_allowed(origin: str | None, allowed: list[str]) -> bool:
-    """Channels' comparison (scheme, host and port; default ports filled in) against `allowed`."""
-    parsed = urlparse(origin) if origin else None
-    return parsed is not None and any(_MATCHER.match_allowed_origin(parsed, pattern) for pattern in allowed)
+    """Channels' comparison (scheme, host and port; default ports filled in) against `allowed`.
+    An origin whose port is no number (`http://127.0.0.1:8000.evil.com`) is refused: reading its
+    port raises ValueError, which was a 500 (with DEBUG, a page naming the settings)."""
+    try:
+        parsed = urlparse(origin) if origin else None
+        return parsed is not None and any(_MATCHER.match_allowed_origin(parsed, pattern) for pattern in allowed)
+    except ValueError:
+        return False
 
 
 def http_origin_allowed(request: HttpRequest) -> bool:

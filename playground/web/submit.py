@@ -385,6 +385,7 @@ def api_chat(
     choice's answer is the conversation's active one, the others stand beside it."""
     if not messages:
         raise CommandError("invalid_field", "messages must not be empty")
+    limits.check_num_messages(len(messages))
     first_user = next((m["content"] for m in messages if m["role"] == Message.Role.USER), "")
     with transaction.atomic():
         conversation = Conversation(owner=owner, title=first_user.strip()[:_TITLE_CHARS] or "API chat")
@@ -394,10 +395,10 @@ def api_chat(
         limits.check_api_backlog(owner, num_choices, max_concurrent)
         conversation.model, conversation.preset = model, preset
         conversation.save()
-        for position, message in enumerate(messages):
-            Message.objects.create(
-                conversation=conversation, role=message["role"], content=message["content"], position=position
-            )
+        Message.objects.bulk_create(  # one INSERT: a thousand messages cost the web process no second
+            Message(conversation=conversation, role=message["role"], content=message["content"], position=position)
+            for position, message in enumerate(messages)
+        )
         return [
             _queue_answer(owner, conversation, len(messages), model, choice_params(params, i), None, is_active=i == 0)
             for i in range(num_choices)

@@ -73,7 +73,8 @@ def inspect(generation_id: int, request: dict[str, Any], load_engine: Callable[[
         raise CommandError("model_unavailable", "the generation's model was deleted")
     engine = load_engine(row.model)
     inspector = Inspector(engine)
-    on_loop = loop_for(engine).call  # the engine's thread: the only one that touches its model
+    # The engine's thread (the only one that touches its model), paced: the batch steps between its chunks.
+    on_loop = loop_for(engine).call_paced
     head = {"view": view, "generation_id": generation_id}
     if view == "prompt_logprobs":
         return {**head, "tokens": on_loop(lambda: inspector.prompt_logprobs(context_ids, checked["top_n"]))}

@@ -1,8 +1,8 @@
 """This worker's model state, announced: "loading" (which model, since when), "ready" (and how
 long the load took) or "error" (why the load failed).
 
-Owns: the state of this process, its Redis record (`coord.model_states`, refreshed every second
-by a daemon thread so it expires with the worker) and the `worker.model` event to every page's
+Owns: the state of this process, its Redis record (`coord.model_states`, kept alive by the worker's
+beacon so it expires with the worker) and the `worker.model` event to every page's
 socket (channel-layer group `protocol.MODELS_GROUP`) on each change. `engines` calls `loading` /
 `ready` / `failed` around every load it does, the preload at start included. Must not know:
 sockets, the engine.
@@ -27,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _record: dict[str, Any] | None = None
-_refresher: threading.Thread | None = None
 
 
 def loading(model_id: int | None, model_name: str) -> None:
@@ -47,29 +46,9 @@ def _set(record: dict[str, Any]) -> None:
     worker = observer.worker_name()
     with _lock:
         _record = record
-        _start_refresher()
     with contextlib.suppress(redis.RedisError):
-        model_states.write(worker, record)
+        model_states.keep(worker, record)
     try:
         group_send(protocol.MODELS_GROUP, model_states.as_event(worker, record)).result()
     except Exception as exc:  # the pages learn the state on their next connect; loading goes on
         logger.warning("could not announce the model state %s: %s", record["state"], exc)
-
-
-def _start_refresher() -> None:
-    global _refresher
-    if _refresher is None:
-        _refresher = threading.Thread(target=_refresh_forever, name="model-state", daemon=True)
-        _refresher.start()
-
-
-def _refresh_forever() -> None:
-    while True:
-        time.sleep(1.0)
-        with _lock:
-            record = _record
-        if record is not None:
-            try:
-                model_states.write(observer.worker_name(), record)
-            except redis.RedisError as exc:  # keep refreshing: Redis may come back
-                logger.warning("model state refresh failed: %s", exc)

@@ -71,23 +71,6 @@ def _ms_since(t0: float) -> float:
 # ---- the prefill worker --------------------------------------------------------------------
 
 
-class _HandoffHeartbeat(liveness.Heartbeat):
-    """The prefill worker's beat; `handoff` keeps the key alive after it, until the decode
-    worker beats for the generation (or the hold expires and the generation counts as lost)."""
-
-    is_handed_off = False
-
-    def handoff(self, hold_s: float) -> None:
-        self.stopped.set()
-        self.join()
-        store.client().set(self.key, 1, px=int(hold_s * 1000))
-        self.is_handed_off = True
-
-    def stop(self) -> None:
-        if not self.is_handed_off:
-            super().stop()
-
-
 def run_prefill(
     generation_id: int,
     worker: str,
@@ -98,7 +81,7 @@ def run_prefill(
 ) -> None:
     """Prefills one queued generation and hands it to a decode worker (`enqueue_decode(id, blob key)`)."""
     # The same key as the decode worker's beat, so the lost-worker rule covers both phases.
-    with liveness.generation_heartbeat(generation_id, _HandoffHeartbeat) as beat:
+    with liveness.generation_heartbeat(generation_id) as beat:
         generation = start_queued(generation_id, worker)
         if generation is None:
             logger.info("generation %s is no longer queued; skipped", generation_id)
@@ -116,7 +99,7 @@ class PrefillRun(GenerationRun):
         self,
         generation: Generation,
         send: Send,
-        beat: _HandoffHeartbeat,
+        beat: liveness.Heartbeat,
         blobs: kv_store.BlobStore,
         enqueue_decode: EnqueueDecode,
     ) -> None:
@@ -155,7 +138,7 @@ class PrefillRun(GenerationRun):
             prefill_ms=handoff.prefilled.prefill_ms,
             ttft_ms=handoff.ttft_ms,
         )
-        self.beat.handoff(self.blobs.ttl_s)
+        self.beat.hand_off(self.blobs.ttl_s)
         self._enqueue_decode()
         self.is_handed_off = True
         return None

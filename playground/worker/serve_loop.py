@@ -134,17 +134,37 @@ class ServeLoop:
         self.engine = engine
         self.poll_cancelled = poll_cancelled
         self.observer = observer
-        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue]] = queue.SimpleQueue()
+        # (fn, its reply, is_paced): a paced command is an inspection, run one at a time with the
+        # batch stepping at its pace points (`_pace`); the others are quick and run between steps.
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue, bool]] = queue.SimpleQueue()
+        self._paced: deque[tuple[Callable[[], Any], queue.SimpleQueue, bool]] = deque()
+        self._is_inspecting = False
+        passes = getattr(engine, "passes", None)  # a test's fake engine may have none
+        if passes is not None:
+            passes.pace = self._pace
         self._outboxes: dict[int, Outbox] = {}
         self._generation_of: dict[int, int] = {}  # request id -> generation id (for the cancel check)
         self._waiting_since: dict[int, float] = {}
         self._positions: dict[int, int] = {}
         self._watched: tuple[int, ...] = ()  # the generation ids the cancel watch reads (set on the loop thread)
         self._has_watched = threading.Event()
+        self._closed = False  # set by close(): both threads end, and with them the last hold on the engine
         self._found_cancelled: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
-        threading.Thread(target=self._watch_cancels, name="cancel-watch", daemon=True).start()
+        self._watch_thread = threading.Thread(target=self._watch_cancels, name="cancel-watch", daemon=True)
+        self._watch_thread.start()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ends the loop's two threads (call it once its requests are done: the model is being
+        switched away from). Until closed they hold the engine, so its weights and KV pool stay
+        in memory for the life of the process, whoever else forgets it."""
+        self._closed = True
+        self._commands.put((lambda: None, queue.SimpleQueue(), False))  # wakes an idle loop
+        self._has_watched.set()  # wakes the cancel watch
+        for thread in (self._thread, self._watch_thread):
+            if thread is not threading.current_thread():
+                thread.join(timeout_s)
 
     @property
     def num_requests(self) -> int:
@@ -156,8 +176,17 @@ class ServeLoop:
         """Runs `fn` on the loop thread between two steps and returns its result (or raises).
         Every step waits for it: keep it to what only the engine's thread may do (a prompt is
         built on the caller's thread)."""
+        return self._call(fn, is_paced=False)
+
+    def call_paced(self, fn: Callable[[], Any]) -> Any:
+        """Runs an inspection `fn` on the loop thread and returns its result (or raises): its
+        passes (`engine.passes`) step the batch between their chunks, so it holds no one's next
+        token longer than a chunk. One at a time; others wait their turn."""
+        return self._call(fn, is_paced=True)
+
+    def _call(self, fn: Callable[[], Any], is_paced: bool) -> Any:
         reply: queue.SimpleQueue = queue.SimpleQueue()
-        self._commands.put((fn, reply))
+        self._commands.put((fn, reply, is_paced))
         ok, value = reply.get()
         if not ok:
             raise value
@@ -228,42 +257,66 @@ class ServeLoop:
 
     def _run(self) -> None:
         name_os_thread(ENGINE_THREAD_NAME)
-        while True:
-            self._run_commands(block=not self.engine.has_unfinished)
-            if not self.engine.has_unfinished:
-                continue
-            self._cancel_requested()
-            generation_of = dict(self._generation_of)  # finished requests are forgotten as they are delivered
-            try:
-                events = self.engine.step()
-            except Exception as exc:
-                logger.exception("engine step failed; ending every request of this worker's batch")
-                self._fail_all(LoopFailed(f"the engine failed: {type(exc).__name__}: {exc}"))
-                continue
-            for request_id, event in events:
-                if self.observer is not None:
-                    self.observer.on_event(request_id, event)
-                self._deliver(request_id, event)
-            self._report_waiting()
+        while not self._closed:
+            self._run_commands(block=not self.engine.has_unfinished and not self._paced)
+            if self._paced:
+                self._run_command(*self._paced.popleft())
+            elif self.engine.has_unfinished:
+                self._step()
+
+    def _pace(self) -> None:
+        """An inspection's pace point (on the loop thread, between two of its chunks): the quick
+        commands handed in meanwhile (a new request joins the batch), then one step of the batch."""
+        if not self._is_inspecting or threading.current_thread() is not self._thread:
+            return
+        self._run_commands(block=False)
+        if self.engine.has_unfinished:
+            self._step()
+
+    def _step(self) -> None:
+        """One step of the batch, its events delivered."""
+        self._cancel_requested()
+        generation_of = dict(self._generation_of)  # finished requests are forgotten as they are delivered
+        try:
+            events = self.engine.step()
+        except Exception as exc:
+            logger.exception("engine step failed; ending every request of this worker's batch")
+            self._fail_all(LoopFailed(f"the engine failed: {type(exc).__name__}: {exc}"))
+            return
+        for request_id, event in events:
             if self.observer is not None:
-                step = self.engine.last_batch_step if events else None
-                self.observer.after_step(self.engine, step, generation_of, self.num_requests)
+                self.observer.on_event(request_id, event)
+            self._deliver(request_id, event)
+        self._report_waiting()
+        if self.observer is not None:
+            step = self.engine.last_batch_step if events else None
+            self.observer.after_step(self.engine, step, generation_of, self.num_requests)
 
     def _run_commands(self, block: bool) -> None:
-        """Runs every command handed in; `block`: the engine is idle, wait (a second) for one."""
+        """Runs every quick command handed in and queues the paced ones (`_paced`); `block`: the
+        engine is idle, wait (a second) for one."""
         try:
-            fn, reply = self._commands.get(timeout=1.0) if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=1.0) if block else self._commands.get_nowait()
         except queue.Empty:
             return
         while True:
+            if command[2]:
+                self._paced.append(command)
+            else:
+                self._run_command(*command)
             try:
-                reply.put((True, fn()))
-            except Exception as exc:
-                reply.put((False, exc))
-            try:
-                fn, reply = self._commands.get_nowait()
+                command = self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_command(self, fn: Callable[[], Any], reply: queue.SimpleQueue, is_paced: bool) -> None:
+        self._is_inspecting = is_paced
+        try:
+            reply.put((True, fn()))
+        except Exception as exc:
+            reply.put((False, exc))
+        finally:
+            self._is_inspecting = False
 
     def _cancel_requested(self) -> None:
         """Cancels the requests whose stop the cancel watch found (it never waits for Redis)."""
@@ -284,7 +337,7 @@ class ServeLoop:
         """The cancel watch's thread: one round trip for the whole batch every CANCEL_POLL_S while
         the loop has requests. Off the engine thread: under load that round trip waits for a
         core the forward pass is using (it was a tenth of the engine thread's time at 8 clients)."""
-        while True:
+        while not self._closed:
             self._has_watched.wait()
             generation_ids = self._watched
             if not generation_ids:

@@ -465,7 +465,7 @@ def test_a_runner_on_the_kernels_gives_the_torch_paths_logits(kernels) -> None:
     assert fused_engine.model_info()["kernels"] == "fused CPU kernels"
     assert torch_engine.runner.kernels == "torch ops"
     prompt, answer = [5, 70, 3, 199, 42, 8, 1], [17, 250, 3, 4, 9]
-    got, want = fused_engine.core.teacher_force(prompt, answer), torch_engine.core.teacher_force(prompt, answer)
+    got, want = fused_engine.passes.teacher_force(prompt, answer), torch_engine.passes.teacher_force(prompt, answer)
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)  # a prompt pass, then one decode step per token
 
 

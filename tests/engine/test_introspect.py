@@ -129,9 +129,9 @@ def test_lens_last_row_is_the_streamed_distribution(engine: Engine) -> None:
     prompt, steps = generated(engine, ALL_STAGES)
     ids = prompt + [s.token_id for s in steps]
     position = len(prompt) + 1  # predicts generated token 2
-    layer_logits = engine.core.read_layers(ids[: position + 1])  # (L + 1, vocab)
+    layer_logits = engine.passes.read_layers(ids[: position + 1])  # (L + 1, vocab)
     assert layer_logits.shape[0] == engine.model.config.num_hidden_layers + 1
-    streamed = engine.core.teacher_force(prompt, ids[len(prompt) : position + 1])[-1]  # the stream's step 2
+    streamed = engine.passes.teacher_force(prompt, ids[len(prompt) : position + 1])[-1]  # the stream's step 2
     assert torch.equal(layer_logits[-1], streamed)  # bitwise: the served runner and kernels
     rows = lens.lens_rows(layer_logits, top_n=5)
     raw = {a.token_id: a.prob for a in steps[2].top_raw}
@@ -142,7 +142,7 @@ def test_lens_last_row_is_the_streamed_distribution(engine: Engine) -> None:
 
 def test_lens_middle_layers_go_through_the_final_norm(engine: Engine) -> None:
     ids = engine.prompts.encode(PROMPT)
-    rows = lens.lens_rows(engine.core.read_layers(ids), top_n=3)
+    rows = lens.lens_rows(engine.passes.read_layers(ids), top_n=3)
     with torch.inference_mode():
         hidden = engine.model(torch.tensor([ids]), output_hidden_states=True).hidden_states[10][0, -1]
         logits = engine.model.lm_head(engine.model.model.norm(hidden[None]))[0]
@@ -164,12 +164,36 @@ def test_scored_prompt_equals_the_stream(engine: Engine) -> None:
     position the logits the stream computed there, bitwise."""
     prompt, steps = generated(engine, ALL_STAGES)
     answer = [s.token_id for s in steps]
-    streamed = engine.core.teacher_force(prompt, answer[:-1])  # (n, vocab)
+    streamed = engine.passes.teacher_force(prompt, answer[:-1])  # (n, vocab)
     scored: dict[int, torch.Tensor] = {}
-    engine.core.score(prompt + answer[:-1], lambda first, logits: scored.update(enumerate(logits, first)), max_rows=5)
+    engine.passes.score(prompt + answer[:-1], lambda first, logits: scored.update(enumerate(logits, first)), max_rows=5)
     assert sorted(scored) == list(range(len(prompt) + len(answer) - 1))
     for k in range(len(answer)):
         assert torch.equal(scored[len(prompt) - 1 + k], streamed[k]), k
+
+
+def test_passes_in_small_chunks_give_the_same_logits_and_pace_after_each(engine: Engine) -> None:
+    """An inspection runs in chunks of the token budget and calls `pace` after each (the worker's
+    loop steps the batch there): chunked, the logits are bitwise those of one pass."""
+    prompt, steps = generated(engine, ALL_STAGES)
+    answer = [s.token_id for s in steps][:4]
+    passes = engine.passes
+    whole = (passes.teacher_force(prompt, answer), passes.read_layers(prompt + answer))
+    num_paced = 0
+
+    def pace() -> None:
+        nonlocal num_paced
+        num_paced += 1
+
+    old = passes.chunk_tokens, passes.pace
+    passes.chunk_tokens, passes.pace = 3, pace
+    try:
+        chunked = (passes.teacher_force(prompt, answer), passes.read_layers(prompt + answer))
+    finally:
+        passes.chunk_tokens, passes.pace = old
+    assert torch.equal(chunked[0], whole[0]) and torch.equal(chunked[1], whole[1])
+    num_prefill_chunks = -(-len(prompt) // 3)
+    assert num_paced == num_prefill_chunks + len(answer) + -(-(len(prompt) + len(answer) - 1) // 3)
 
 
 def test_embedding_neighbours_by_cosine(engine: Engine) -> None:
@@ -212,10 +236,12 @@ def test_lens_and_recompute_on_other_architectures(arch: str) -> None:
     _, steps, _ = run(tiny, prompt, max_new_tokens=4, temperature=0.0, num_alternatives=3)
     again = recompute(tiny.model, prompt, [s.token_id for s in steps])
     assert int(again.logits(2).argmax()) == steps[2].token_id
-    layer_logits = tiny.core.read_layers(prompt + [s.token_id for s in steps][:2])
+    layer_logits = tiny.passes.read_layers(prompt + [s.token_id for s in steps][:2])
     assert layer_logits.shape[0] == tiny.model.config.num_hidden_layers + 1
     assert int(layer_logits[-1].argmax()) == steps[2].token_id
     assert len(lens.attention_of(tiny.model, prompt, layer=0)) == tiny.model.config.num_attention_heads
     scored: dict[int, torch.Tensor] = {}
-    tiny.core.score(prompt + [s.token_id for s in steps], lambda first, logits: scored.update(enumerate(logits, first)))
+    tiny.passes.score(
+        prompt + [s.token_id for s in steps], lambda first, logits: scored.update(enumerate(logits, first))
+    )
     assert [int(scored[len(prompt) - 1 + k].argmax()) for k in range(len(steps))] == [s.token_id for s in steps]

@@ -170,7 +170,7 @@ def test_the_lean_runner_and_transformers_read_the_same_quantized_weights(arch: 
     assert engine.runner.name == "lean-llama"
     assert engine.loaded.quantization.num_quantized == 7 * 2 + 1  # q k v o gate up down per layer + head
     ids = [3 + (7 * j) % 200 for j in range(9)]
-    lean = engine.core.teacher_force(ids, [])[0]  # (vocab,): the prompt through the lean runner
+    lean = engine.passes.teacher_force(ids, [])[0]  # (vocab,): the prompt through the lean runner
     with torch.inference_mode():
         hf = engine.model(torch.tensor([ids])).logits[0, -1].float()
     assert torch.allclose(lean, hf, atol=0.05 * hf.abs().max().item())
@@ -298,7 +298,7 @@ def test_int4_of_a_mixed_gguf_reports_each_file_type_and_how_it_is_served(mixed_
     assert engine.model_info()["quantization"]["groups"][0]["file_type"] == "Q4_0"
     assert engine.runner.name == "lean-llama"  # it joins int4 with int8 siblings (QKV) and serves them
     ids = [3 + (7 * j) % 200 for j in range(9)]
-    lean = engine.core.teacher_force(ids, [])[0]  # (vocab,): the prompt through the lean runner
+    lean = engine.passes.teacher_force(ids, [])[0]  # (vocab,): the prompt through the lean runner
     with torch.inference_mode():
         hf = engine.model(torch.tensor([ids])).logits[0, -1].float()
     assert torch.allclose(lean, hf, atol=0.05 * hf.abs().max().item())

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from playground.coord import liveness, store, worker_routing
+from playground.coord import beacon, cancel, keys, liveness, store, worker_routing
 from playground.models import Generation
 
 from .conftest import make_generation
@@ -24,9 +25,14 @@ def running_since(owner: str, age: timedelta) -> Generation:
 
 def test_a_running_generation_without_heartbeat_is_lost(owner: str) -> None:
     generation = running_since(owner, LONG_AGO)
+    Generation.objects.filter(pk=generation.pk).update(worker="gpu@host-1")
+    generation.refresh_from_db()
     assert liveness.mark_lost_if_stale(generation)
     generation.refresh_from_db()
     assert (generation.status, generation.error_code) == ("error", "worker_lost")
+    assert "gpu@host-1" in generation.error_message  # which worker, and that its process is gone
+    # Its client is answered now: a worker that still runs it stops at its next step.
+    assert cancel.is_cancel_requested(generation.pk)
     assert not liveness.mark_lost_if_stale(running_since(owner, timedelta(0)))  # just started: give it time
 
 
@@ -111,3 +117,35 @@ def test_a_worker_that_stops_cleanly_is_not_listed_alive_a_ttl_later(monkeypatch
     tasks._stop_generations()
     assert "leaving@test" not in liveness.alive_workers()
     assert not liveness.queue_has_consumer("gpu")
+
+
+def test_a_request_no_worker_answered_says_why_as_the_workers_tell_it() -> None:
+    """An inspection that timed out named "is a generation worker running?" while the worker was
+    only loading a model (issue 46): the message now says what the workers say."""
+    from playground.coord import model_states
+
+    assert "no generation worker is running" in liveness.why_no_answer(120, "gpu")
+    worker = liveness.start_worker_heartbeat("gpu@busy-host")
+    try:
+        assert "gpu@busy-host" in liveness.why_no_answer(120, "gpu")
+        assert "busy" in liveness.why_no_answer(120, "gpu")
+        model_states.keep("gpu@busy-host", model_states.record("loading", 3, "Qwen (bundled)", time.time() - 12))
+        why = liveness.why_no_answer(120, "gpu")
+        assert "gpu@busy-host is loading Qwen (bundled) (12 s so far)" in why
+    finally:
+        beacon.get().drop(keys.worker_model("gpu@busy-host"))
+        worker.stop()
+
+
+def test_a_dead_workers_rows_are_ended_without_anyone_reading_them(owner: str) -> None:
+    """A row left `running` by a killed worker stayed so until a page or the API read it; every
+    live worker now reaps them (`start_reaper`, every 30 s)."""
+    stranded, fresh = running_since(owner, LONG_AGO), running_since(owner, timedelta(0))
+    beating = running_since(owner, LONG_AGO)
+    with liveness.generation_heartbeat(beating.pk):
+        assert liveness.reap_once() == 1
+    assert [Generation.objects.get(pk=g.pk).status for g in (stranded, fresh, beating)] == [
+        "error",
+        "running",
+        "running",
+    ]

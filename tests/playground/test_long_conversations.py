@@ -83,3 +83,26 @@ def test_a_new_message_too_long_by_itself_is_still_refused(owner: str) -> None:
     queued = say(owner, "y" * 2000, first.conversation_id)
     events = run(queued.generation_id, FakeEngine("never", max_context=CONTEXT))
     assert (events[-1]["type"], events[-1]["code"]) == ("generation.error", "prompt_too_long")
+
+
+def test_only_the_newest_messages_up_to_the_limit_are_read_and_rendered(owner: str, settings: Any) -> None:
+    """A conversation's length bounds no render: past `PLAYGROUND_MAX_MESSAGES` the oldest are left
+    out before the template runs (each message costs its role markers, however short)."""
+    first = say(owner, "Q1", answer="A1")
+    for number in range(2, 5):
+        say(owner, f"Q{number}", first.conversation_id, answer=f"A{number}")
+    queued = say(owner, "Q5", first.conversation_id)
+    settings.PLAYGROUND_MAX_MESSAGES = 3  # of the 9 messages before the answer
+
+    engine = FakeEngine("fine", max_context=CONTEXT)
+    events = run(queued.generation_id, engine)
+
+    assert events[-1]["type"] == "generation.finished", events[-1]
+    rendered = [(m["role"], m["content"]) for m in engine.rendered[-1][0]]
+    assert rendered == [("user", "Q4"), ("assistant", "A4"), ("user", "Q5")]
+    assert events[0]["prompt"]["num_dropped_messages"] == 6
+
+    settings.PLAYGROUND_MAX_MESSAGES = 2  # A4, Q5: a cut history starts at a user's turn
+    events = run(say(owner, "Q6", first.conversation_id).generation_id, engine)
+    assert [(m["role"], m["content"]) for m in engine.rendered[-1][0]] == [("user", "Q6")]
+    assert events[0]["prompt"]["num_dropped_messages"] == 10

@@ -316,6 +316,23 @@ async def test_a_prompt_the_worker_refuses_is_an_http_error(engine: FakeEngine) 
     assert response.json()["error"]["code"] == "prompt_too_long"
 
 
+async def test_a_chat_of_more_messages_than_the_limit_is_refused_before_anything_is_written(
+    engine: FakeEngine, settings: Any
+) -> None:
+    """10,000 one-letter messages are within the character limit but render to 60,000 tokens:
+    the web process refuses them by count, in milliseconds, and no worker sees them (issue 46)."""
+    messages = [{"role": "user", "content": "x"}] * 10_000
+    started = time.perf_counter()
+    response = await post("/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 4})
+    assert time.perf_counter() - started < 10
+    error = response.json()["error"]
+    assert (response.status_code, error["code"], error["param"]) == (400, "prompt_too_long", "messages")
+    assert "10000" in error["message"] and str(settings.PLAYGROUND_MAX_MESSAGES) in error["message"]
+    assert not await sync_to_async(Generation.objects.exists)()
+    assert not await sync_to_async(Conversation.objects.exists)()
+    assert engine.rendered == []
+
+
 async def test_keys_authenticate_and_limit_concurrency(settings: Any, engine: FakeEngine) -> None:
     settings.PLAYGROUND_API_KEYLESS_LOCALHOST = False
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}

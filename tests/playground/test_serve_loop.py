@@ -241,3 +241,32 @@ def test_the_loop_thread_is_named_for_the_os_so_its_cpu_counts_as_the_engines() 
     comm = Path(f"/proc/self/task/{loop._thread.native_id}/comm").read_text().strip()
     assert comm == ENGINE_THREAD_NAME == "engine-loop"  # what inference.bench.stack's ENGINE_THREADS reads
     assert ENGINE_THREAD_NAME in ENGINE_THREADS
+
+
+def test_an_inspection_lets_the_batch_step_between_its_chunks_and_a_new_request_join() -> None:
+    """An inspection (`call_paced`) runs on the loop thread in chunks; at each of its pace points
+    the batch takes a step and requests handed in meanwhile join it: a long prompt's logprobs
+    hold no one's next token longer than a chunk (issue 46). Quick calls still run between steps."""
+    engine = engine_for("llama")
+    loop = ServeLoop(engine, never_cancelled)
+    running = loop.submit(prompt(1), replace(PARAMS, max_new_tokens=40), generation_id=1)
+    first = [next(running), next(running)]  # prefilled, then its first token: it is in the batch
+    engine.passes.chunk_tokens = 2
+    long_text = [5 + j % 150 for j in range(60)]  # 30 chunks: 30 pace points
+    answers: list = []
+
+    def scored() -> int:
+        before = engine.core.num_steps
+        engine.passes.score(long_text, lambda first, logits: None)
+        return engine.core.num_steps - before
+
+    inspection = threading.Thread(target=lambda: answers.append(loop.call_paced(scored)))
+    inspection.start()
+    time.sleep(0.05)
+    joined = loop.submit(prompt(2), PARAMS, generation_id=2)  # handed in while the inspection runs
+    inspection.join(timeout=60)
+
+    assert answers[0] >= 20  # the batch stepped at (almost) every one of the 30 pace points
+    assert tokens(list(joined)) == tokens(engine_for("llama").generate(prompt(2), PARAMS))
+    assert len(tokens(first + list(running))) == 40
+    assert loop.call(lambda: 7) == 7

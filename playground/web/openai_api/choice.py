@@ -99,7 +99,8 @@ class Choice:
             raise
         except Exception as exc:  # the follower itself failed: the choice ends with an error
             logger.exception("generation %s: following it failed", self.generation_id)
-            self.error = ApiError(f"following the generation failed: {exc}", code="internal_error", status=500)
+            message = protocol.without_server_paths(f"following the generation failed: {exc}")
+            self.error = ApiError(message, code="internal_error", status=500)
             inbox.put_nowait(Item(self, "error"))
         finally:
             if self.has_ended:

@@ -20,6 +20,9 @@ from playground.protocol import CommandError
 # (HTTP status, OpenAI error type) by protocol error code.
 _BY_CODE = {
     "bad_json": (400, "invalid_request_error"),
+    "nesting_too_deep": (400, "invalid_request_error"),
+    "invalid_unicode": (400, "invalid_request_error"),
+    "request_too_large": (413, "invalid_request_error"),
     "invalid_field": (400, "invalid_request_error"),
     "invalid_params": (400, "invalid_request_error"),
     "prompt_too_long": (400, "invalid_request_error"),
@@ -29,6 +32,7 @@ _BY_CODE = {
     "service_unavailable": (503, "server_error"),
     "model_unavailable": (503, "server_error"),
     "worker_lost": (503, "server_error"),
+    "inspection_timeout": (504, "server_error"),
     "kv_handoff_failed": (500, "server_error"),
     "internal_error": (500, "server_error"),
 }

@@ -8,12 +8,15 @@ Owns: which request fields exist (OpenAI's, plus our extras `top_k`, `min_p`,
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from playground.web.openai_api.errors import ApiError, invalid
+from django.conf import settings
+from django.http import HttpRequest
+
+from playground.web import request_body
+from playground.web.openai_api.errors import ApiError, from_command_error, invalid
 
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 128  # `n`, as OpenAI caps it; a client's concurrency caps it further (`run`)
@@ -68,11 +71,13 @@ class ApiRequest:
     is_score_only: bool = False  # completions with echo and max_tokens=0: the prompt's logprobs only
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
+def parse_body(request: HttpRequest) -> dict[str, Any]:
+    """The body as an object; a body too large, too deep, not UTF-8 or not JSON is refused with
+    its `request_body` code."""
     try:
-        data = json.loads(body or b"null")
-    except ValueError as exc:
-        raise ApiError(f"the body is not valid JSON: {exc}", code="bad_json") from exc
+        data = request_body.json_body(request, empty=b"null")
+    except request_body.BodyError as exc:
+        raise from_command_error(exc) from None
     if not isinstance(data, dict):
         raise ApiError("the body must be a JSON object", code="bad_json")
     return data
@@ -80,13 +85,13 @@ def parse_body(body: bytes) -> dict[str, Any]:
 
 def chat_request(data: dict[str, Any]) -> ApiRequest:
     fields = _Fields(data, CHAT_FIELDS)
-    request = _common(fields)
+    request = _common(fields, scores=False)
     if fields.get("tools", list):
         raise invalid("tools", "tools (function calling) are not supported by this server", "unsupported_parameter")
     response_format = fields.get("response_format", dict)
     if response_format and response_format.get("type", "text") != "text":
         raise invalid("response_format", "only response_format {'type': 'text'} is supported", "unsupported_parameter")
-    max_tokens = fields.integer("max_completion_tokens", 1)
+    max_tokens = fields.integer("max_completion_tokens", 1, _max_new_tokens())
     if max_tokens is not None:
         request.overrides["max_new_tokens"] = max_tokens
     if fields.get("logprobs", bool):
@@ -100,7 +105,7 @@ def chat_request(data: dict[str, Any]) -> ApiRequest:
 
 def completion_request(data: dict[str, Any]) -> ApiRequest:
     fields = _Fields(data, COMPLETION_FIELDS)
-    request = _common(fields)
+    request = _common(fields, scores=True)
     if fields.get("suffix", str):
         raise invalid("suffix", "suffix (insertion) is not supported by this server", "unsupported_parameter")
     if fields.integer("best_of", 1) not in (None, 1):
@@ -123,7 +128,9 @@ def completion_request(data: dict[str, Any]) -> ApiRequest:
     return request
 
 
-def _common(fields: _Fields) -> ApiRequest:
+def _common(fields: _Fields, *, scores: bool) -> ApiRequest:
+    """The fields chat and completions share; `scores`: `max_tokens: 0` asks to score the prompt
+    (legacy completions), which a chat cannot."""
     model = fields.get("model", str, required=True)
     request = ApiRequest(model=model, overrides={}, preset=fields.get("preset", str))
     request.stream = bool(fields.get("stream", bool))
@@ -143,14 +150,15 @@ def _common(fields: _Fields) -> ApiRequest:
             )
     request.timings = bool(fields.get("timings", bool))
     request.raw_logprobs = bool(fields.get("raw_logprobs", bool))
-    _sampling(fields, request.overrides)
+    _sampling(fields, request.overrides, scores=scores)
     return request
 
 
-def _sampling(fields: _Fields, overrides: dict[str, Any]) -> None:
+def _sampling(fields: _Fields, overrides: dict[str, Any], *, scores: bool) -> None:
     """The sampling fields the client sent (absent ones keep the preset's values)."""
+    is_scoring = scores and fields.data.get("max_tokens") == 0  # checked by `completion_request`
     values = {
-        "max_new_tokens": None if fields.data.get("max_tokens") == 0 else fields.integer("max_tokens", 1),
+        "max_new_tokens": None if is_scoring else fields.integer("max_tokens", 1, _max_new_tokens()),
         "temperature": fields.number("temperature", 0.0, 2.0),
         "top_p": fields.number("top_p", 0.0, 1.0),
         "seed": fields.integer("seed"),
@@ -166,6 +174,12 @@ def _sampling(fields: _Fields, overrides: dict[str, Any]) -> None:
     overrides.update({name: value for name, value in values.items() if value is not None})
     if values["temperature"] is not None:  # a temperature asks for sampling even under a greedy preset
         overrides["greedy"] = False
+
+
+def _max_new_tokens() -> int:
+    """The server's limit, checked here so the refusal names the client's field and states the
+    limit docs/openai-api.md states (`SamplingParams` alone would allow up to 1,000,000)."""
+    return settings.PLAYGROUND_MAX_NEW_TOKENS
 
 
 def _stop(value: Any) -> list[str] | None:

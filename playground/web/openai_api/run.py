@@ -27,7 +27,7 @@ from channels.db import database_sync_to_async
 from playground import dispatch, encoded_json, limits
 from playground.coord.store import OUTAGE_ERRORS, OUTAGE_MESSAGE
 from playground.models import LanguageModel, SamplingPreset
-from playground.protocol import CommandError
+from playground.protocol import CommandError, without_server_paths
 from playground.web import submit
 from playground.web.inspect_api import ask_worker
 from playground.web.openai_api import shapes, turns
@@ -162,8 +162,9 @@ class ApiRun:
             raise ApiError(OUTAGE_MESSAGE, code="service_unavailable", status=503) from exc
         except Exception as exc:
             logger.exception("generations %s could not be queued", generation_ids)
-            await self._fail_all(generation_ids, "internal_error", f"the task queue is unreachable: {exc}")
-            raise ApiError(f"the task queue is unreachable: {exc}", code="queue_unreachable", status=503) from exc
+            message = without_server_paths(f"the task queue is unreachable: {exc}")  # a socket's path, say
+            await self._fail_all(generation_ids, "internal_error", message)
+            raise ApiError(message, code="queue_unreachable", status=503) from exc
 
     @staticmethod
     async def _fail_all(generation_ids: list[int], code: str, message: str) -> None:

@@ -85,12 +85,12 @@ def _model_list() -> list[dict[str, Any]]:
 
 @endpoint("POST")
 async def chat_completions(request: HttpRequest, client: auth.Client) -> HttpResponse:
-    return await _answer(chat_request(parse_body(request.body)), client, is_chat=True)
+    return await _answer(chat_request(parse_body(request)), client, is_chat=True)
 
 
 @endpoint("POST")
 async def completions(request: HttpRequest, client: auth.Client) -> HttpResponse:
-    return await _answer(completion_request(parse_body(request.body)), client, is_chat=False)
+    return await _answer(completion_request(parse_body(request)), client, is_chat=False)
 
 
 async def _answer(api_request: ApiRequest, client: auth.Client, is_chat: bool) -> HttpResponse:
