@@ -1,7 +1,6 @@
 """One generation end to end, run by the Celery worker: the Django <-> engine bridge.
 
-Owns: starting the queued row, building the prompt from the records, the cancel check,
-streaming events to the generation's group, saving the partial answer, and the single
+Owns: starting the queued row (its prompt is `prompt_build`'s), the cancel check, streaming events to the generation's group, saving the partial answer, and the single
 terminal event (a `finally` path). A generation that can no longer be published (Redis is
 gone) ends as `service_unavailable` with its partial answer saved, and its request leaves the
 engine's batch (`cancel.cancel_here`: nobody reads its events any more); the task itself
@@ -16,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
@@ -25,16 +23,15 @@ from django.utils import timezone
 
 from inference.events import BeamStep, Event, Finished, Prefilled, Step
 from inference.sampling_params import SamplingParams
-from inference.text.prompt import Prompt, PromptError
 from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
-from playground import encoded_json, limits, protocol
+from playground import encoded_json, protocol
 from playground.coord import cancel, liveness, recent_steps, store, worker_routing
 from playground.encoded_json import EncodedList
-from playground.images import prompt_images
 from playground.models import Generation, LanguageModel, Message
 from playground.protocol import CommandError
 from playground.worker import engines
 from playground.worker.engines import get_engine, loop_for
+from playground.worker.prompt_build import build_prompt
 from playground.worker.publisher import StepCoalescer, flush_delay_s, send_to_group
 from playground.worker.serve_loop import Outbox, ServeLoop, Waiting
 
@@ -224,11 +221,12 @@ class GenerationRun:
         joins the next step; its events wait in their outbox until the announcement went out."""
         params = self._read_params()
         engine = self._load(load_engine)
-        built, num_dropped = self._prompt(engine, engine.info.max_context)
+        built = build_prompt(self.generation, self.answer_id, params.max_new_tokens, engine)
+        self.images = list(built.prompt.images)
         prompt_ids = built.prompt.token_ids
         submitted = submit(prompt_ids, params)
         # Its record after the submit: a long prompt's per-token records take milliseconds of Python.
-        self.announce(self._prompt_record(engine, built, num_dropped), len(prompt_ids))
+        self.announce(built.record(engine), len(prompt_ids))
         return engine, params, prompt_ids, submitted
 
     def _read_params(self) -> SamplingParams:
@@ -276,6 +274,8 @@ class GenerationRun:
                 self.model_load_ms = (loaded_at - created_at) * 1000
             self.loop = loop_for(self.engine)
             return self.engine
+        except engines.WorkerBusy as exc:
+            raise CommandError("server_busy", str(exc)) from exc
         except Exception as exc:
             logger.exception("loading model %r failed", model.name)
             raise CommandError("model_unavailable", f"model {model.name!r} could not be loaded: {exc}") from exc
@@ -297,117 +297,6 @@ class GenerationRun:
             elif isinstance(event, (Step, BeamStep)):
                 self._on_step(event)
         raise RuntimeError("the engine ended without a Finished record")
-
-    def _prompt(self, engine: Engine, max_context: int) -> tuple[_Built, int]:
-        """The prompt, within the limits, and how many of the chat's oldest messages it left out:
-        a chat that outgrew them leaves out its oldest turns (`_shortened`), not the new one."""
-        generation = self.generation
-        template = generation.chat_template.source if generation.chat_template else None
-        inputs = generation.inputs
-        num_dropped = 0
-        if generation.kind == Generation.Kind.CHAT:
-            system, history = self._chat_history(engine)
-
-            def build(first: int) -> _Built:
-                kept = history[first:]
-                image_records = [image for _, message_images in kept for image in message_images]
-                return self._build(engine, template, system + [message for message, _ in kept], "", [], image_records)
-
-            built = build(0)
-            if not limits.prompt_fits(len(built.prompt.tokens), max_context):
-                built, num_dropped = self._shortened(build, history, max_context)
-        else:
-            image_records = inputs.get("images", [])
-            text = _with_placeholders(engine, inputs["text"], image_records)
-            if inputs.get("chat"):
-                built = self._build(engine, template, [{"role": "user", "content": text}], "", [], image_records)
-            else:  # raw completion: the text as it is (after its images' placeholders)
-                built = self._build(engine, template, None, text, inputs.get("token_ids", []), image_records)
-        limits.check_prompt_tokens(len(built.prompt.tokens), max_context)
-        self.images = list(built.prompt.images)
-        return built, num_dropped
-
-    def _prompt_record(self, engine: Engine, built: _Built, num_dropped: int) -> dict[str, Any]:
-        """The prompt as the page shows it: {text, spans, tokens, images, ...}."""
-        prompt, kv_bytes_per_token = built.prompt, engine.info.kv_bytes_per_token
-        blocks = [
-            protocol.image_block(span.to_dict(), engine.vision.grid, record, span.num_tokens * kv_bytes_per_token)
-            for span, record in zip(prompt.image_spans, built.image_records)
-        ]
-        return protocol.prompt_record(
-            prompt.text,
-            [span.to_dict() for span in prompt.spans],
-            [t.to_dict() for t in prompt.tokens],
-            blocks,
-            list(prompt.dropped_reasoning),
-            num_dropped_messages=num_dropped,
-        )
-
-    def _build(
-        self,
-        engine: Engine,
-        template: str | None,
-        messages: list[dict[str, str]] | None,
-        text: str,
-        token_ids: list[int],
-        image_records: list[dict[str, Any]],
-    ) -> _Built:
-        """Chat `messages` rendered (None: the raw `text`), tokenized, then `token_ids`, with
-        each image's block of tokens (`engine.prompts.build`); checked there."""
-        if image_records and engine.vision is None:
-            raise CommandError("images_not_supported", f"model {self.generation.model.name!r} takes no images")
-        images = prompt_images(image_records) if image_records else []
-
-        try:  # on this task thread: the engine's thread keeps stepping the batch meanwhile
-            prompt = engine.prompts.build(
-                messages=messages, text=text, template=template, extra_token_ids=token_ids, images=images
-            )
-        except PromptError as exc:
-            raise CommandError(exc.code, str(exc)) from exc
-        return _Built(prompt, image_records)
-
-    def _shortened(
-        self, build: Callable[[int], _Built], history: list[tuple[dict[str, str], list[Any]]], max_context: int
-    ) -> tuple[_Built, int]:
-        """The chat without its oldest turns (whole turns: each cut is at a user message), as few
-        as leave room for an answer (`limits.history_budget`); at most all but the new message.
-        A binary search: a few renders, whatever the length of the conversation."""
-        cuts = [i for i in range(1, len(history)) if history[i][0]["role"] == Message.Role.USER]
-        if not cuts:
-            return build(0), 0
-        budget = limits.history_budget(max_context, self.params.max_new_tokens)
-        low, high = 0, len(cuts) - 1  # the answer is the first cut that fits, else the last one
-        best: tuple[_Built, int] | None = None
-        while low <= high:
-            middle = (low + high) // 2
-            built = build(cuts[middle])
-            if len(built.prompt.tokens) <= budget:
-                best, high = (built, cuts[middle]), middle - 1
-            else:
-                low = middle + 1
-        return best or (build(cuts[-1]), cuts[-1])
-
-    def _chat_history(
-        self, engine: Engine
-    ) -> tuple[list[dict[str, str]], list[tuple[dict[str, str], list[dict[str, Any]]]]]:
-        """The system prompt (as a list of 0 or 1 message), then each active message before this
-        generation's answer with its images (placeholders before its text). A turn whose answer
-        was refused as too long never reached the model: it is left out, so it cannot make
-        every later turn too long as well."""
-        conversation = self.generation.conversation
-        answer = Message.objects.get(pk=self.answer_id)
-        system = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
-        history: list[tuple[dict[str, str], list[dict[str, Any]]]] = []
-        before = conversation.active_messages().filter(position__lt=answer.position).select_related("generation")
-        for message in before:
-            if message.role == Message.Role.ASSISTANT and not message.content:
-                refused = message.generation is not None and message.generation.error_code == "prompt_too_long"
-                if refused and history and history[-1][0]["role"] == Message.Role.USER:
-                    history.pop()
-                continue  # an answer that failed before its first token: an empty turn confuses templates
-            content = _with_placeholders(engine, message.content, message.images)
-            history.append(({"role": message.role, "content": content}, message.images))
-        return system, history
 
     def _on_step(self, event: Step | BeamStep) -> None:
         self.last_token_at = time.perf_counter()
@@ -548,15 +437,6 @@ class GenerationRun:
             Message.objects.filter(pk=self.answer_id).update(content=text)
 
 
-@dataclass(frozen=True)
-class _Built:
-    """A prompt as the model will see it (before the limits are checked), with the records of
-    its images in order."""
-
-    prompt: Prompt
-    image_records: list[dict[str, Any]]
-
-
 def _unavailable_on_outage(send: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
     """`send`, with losing Redis (the channel layer) raised as the generation's clear error
     rather than a raw connection error."""
@@ -569,7 +449,3 @@ def _unavailable_on_outage(send: Callable[[dict[str, Any]], None]) -> Callable[[
             raise CommandError("service_unavailable", store.OUTAGE_MESSAGE) from exc
 
     return send_or_fail
-
-
-def _with_placeholders(engine: Engine, text: str, image_records: list[dict[str, Any]]) -> str:
-    return engine.prompts.with_image_placeholders(text, len(image_records))
