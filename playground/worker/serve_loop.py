@@ -310,13 +310,17 @@ class ServeLoop:
                 return
 
     def _run_command(self, fn: Callable[[], Any], reply: queue.SimpleQueue, is_paced: bool) -> None:
-        self._is_inspecting = is_paced
+        """Runs one command; a paced one marks the loop as inspecting until it returns (a quick one
+        run at its pace points leaves that mark as it is)."""
+        if is_paced:
+            self._is_inspecting = True
         try:
             reply.put((True, fn()))
         except Exception as exc:
             reply.put((False, exc))
         finally:
-            self._is_inspecting = False
+            if is_paced:
+                self._is_inspecting = False
 
     def _cancel_requested(self) -> None:
         """Cancels the requests whose stop the cancel watch found (it never waits for Redis)."""
