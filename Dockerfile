@@ -34,9 +34,12 @@ RUN DEBUG=0 SECRET_KEY=collectstatic-only PLAYGROUND_DATA_DIR=/tmp/build-data \
         python -m django collectstatic --noinput -v 0 \
  && rm -rf /tmp/build-data
 
-# /data is the model/data volume; created here so a fresh named volume inherits the owner.
+# /data is each container's own data dir: the bundled models are prepared into it here, so every
+# container (web, each worker, on any host) starts with its own copy and no disk is shared
+# (docs/running.md, "Several machines"). A failed Qwen download only warns: SmolLM2 then answers.
 RUN useradd --create-home --uid 1000 app && mkdir -p /data && chown app:app /data
 USER app
+RUN python -m inference.models.bundled
 
 EXPOSE 8000
 CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "--websocket-max-message-size", "16777216", \

@@ -20,7 +20,7 @@ MANAGE := $(PY) -m django
 comma := ,
 export DJANGO_SETTINGS_MODULE ?= playground.settings
 
-.PHONY: help run dev test lint format bench worker messages prepare venv deps dev-deps clean-venv
+.PHONY: help run dev test lint format bench worker messages prepare venv deps dev-deps clean-venv multihost-check
 
 help:
 	@echo "make run     set up, then start Redis + Celery worker + web server (Ctrl-C stops all)"
@@ -30,6 +30,7 @@ help:
 	@echo "make bench   quick engine benchmark (python -m inference.bench --quick)"
 	@echo "make worker  only a Celery worker (QUEUES=gpu,celery by default), e.g. on another machine"
 	@echo "make messages  refresh and compile the translation catalogs (needs GNU gettext)"
+	@echo "make multihost-check  db, web and two workers as four network namespaces, checked (root; PostgreSQL)"
 	@echo "see docs/running.md"
 
 $(PY):
@@ -102,6 +103,13 @@ messages: $(RUN_STAMP)
 QUEUES ?= gpu,celery
 worker: $(RUN_STAMP)
 	$(PY) -m celery -A playground worker -Q $(QUEUES) -P threads --concurrency $${PLAYGROUND_WORKER_SLOTS:-16} -n $(firstword $(subst $(comma), ,$(QUEUES)))@%h --without-gossip --without-mingle --without-heartbeat --loglevel=info
+
+# Four hosts on this machine (network namespaces: db, web, w1, w2; no shared directory), every
+# service started as docs/running.md's "Several machines" says, then checked: prints key=value
+# lines and fails unless all pass. Needs root and Debian's postgresql; tears down within 5 min.
+multihost-check: $(DEV_STAMP)
+	$(PY) -m inference.models.bundled
+	$(PY) scripts/multihost_check.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -47,6 +47,7 @@ class Engine:
             tuple(loaded.eos_token_ids),
             self.prompts.think_close_ids(),
             loaded.max_context,
+            vocab_size,
         )
         self.core = EngineCore(self.runner, self.vocab, config, vision)
         self.info = ModelInfo.describe(loaded, self.runner, vision)

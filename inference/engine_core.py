@@ -35,7 +35,7 @@ from inference.kv.transfer import HandedOff, Handoff
 from inference.models.runner import ModelRunner, StepOutput
 from inference.requests import Request, Vocabulary
 from inference.sampling.sampler import Row, RowSample, sample_rows
-from inference.sampling_params import SamplingParams
+from inference.sampling_params import MAX_SEED, SamplingParams
 from inference.vision.encoder import VisionSpec
 from inference.vision.images import PromptImage
 from inference.vision.spans import ImageSpan
@@ -434,4 +434,4 @@ def _choice_seeds(params: SamplingParams, num_choices: int) -> list[int | None]:
         raise ValueError(f"num_choices={num_choices} must be >= 1")
     if params.seed is None:
         return [None] * num_choices
-    return [(params.seed + i) % 2**63 for i in range(num_choices)]
+    return [(params.seed + i) % (MAX_SEED + 1) for i in range(num_choices)]

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 Phase = Literal["prefill", "decode"]
-FinishReason = Literal["eos", "length", "stop_string", "context", "cancelled", "error"]
+FinishReason = Literal["eos", "grammar", "length", "stop_string", "context", "cancelled", "error"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,7 @@ class Step:
     is_reasoning: bool = False
     is_forced: bool = False
     moe_routing: tuple[dict[str, Any], ...] | None = None
+    masked_prob: float | None = None  # the raw distribution's mass the request's grammar removed; None: no grammar
     type: str = "step"
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ _MAX_SMALL_ARRAY = 64  # arrays longer than this keep only their length (token l
 # GGUF value types: struct format of the scalars; 8 is a string, 9 an array
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")
 
 
 class GgufError(ValueError):
@@ -195,11 +196,32 @@ def _value(cursor: _Cursor, type_id: int) -> Any:
             return [_value(cursor, item_type) for _ in range(length)]
         if item_type in _SCALARS:
             cursor.skip(struct.calcsize(_SCALARS[item_type]) * length)
+        elif item_type == _STRING:
+            _skip_strings(cursor, length)
         else:
             for _ in range(length):
                 _value(cursor, item_type)
         return ArrayInfo(item_type, length)
     raise GgufError(f"{cursor.path}: unknown metadata value type {type_id} in {cursor.what[-1]}; the file is damaged")
+
+
+def _skip_strings(cursor: _Cursor, count: int) -> None:
+    """Steps over `count` strings without decoding them: a vocabulary's 150k tokens took a
+    second through `_value`, and every load reads the header."""
+    data, pos, end = cursor.data, cursor.pos, len(cursor.data)
+    read_length = _LENGTH.unpack_from
+    for _ in range(count):
+        if pos + 8 > end:
+            break
+        (length,) = read_length(data, pos)
+        if pos + 8 + length > end:
+            break
+        pos += 8 + length
+    else:
+        cursor.pos = pos
+        return
+    cursor.pos = pos
+    cursor.string()  # the string that does not fit: raises, saying where
 
 
 def _tensor_bytes(path: Path, name: str, shape: tuple[int, ...], type_id: int) -> int:

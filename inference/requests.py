@@ -22,6 +22,7 @@ from inference.core.sequence import Sequence
 from inference.events import Alternative, Finished, Prefilled, Step
 from inference.kv.paged import LayerKV
 from inference.kv.transfer import Handoff
+from inference.sampling.grammar import GrammarMatcher
 from inference.sampling.logits import penalized_ids
 from inference.sampling.sampler import Row, RowSample, Sampler
 from inference.sampling.stopping import StopStringMatcher
@@ -42,6 +43,11 @@ class Vocabulary:
     eos_token_ids: tuple[int, ...]
     think_close_ids: tuple[int, ...]  # `</think>` as the thinking budget forces it
     max_context: int
+    vocab_size: int = 0  # the logits' width (0: the tokenizer's length); a grammar's mask covers it
+
+    @property
+    def num_logits(self) -> int:
+        return self.vocab_size or len(self.tokenizer)
 
     def opens_reasoning(self, token_ids: Seq[int]) -> bool:
         """Whether the tokens leave a `<think>` open (R1's template ends with one), read from the
@@ -78,6 +84,7 @@ class Request:
     handoff: Handoff | None = None  # handed over: its KV waits to be loaded into its blocks
     is_cancelled: bool = False
     forks: list[Request] = field(default_factory=list)  # parallel sampling: started from this one's prefill
+    grammar: GrammarMatcher | None = None  # `params.grammar`'s parser state: it masks each row, then advances
 
     @classmethod
     def new(
@@ -111,6 +118,7 @@ class Request:
             ),
             images=tuple(images),
             image_spans=tuple(image_spans),
+            grammar=GrammarMatcher(params.grammar, vocab.tokenizer, vocab.num_logits) if params.grammar else None,
         )
 
     # ---- each step -------------------------------------------------------------------------
@@ -119,7 +127,8 @@ class Request:
         """This step's sampling row: the thinking budget may force its token (it is sampled all
         the same, so the random stream stays the one the same seed gives)."""
         context_ids = penalized_ids(self.seq.token_ids, self.seq.num_prompt_tokens, self.params)
-        return Row(self.sampler, context_ids, self.thinking.forced_token(), self.params.num_alternatives)
+        forced = self.thinking.forced_token()
+        return Row(self.sampler, context_ids, forced, self.params.num_alternatives, self.grammar)
 
     def take(self, row: Row, sample: RowSample, vocab: Vocabulary, latency_ms: float, kv_bytes: int, routing) -> Step:
         """Appends the row's token; its `Step` record."""
@@ -127,6 +136,8 @@ class Request:
         piece = vocab.table.piece_of(token_id)
         is_forced = row.forced_token_id is not None
         is_reasoning = self.thinking.push(piece, is_forced=is_forced)
+        if self.grammar is not None:
+            self.grammar.advance(token_id)
         self._append(token_id)
         delta = self.stopper.feed(self.detokenizer.push(token_id))
         self.text += delta
@@ -155,6 +166,7 @@ class Request:
             is_reasoning=is_reasoning,
             is_forced=is_forced,
             moe_routing=routing,
+            masked_prob=sample.masked_prob,
         )
 
     def _append(self, token_id: int) -> None:
@@ -166,6 +178,8 @@ class Request:
             return "eos"
         if self.stopper.is_stopped:
             return "stop_string"
+        if self.grammar is not None and self.grammar.is_finished:
+            return "grammar"  # complete, and nothing but the end of sequence could follow
         if len(self.generated_ids) >= self.params.max_new_tokens:
             return "length"
         if self.seq.num_tokens >= vocab.max_context:
@@ -232,6 +246,8 @@ class Request:
         if first.is_forced:
             self.thinking.forced_token()  # the prefill worker's budget forced it: take up the same state
         self.thinking.push(vocab.table.piece_of(first.token_id), is_forced=first.is_forced)
+        if self.grammar is not None:
+            self.grammar.advance(first.token_id)
         self._append(first.token_id)
         self.text = self.stopper.feed(self.detokenizer.push(first.token_id))
         self.ttft_ms = handoff.ttft_ms

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from inference.config import MAX_NUM_ALTERNATIVES
+from inference.sampling import grammar_spec
 
 MAX_STOP_STRINGS = 8
 # Below this a temperature is greedy (stored as 0.0): the tempered distribution is one-hot to
@@ -24,6 +25,12 @@ MAX_TEMPERATURE = 100.0
 # make the model repeat one token forever, or never again.
 MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 100.0
+# Seeds (given, or drawn when none is: see `Sampler`) stay within JavaScript's exact integers
+# (Number.MAX_SAFE_INTEGER): a seed reported in JSON reads back the same in a browser, so a copied
+# seed replays. 2**63 - 1 was allowed, and a drawn seed showed rounded ("8648170272581798000").
+MAX_SEED = 2**53 - 1
+# Settings of one request only, never a preset's (the admin's presets have a column per other field).
+PER_REQUEST_FIELDS = ("grammar",)
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,9 @@ class SamplingParams:
     the engine forces `</think>` and the answer follows; None = unlimited.
     `use_kv_cache=False` recomputes the whole sequence every step (same tokens, slower: shows what
     the cache saves); `use_prefix_cache=False` skips reusing KV from earlier requests.
+    `grammar`: the answer must match it (`inference.sampling.grammar_spec`: a JSON object, a JSON
+    Schema, tool calls); the grammar masks the processed distribution before the other processors,
+    and a complete grammar ends the answer. None: free text.
     """
 
     max_new_tokens: int = 256
@@ -66,6 +76,7 @@ class SamplingParams:
     early_stopping: bool = False
     num_return_sequences: int = 1
     max_thinking_tokens: int | None = None
+    grammar: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, (list, tuple, str)):  # a dict would iterate its keys
@@ -81,7 +92,7 @@ class SamplingParams:
         _check_float("min_p", self.min_p, 0.0, 1.0, high_open=True)
         _check_float("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
         if self.seed is not None:
-            _check_int("seed", self.seed, 0, 2**63 - 1)
+            _check_int("seed", self.seed, 0, MAX_SEED)
         _check_int("num_alternatives", self.num_alternatives, 0, MAX_NUM_ALTERNATIVES)
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} are allowed")
@@ -95,6 +106,9 @@ class SamplingParams:
             _check_int("max_thinking_tokens", self.max_thinking_tokens, 0, 1_000_000)
             if self.num_beams > 1:  # beams do not go through the per-token loop that forces the tag
                 raise ValueError(f"max_thinking_tokens={self.max_thinking_tokens} does not apply to beam search")
+        grammar_spec.check(self.grammar)
+        if self.grammar is not None and self.num_beams > 1:
+            raise ValueError("grammar does not apply to beam search (num_beams > 1)")
         for name in ("greedy", "penalize_prompt", "ignore_eos", "use_kv_cache", "use_prefix_cache", "early_stopping"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")

@@ -14,6 +14,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
+from django.utils.formats import number_format
 from django.utils.html import format_html
 from django.utils.translation import gettext, gettext_noop
 from django.utils.translation import gettext_lazy as _
@@ -42,6 +43,13 @@ DJANGO_ADMIN_TEXTS = (gettext_noop("Model name"), gettext_noop("Add link"), gett
 def _pre(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
     return format_html('<pre class="pg-pre">{}</pre>', text)
+
+
+def _rounded(value: float | None, places: int = 1) -> str | None:
+    """A measured time or speed as people read it: "2505.2", not "2505.185809000068" (None: the
+    admin's empty value)."""
+    # rounded first: Django's number_format cuts the digits past `places` (2505.18 -> "2505.1")
+    return None if value is None else number_format(round(value, places), places)
 
 
 class _OptionalJsonField(forms.JSONField):
@@ -257,8 +265,8 @@ class GenerationAdmin(_PlaygroundAdmin):
         "num_prompt_tokens",
         "num_cached_tokens",
         "num_generated_tokens",
-        "ttft_ms",
-        "decode_tok_s",
+        "ttft_ms_rounded",
+        "decode_tok_s_rounded",
         "worker",
         "created_at",
     )
@@ -275,9 +283,9 @@ class GenerationAdmin(_PlaygroundAdmin):
                     "num_prompt_tokens",
                     "num_cached_tokens",
                     "num_generated_tokens",
-                    "prefill_ms",
-                    "ttft_ms",
-                    "decode_tok_s",
+                    "prefill_ms_rounded",
+                    "ttft_ms_rounded",
+                    "decode_tok_s_rounded",
                     "created_at",
                     "started_at",
                     "finished_at",
@@ -297,6 +305,19 @@ class GenerationAdmin(_PlaygroundAdmin):
     @admin.display(description=_("owner"))
     def owned_by(self, generation: Generation) -> str:
         return owner_ref(generation.owner)
+
+    # The timings rounded (the stats below keep the exact values); sorted by the stored ones.
+    @admin.display(description=_("prefill ms"), ordering="prefill_ms")
+    def prefill_ms_rounded(self, generation: Generation) -> str | None:
+        return _rounded(generation.prefill_ms)
+
+    @admin.display(description=_("ttft ms"), ordering="ttft_ms")
+    def ttft_ms_rounded(self, generation: Generation) -> str | None:
+        return _rounded(generation.ttft_ms)
+
+    @admin.display(description=_("decode tok s"), ordering="decode_tok_s")
+    def decode_tok_s_rounded(self, generation: Generation) -> str | None:
+        return _rounded(generation.decode_tok_s)
 
     @admin.display(description=_("params"))
     def params_display(self, generation: Generation) -> str:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from inference.sampling_params import SamplingParams
-
-_SEED_RANGE = 2**63  # SamplingParams takes seeds in [0, 2**63 - 1]
+from inference.sampling_params import MAX_SEED, SamplingParams
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -21,4 +19,4 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
         raise ValueError(f"index={index} must be >= 0")
     if index == 0 or params.seed is None:
         return params
-    return replace(params, seed=(params.seed + index) % _SEED_RANGE)
+    return replace(params, seed=(params.seed + index) % (MAX_SEED + 1))

@@ -3,7 +3,8 @@
 Owns: the effective default model (the default row, unless it is a bundled model this host could
 not prepare: then the bundled SmolLM2 row, and the reason), and each row's `unavailable_reason`
 and one-line `summary` (the catalog's, for bundled models: how big it is, what it speaks), both in
-the active language (a page's; English where none is active: the worker, the OpenAI API). Read
+the active language (a page's; English where none is active: the worker, the OpenAI API); and
+whether a row is a random-weights demo (`has_random_weights`: its text is noise). Read
 from files only (`inference.bundled_models`), so the web process and the worker ask alike.
 Must not import torch.
 """
@@ -11,12 +12,14 @@ Must not import torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 from django.utils.translation import gettext, gettext_noop
 
+from inference import sources
 from inference.bundled_models import SMOLLM2, BundledModel, bundled_model, preparation_problem
-from playground.models import LanguageModel
+from playground.models import LanguageModel, resolve_source
 from playground.protocol import without_server_paths
 
 # The catalog's summaries, marked here for `make messages` (inference/ knows no Django) and looked
@@ -79,3 +82,11 @@ def default_model() -> DefaultChoice:
     if fallback is None:  # nothing to fall back to: the request is refused with the reason
         return DefaultChoice(chosen)
     return DefaultChoice(fallback, f"{reason}; {fallback.name} answers instead")
+
+
+def has_random_weights(model: LanguageModel) -> bool:
+    """Whether `model` is one of the random-weights demos (`manage.py demo_model`, `demo_vl_model`):
+    its folder's marker says so. A real architecture whose text is noise: never what a client
+    that takes the first model should get."""
+    path = Path(resolve_source(model.source))
+    return path.is_absolute() and sources.has_random_weights(path)

@@ -23,10 +23,10 @@ from django.utils.translation import gettext_lazy as _
 
 from inference.bundled_models import is_bundled_source
 from inference.config import VALID_DTYPES, EngineConfig
-from inference.sampling_params import SamplingParams
+from inference.sampling_params import PER_REQUEST_FIELDS, SamplingParams
 from playground import encoded_json, protocol
 
-SAMPLING_FIELDS = tuple(f.name for f in dataclass_fields(SamplingParams))
+SAMPLING_FIELDS = tuple(f.name for f in dataclass_fields(SamplingParams) if f.name not in PER_REQUEST_FIELDS)
 _SAMPLING_DEFAULTS = SamplingParams()
 
 

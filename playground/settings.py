@@ -211,6 +211,21 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # The database on another host (docs/running.md, "Several machines"): connecting to one that
+    # cannot be reached fails after 10 s, and a connection whose peer went silent (a cut link, a
+    # dead host) errors within about 30 s, instead of TCP's defaults (minutes to hours of a
+    # thread stuck in a query); the next query then connects again.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "connect_timeout": 10,
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "tcp_user_timeout": 30_000,
+        }
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

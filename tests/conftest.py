@@ -1,7 +1,8 @@
 """Shared fixtures for tests that need real services, each a separate process.
 
 Owns: `stack_redis_url` (a private redis-server) with `redis_url` (another database of it, for
-in-process tests) and `live_stack` (a migrated throw-away SQLite DB,
+in-process tests) and `live_stack` (a migrated throw-away database: SQLite, or a fresh one on
+the PostgreSQL server `DATABASE_URL` names,
 the bundled model prepared, a Celery worker and a daphne server on free ports), readiness
 waits, per-process logs under test-artifacts/services/, their tails in a failing test's
 report, and teardown. Fixtures are lazy: tests that use neither never start anything.
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -84,6 +88,19 @@ def django_shell(code: str, env: dict[str, str]) -> str:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout.strip().splitlines()[-1]
+
+
+def query_stack_db(env: dict[str, str], sql: str, params: tuple = ()) -> list[tuple]:
+    """The rows of `sql` (`%s` placeholders) read straight from a stack's database (`env`'s
+    DATABASE_URL: SQLite or PostgreSQL), without Django."""
+    url = env["DATABASE_URL"]
+    if is_postgres_url(url):
+        import psycopg
+
+        with psycopg.connect(urlunsplit(urlsplit(url)._replace(scheme="postgresql"))) as connection:
+            return connection.execute(sql, params).fetchall()
+    with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as connection:
+        return connection.execute(sql.replace("%s", "?"), params).fetchall()
 
 
 SMOLLM2_BY_DEFAULT = (
@@ -175,14 +192,47 @@ def redis_url(stack_redis_url: str) -> str:
     return stack_redis_url.rsplit("/", 1)[0] + "/1"
 
 
-def stack_env(redis_url: str, db_path: Path) -> dict[str, str]:
+def is_postgres_url(url: str) -> bool:
+    return urlsplit(url).scheme in ("postgres", "postgresql", "pgsql")
+
+
+@contextmanager
+def stack_database(db_dir: Path) -> Iterator[str]:
+    """The live stack's database URL: a throw-away SQLite file, or, when `DATABASE_URL` names a
+    PostgreSQL server (`.ci/run`'s PostgreSQL run), a fresh database on that server, named after
+    this pytest process and dropped afterwards (its user needs CREATEDB, as pytest-django's does)."""
+    server_url = os.environ.get("DATABASE_URL", "")
+    if not is_postgres_url(server_url):
+        yield f"sqlite:///{db_dir / 'db.sqlite3'}"
+        return
+    import psycopg
+
+    parts = urlsplit(server_url)
+    name = f"{parts.path.lstrip('/') or 'playground'}_e2e_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    admin_url = urlunsplit(parts._replace(scheme="postgresql", path="/postgres"))
+
+    def run_sql(sql: str) -> None:
+        with psycopg.connect(admin_url, autocommit=True) as connection:
+            connection.execute(sql)
+
+    run_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    run_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(parts._replace(path=f"/{name}"))
+    finally:
+        run_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def stack_env(redis_url: str, database: str | Path) -> dict[str, str]:
     """The environment every stack process shares. The data dir defaults to <repo>/data so
-    the converted model is reused across runs; the DB is new for each session."""
+    the converted model is reused across runs; the DB (a URL, or an SQLite file's path) is new
+    for each session."""
+    database_url = f"sqlite:///{database}" if isinstance(database, Path) else database
     env = dict(os.environ)
     env.update(
         {
             "DJANGO_SETTINGS_MODULE": "playground.settings",
-            "DATABASE_URL": f"sqlite:///{db_path}",
+            "DATABASE_URL": database_url,
             "REDIS_URL": redis_url,
             "PLAYGROUND_DATA_DIR": os.environ.get("PLAYGROUND_DATA_DIR", str(REPO_DIR / "data")),
             "PYTHONUNBUFFERED": "1",
@@ -208,8 +258,12 @@ def live_stack(stack_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -
     """
     for stale in ARTIFACTS_DIR.glob("worker-*.log"):
         stale.unlink()
-    db_path = tmp_path_factory.mktemp("db") / "db.sqlite3"
-    env = stack_env(stack_redis_url, db_path)
+    with stack_database(tmp_path_factory.mktemp("db")) as database_url:
+        yield from _live_stack(stack_redis_url, database_url)
+
+
+def _live_stack(stack_redis_url: str, database_url: str) -> Iterator[LiveStack]:
+    env = stack_env(stack_redis_url, database_url)
     run_prepare_step("migrate", [sys.executable, "-m", "django", "migrate", "--noinput"], env)
     run_prepare_step("bundled-model", [sys.executable, "-m", "inference.models.bundled"], env)
     # The stack serves SmolLM2 by default: the tests compare its tokens with in-process references

@@ -9,7 +9,8 @@ serving stack's WebSocket clients against the engine alone on the same requests)
 time to first token), `pd` (colocated vs disaggregated prefill/decode), `determinism` (the same
 request cold, warm, batched and chunked: identical tokens and logprobs, and what that costs),
 `quality` (every bundled model x precision x preset answering English and Chinese questions,
-judged, with its speed). The last line printed is `key=value` pairs.
+judged, with its speed), `structured` (a JSON Schema's cost per token, compile time and valid
+rate on the default model). The last line printed is `key=value` pairs.
 Ratios, not absolute numbers, are the point: both sides run in the same process,
 interleaved, best of N, so machine noise hits both.
 """
@@ -21,7 +22,19 @@ import statistics
 
 _STARTING_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # before __main__ sets it for this process
 
-MODES = ("precision", "decode", "batch", "stack", "fairness", "prefix", "pd", "determinism", "quality", "overload")
+MODES = (
+    "precision",
+    "decode",
+    "batch",
+    "stack",
+    "fairness",
+    "prefix",
+    "pd",
+    "determinism",
+    "quality",
+    "overload",
+    "structured",
+)
 
 
 def starting_env() -> dict[str, str]:

@@ -64,7 +64,7 @@ QUESTIONS = [
 def prompts(engine: Engine, n: int) -> list[list[int]]:
     if not engine.loaded.chat_template:  # a random model: random prompts of chat length
         generator = torch.Generator().manual_seed(n)
-        return [torch.randint(0, 256, (40,), generator=generator).tolist() for _ in range(n)]
+        return [torch.randint(0, 256, (40,), generator=generator, device=generator.device).tolist() for _ in range(n)]
     chats = [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(n)]
     return [engine.prompts.encode(engine.prompts.render_chat(chat).text) for chat in chats]
 

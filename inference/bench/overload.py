@@ -15,9 +15,10 @@ status and seconds, then one `key=value` line:
 - `heavy_status`, `heavy_code`, `heavy_s`: what the heavy request got, and when;
 - `switches_ok`, `switch_max_s`: the two model switches' requests answered 200, the longer one's seconds;
 - `running_after_answered`: generations `/metrics` shows running or waiting 5 s after every client was answered;
-- `worker_rss_mb_before`, `worker_rss_mb_peak`, `worker_rss_mb_after`: the Celery worker's resident memory
-  before the hostile requests, its peak during them (sampled every 0.2 s) and after 20 s idle;
-  `rss_after_over_before`.
+- `worker_rss_mb_before`, `worker_rss_mb_peak`, `worker_rss_mb_after_hostile`, `worker_rss_mb_after`: the
+  Celery worker's resident memory before the hostile requests, its peak over the run (sampled every
+  0.2 s), 5 s after the first heavy request was answered (before the switches), and at the end after
+  20 s idle; `rss_hostile_over_before`, `rss_after_over_before`.
 Must not know: the stack's internals (driven over HTTP and /proc only).
 """
 
@@ -170,6 +171,8 @@ def run_scenario(base_url: str, model: str, num_busy: int, pid: int | None, api_
         time.sleep(SHORT_SPACING_S)
     heavy_thread.join()
     print(f"heavy: {heavy[0]}", flush=True)
+    time.sleep(5.0)
+    after_hostile_mb = rss_mb(pid) if pid else 0.0  # before the switches load other weights
     switches = [post(base_url, short_body(name), HEAVY_TIMEOUT_S, api_key) for name in (other_model, model)]
     print(f"model switches: {switches}", flush=True)
     for process in hogs:
@@ -198,7 +201,9 @@ def run_scenario(base_url: str, model: str, num_busy: int, pid: int | None, api_
         "running_after_answered": running,
         "worker_rss_mb_before": round(before_mb),
         "worker_rss_mb_peak": round(sampler.peak_mb),
+        "worker_rss_mb_after_hostile": round(after_hostile_mb),
         "worker_rss_mb_after": round(after_mb),
+        "rss_hostile_over_before": round(after_hostile_mb / before_mb, 2) if before_mb else -1,
         "rss_after_over_before": round(after_mb / before_mb, 2) if before_mb else -1,
     }
 

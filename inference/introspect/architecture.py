@@ -1,12 +1,12 @@
 """The architecture card: what a model costs, computed from its config alone (no weights, no torch).
 
 Owns: reading a config (a Hugging Face `config.json` of a Llama / Qwen2 / Mistral / GPT-2 /
-DeepSeek-V2/V3 model, or the `inference/configs/*.json` format of DeepSeek's own repository) into
-a `Shape`, and from it: total and active parameters per token, KV cache bytes per token (the
-cached form, MLA's latent against the same model with expanded K/V), FLOPs per token for prefill
-and decode, and bytes read per decoded token at batch 1. The reference configs shipped in
-`reference_configs/` (DeepSeek-V3 671B, V3.1, V2-Lite 16B, the six R1 distills) are listed by
-`REFERENCE_MODELS`.
+DeepSeek-V2/V3 model, the `inference/configs/*.json` format of DeepSeek's own repository, or a
+GGUF file's header: `config_from_gguf`) into a `Shape`, and from it: total and active parameters
+per token, KV cache bytes per token (the cached form, MLA's latent against the same model with
+expanded K/V), FLOPs per token for prefill and decode, and bytes read per decoded token at batch
+1. The reference configs shipped in `reference_configs/` (DeepSeek-V3 671B, V3.1, V2-Lite 16B,
+the six R1 distills) are listed by `REFERENCE_MODELS`.
 
 Must not know: torch, transformers, Django. The web process imports it; the tests check every
 count against meta-device models transformers builds from the same configs.
@@ -17,9 +17,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inference.introspect.vision_tokens import vision_section
+
+if TYPE_CHECKING:
+    from inference.gguf_file import GgufHeader
 
 REFERENCE_DIR = Path(__file__).with_name("reference_configs")
 REFERENCE_MODELS: dict[str, str] = {
@@ -126,6 +129,44 @@ def hf_config_from_deepseek_repo(config: dict[str, Any]) -> dict[str, Any]:
         "tie_word_embeddings": False,
         "torch_dtype": config.get("dtype", "bfloat16"),
     }
+
+
+def config_from_gguf(header: GgufHeader) -> dict[str, Any]:
+    """A GGUF file's shape as the `config.json` fields this card reads, from its header alone
+    (`inference.gguf_file.read_header`: no weights read, no conversion). Metadata keys are
+    llama.cpp's `<architecture>.<field>`; the vocabulary is the embedding table's rows, a tied
+    head is a file without `output.weight`. The dtype is float32, what the conversion to a
+    Hugging Face folder writes (so the card equals the converted folder's); `?dtype=` shows others."""
+    arch = header.architecture or ""
+    meta = header.metadata
+    tensors = {t.name: t.shape for t in header.tensors}
+
+    def value(field: str) -> Any:
+        return meta.get(f"{arch}.{field}")
+
+    embedding = tensors.get("token_embd.weight")
+    vocab = embedding[0] if embedding else value("vocab_size") or header.vocab_size
+    hidden, heads = value("embedding_length"), value("attention.head_count")
+    layers, inter, context = value("block_count"), value("feed_forward_length"), value("context_length")
+    if arch == "gpt2":  # transformers' GPT-2 names
+        return {"model_type": "gpt2", "vocab_size": vocab, "n_embd": hidden, "n_layer": layers, "n_head": heads,
+                "n_positions": context, "n_inner": inter, "torch_dtype": "float32"}  # fmt: skip
+    config = {
+        "model_type": arch,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": value("attention.head_count_kv") or heads,
+        "head_dim": value("attention.key_length"),
+        "intermediate_size": inter,
+        "max_position_embeddings": context,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "torch_dtype": "float32",
+    }
+    window = value("attention.sliding_window")
+    return config | ({"sliding_window": window} if window else {})
 
 
 def shape_from_config(config: dict[str, Any]) -> Shape:

@@ -19,6 +19,10 @@ import torch
 
 MATMUL_TARGET_S = 0.05  # stop growing the matrix once one product takes this long
 MIN_GAIN = 1.2  # ... or once doubling it raised the rate by less than this
+# ... but never below this size: a 256 x 256 product measures call and thread start-up overhead
+# (40 GFLOP/s on a busy CPU where the model's prefill reached 58.7), and one slow try at 512 ended
+# the search there.
+MIN_MATMUL_SIZE = 1024
 MAX_MATMUL_SIZE = {"cpu": 2048, "cuda": 8192}
 COPY_BYTES = {"cpu": 256 << 20, "cuda": 1 << 30}  # far beyond a CPU's last-level cache or a GPU's L2
 REPEATS = 3
@@ -104,9 +108,10 @@ def _best_seconds(fn, device: torch.device, repeats: int = REPEATS) -> float:
 
 @torch.inference_mode()
 def matmul_flops_per_s(device: torch.device, dtype: torch.dtype) -> tuple[float, int]:
-    """(FLOP/s, n): the best n x n @ n x n product (2 n^3 FLOPs), n doubled from 256 while the rate
-    still grows and a product stays under MATMUL_TARGET_S (small products measure call and
-    thread start-up overhead, not the arithmetic units; large ones only cost time)."""
+    """(FLOP/s, n): the best n x n @ n x n product (2 n^3 FLOPs), n doubled from 256 up to at least
+    MIN_MATMUL_SIZE, then while the rate still grows and a product stays under MATMUL_TARGET_S
+    (small products measure call and thread start-up overhead, not the arithmetic units; large
+    ones only cost time)."""
     limit = MAX_MATMUL_SIZE.get(device.type, MAX_MATMUL_SIZE["cpu"])
     n, best, best_n = 256, 0.0, 256
     while True:
@@ -117,7 +122,7 @@ def matmul_flops_per_s(device: torch.device, dtype: torch.dtype) -> tuple[float,
         still_growing = rate > best * MIN_GAIN
         if rate > best:
             best, best_n = rate, n
-        if not still_growing or seconds >= MATMUL_TARGET_S or n >= limit:
+        if (not still_growing and n >= MIN_MATMUL_SIZE) or seconds >= MATMUL_TARGET_S or n >= limit:
             return best, best_n
         n *= 2
 

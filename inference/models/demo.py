@@ -26,11 +26,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DeepseekV3Config
 
 from inference.models.bundled import ensure_bundled_model, say
+from inference.sources import RANDOM_WEIGHTS_MARKER
 
 DEMO_FOLDER_NAME = "deepseek-v3-demo-random"
 DEMO_MODEL_NAME = "DeepSeek-V3 architecture demo (random weights)"
 DEMO_SEED = 20241226  # DeepSeek-V3's release date: any fixed seed gives the same weights everywhere
-MARKER_NAME = "demo.json"
+MARKER_NAME = RANDOM_WEIGHTS_MARKER  # what the web process reads (`has_random_weights`)
 DEMO_FORMAT = 1  # bump when the config or the build changes: the folder is rebuilt
 
 

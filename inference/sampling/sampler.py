@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from inference.kernels import cpu as cpu_kernels
+from inference.sampling.grammar import GrammarMatcher, apply_masks, removed_mass
 from inference.sampling.logits import apply_processors, build_processors
-from inference.sampling_params import SamplingParams
+from inference.sampling_params import MAX_SEED, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,14 @@ class Sampler:
     """Turns one step's logits into token ids under one request's `SamplingParams`.
 
     Owns a `torch.Generator` on `device`, seeded with `params.seed` or, when that is None, with
-    a fresh random seed exposed as `.seed` so the run can be repeated.
+    a fresh random seed exposed as `.seed` so the run can be repeated (drawn within
+    `MAX_SEED`, as a given one must be: the pages show it exactly).
     """
 
     def __init__(self, params: SamplingParams, device: torch.device | str):
         self.params = params
         self.processors = build_processors(params)
-        self.seed = params.seed if params.seed is not None else secrets.randbits(63)
+        self.seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED + 1)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.seed)
 
@@ -75,8 +77,13 @@ def _check_drawn(token_ids: torch.Tensor, logprobs: torch.Tensor) -> None:
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of `probs` (B, V) by inverse-CDF sampling: one uniform number per row,
     about 10x cheaper than `torch.multinomial` on a 49k vocabulary on CPU."""
-    uniform = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
-    return _inverse_cdf(probs, uniform)
+    return _inverse_cdf(probs, _uniform(generator, probs.shape[0]).to(probs.device))
+
+
+def _uniform(generator: torch.Generator, n: int) -> torch.Tensor:
+    """(n, 1) float64 uniform numbers in [0, 1) from `generator`, on the generator's own device (a
+    CUDA generator cannot fill a CPU tensor, nor a CPU one a CUDA tensor)."""
+    return torch.rand(n, 1, generator=generator, dtype=torch.float64, device=generator.device)
 
 
 def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -102,6 +109,12 @@ class Row:
     context_ids: Sequence[int]
     forced_token_id: int | None = None
     num_alternatives: int = 0
+    grammar: GrammarMatcher | None = None  # the request's grammar: it masks this row's distribution
+
+    @property
+    def is_processed(self) -> bool:
+        """Whether its sampled distribution may differ from the raw one."""
+        return bool(self.sampler.processors) or self.grammar is not None
 
 
 @dataclass(frozen=True)
@@ -116,14 +129,28 @@ class RowSample:
     top_raw: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
     top_processed: tuple[tuple[int, float], ...] | None  # None: no processor, same as top_raw
     error: str | None = None  # the settings left nothing to sample (the row's request fails alone)
+    masked_prob: float | None = None  # the raw distribution's mass the grammar removed (None: no grammar)
 
 
 def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[RowSample]:
     """`logits` (S, V), one row per entry of `rows` -> one `RowSample` each. Each row's tokens and
-    numbers are those its own `Sampler` gives it alone: rows only share the ops."""
+    numbers are those its own `Sampler` gives it alone: rows only share the ops. A row with a
+    grammar is masked first (its disallowed tokens -inf), then processed like any other: the raw
+    distribution and its read-outs stay the model's own."""
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1)  # (S, V)
-    logprobs = raw_logprobs.clone() if any(r.sampler.processors for r in rows) else raw_logprobs
+    masked = apply_masks(logits, [r.grammar for r in rows])  # (S, V): `logits`, or a copy masked by the grammars
+    masked_indices = [i for i, r in enumerate(rows) if r.grammar is not None]
+    logprobs = raw_logprobs.clone() if any(r.is_processed for r in rows) else raw_logprobs
+    masked_probs: list[float | None] = [None] * len(rows)
+    if masked_indices:
+        index_masked = torch.tensor(masked_indices, device=logits.device)
+        masked_rows = masked[index_masked]  # (G, V)
+        masked_logprobs = torch.log_softmax(masked_rows, dim=-1)
+        logprobs[index_masked] = masked_logprobs
+        removed = removed_mass(raw_logprobs[index_masked], masked_logprobs, argmax(masked_rows))
+        for i, p in zip(masked_indices, removed.tolist()):
+            masked_probs[i] = p
     token_ids = torch.empty(len(rows), dtype=torch.long, device=logits.device)
     groups: dict[tuple, list[int]] = {}
     for i, row in enumerate(rows):
@@ -133,18 +160,21 @@ def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[RowSample]:
         # Every row in one group (the common step): the rows as they are, not a copy of them
         # (a 49k vocabulary's 8 rows: 0.26 ms).
         index = slice(None) if len(indices) == len(rows) else torch.tensor(indices, device=logits.device)
-        processed = logits[index]
+        processed = masked[index]
         if first.processors:
-            processed = apply_processors(first.processors, processed, _contexts([rows[i] for i in indices]))
+            processed = apply_processors(
+                first.processors, processed, _contexts([rows[i] for i in indices], logits.device)
+            )
             logprobs[index] = torch.log_softmax(processed, dim=-1)
         if first.params.is_greedy:
             token_ids[index] = argmax(processed)
         else:
-            uniform = torch.cat(
-                [torch.rand(1, 1, generator=rows[i].sampler.generator, dtype=torch.float64) for i in indices]
-            )
-            token_ids[index] = _inverse_cdf(logprobs[index].exp(), uniform.to(logits.device))
-    return _read_outs(logits, raw_logprobs, logprobs, token_ids, rows)
+            uniform = torch.cat([_uniform(rows[i].sampler.generator, 1) for i in indices]).to(logits.device)
+            token_ids[index] = _inverse_cdf(logprobs[index].exp(), uniform)
+    samples = _read_outs(logits, raw_logprobs, logprobs, token_ids, rows)
+    if not masked_indices:
+        return samples
+    return [replace(sample, masked_prob=p) if p is not None else sample for sample, p in zip(samples, masked_probs)]
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -156,12 +186,12 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return kernels.argmax(logits) if kernels is not None else logits.argmax(dim=-1)
 
 
-def _contexts(rows: Sequence[Row]) -> torch.Tensor:
-    """(B, T) context ids, right-padded with one id past the vocabulary (the repetition penalty
-    drops that column)."""
+def _contexts(rows: Sequence[Row], device: torch.device) -> torch.Tensor:
+    """(B, T) context ids on `device` (the logits' own: the repetition penalty gathers the logits
+    at them), right-padded with one id past the vocabulary (the penalty drops that column)."""
     width = max(len(r.context_ids) for r in rows)
     pad = 1 << 40
-    return torch.tensor([[*r.context_ids, *[pad] * (width - len(r.context_ids))] for r in rows])
+    return torch.tensor([[*r.context_ids, *[pad] * (width - len(r.context_ids))] for r in rows], device=device)
 
 
 def _read_outs(
@@ -175,7 +205,7 @@ def _read_outs(
         token_ids = token_ids.clone()
         token_ids[[i for i, _ in forced]] = torch.tensor([t for _, t in forced], device=token_ids.device)
     k = min(max(r.num_alternatives for r in rows), logits.shape[-1])
-    has_processors = any(r.sampler.processors for r in rows)
+    has_processors = any(r.is_processed for r in rows)
     kernels = _kernels_for(raw_logprobs, 2)
     if kernels is not None and _kernels_for(logprobs, 2) is not None:
         return _host_read_outs(kernels, raw_logprobs, logprobs if has_processors else None, token_ids, rows, k)
@@ -204,7 +234,7 @@ def _host_read_outs(
             continue
         n = row.num_alternatives
         top_raw = _kept(raw_ids[i], raw_values[i], n)
-        top_processed = _kept(processed_ids[i], processed_values[i], n) if row.sampler.processors else None
+        top_processed = _kept(processed_ids[i], processed_values[i], n) if row.is_processed else None
         samples.append(RowSample(token_list[i], *chosen[i], ranks[i], entropies[i], top_raw, top_processed))
     return samples
 
@@ -229,7 +259,7 @@ def _device_read_outs(
             continue
         n = row.num_alternatives
         top_raw = _kept(rest[:k], rest[k : 2 * k], n)
-        top_processed = _kept(rest[2 * k : 3 * k], rest[3 * k :], n) if row.sampler.processors else None
+        top_processed = _kept(rest[2 * k : 3 * k], rest[3 * k :], n) if row.is_processed else None
         samples.append(RowSample(int(token_id), logprob, raw_logprob, int(rank), ent, top_raw, top_processed))
     return samples
 

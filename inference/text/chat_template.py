@@ -107,11 +107,14 @@ def render_chat(
     *,
     special_tokens: TemplateTokens | None = None,
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
     **extra: Any,
 ) -> RenderedPrompt:
     """Render `messages` with `template`; equals `tokenizer.apply_chat_template(messages,
     tokenize=False, add_generation_prompt=...)` for a tokenizer with these special tokens.
 
+    `tools`: function definitions (OpenAI's `{"type": "function", "function": {...}}`), the
+    template's `tools` as `apply_chat_template(tools=...)` passes them; None: no tools.
     `extra` become template variables (e.g. `enable_thinking=False`, `date_string=...`).
     Bad messages are a `ValueError`; a template that fails is a `ChatTemplateError`.
     """
@@ -120,13 +123,13 @@ def render_chat(
     shadowed = sorted(_RESERVED_VARIABLES & set(extra))
     if shadowed:
         raise ValueError(f"template variable(s) {', '.join(shadowed)} are set by render_chat itself")
-    for name, value in extra.items():
+    for name, value in {**extra, "tools": tools}.items():
         _check_plain(name, value)
     compiled = _compile(template)
     context = {
         **tokens.variables,
         **extra,
-        "tools": None,
+        "tools": tools,
         "documents": None,
         "add_generation_prompt": bool(add_generation_prompt),
     }

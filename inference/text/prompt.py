@@ -87,13 +87,21 @@ class PromptBuilder:
     # ---- prompts -------------------------------------------------------------------------------
 
     def render_chat(
-        self, messages: list[dict], template: str | None = None, add_generation_prompt: bool = True
+        self,
+        messages: list[dict],
+        template: str | None = None,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
     ) -> RenderedPrompt:
         source = template or self.chat_template
         if not source:
             raise PromptError("invalid_params", f"model {self.name!r} has no chat template; choose one")
         return render_chat(
-            messages, source, special_tokens=self.template_tokens, add_generation_prompt=add_generation_prompt
+            messages,
+            source,
+            special_tokens=self.template_tokens,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
 
     def with_image_placeholders(self, text: str, num_images: int) -> str:
@@ -110,6 +118,7 @@ class PromptBuilder:
         template: str | None = None,
         extra_token_ids: Sequence[int] = (),
         images: Sequence[PromptImage] = (),
+        tools: list[dict] | None = None,
     ) -> Prompt:
         """The prompt of chat `messages` (rendered) or of raw `text`, then `extra_token_ids`;
         each image placeholder expanded into its image's block of tokens. Checked (`PromptError`).
@@ -119,7 +128,7 @@ class PromptBuilder:
         bos = None
         if messages is not None:
             try:
-                rendered = self.render_chat(messages, template)
+                rendered = self.render_chat(messages, template, tools=tools)
             except PromptError:
                 raise
             except ValueError as exc:  # includes ChatTemplateError

@@ -24,6 +24,11 @@ def keep(worker: str, record: dict[str, Any]) -> None:
     beacon.get().beat(keys.worker_model(worker), TTL_S, json.dumps(record))
 
 
+def forget(worker: str) -> None:
+    """Stops keeping `worker`'s record (this process took another name): it goes now."""
+    beacon.get().drop(keys.worker_model(worker))
+
+
 def record(state: str, model_id: int | None, model_name: str, started_at: float, **extra: Any) -> dict[str, Any]:
     """`started_at`: wall-clock seconds (time.time()) when the state began."""
     return {"state": state, "model_id": model_id, "model_name": model_name, "started_at": started_at, **extra}

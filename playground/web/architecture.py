@@ -1,9 +1,9 @@
 """HTTP JSON for the architecture card (`/api/architectures/...`, the `/architecture/` page).
 
 Owns: finding a registered model's `config.json` as the web process sees it (the same data dir
-and Hugging Face cache as the workers), the query parameters `context` and `dtype`, and the
-list of models that have a card. The numbers come from `inference.introspect.architecture`,
-which is pure arithmetic on the config: no weights, no torch.
+and Hugging Face cache as the workers), or its shape in a `.gguf` file's header, the query
+parameters `context` and `dtype`, and the list of models that have a card. The numbers come from
+`inference.introspect.architecture`, which is pure arithmetic on the config: no weights, no torch.
 Must not know: the engine, the worker.
 """
 
@@ -19,6 +19,7 @@ from django.utils.translation import gettext
 
 import inference.introspect.architecture as arch
 from inference.bundled_models import bundled_model
+from inference.gguf_file import GgufError, read_header
 from playground.models import LanguageModel
 from playground.protocol import CommandError
 from playground.web.api import endpoint
@@ -65,13 +66,15 @@ def config_path(source: str) -> Path | None:
 
 def model_config(model: LanguageModel) -> dict[str, Any]:
     source = model.to_engine_config().source
+    if source.lower().endswith(".gguf"):
+        return gguf_config(model.name, Path(source))
     path = config_path(source)
     if path is None or not path.is_file():
         where = f" ({path})" if path else ""
         raise CommandError(
             "model_unavailable",
-            f"no config.json for {model.name}{where}: the card needs a Hugging Face folder or a cached hub id "
-            "(a .gguf file gets one once a worker has converted it)",
+            f"no config.json for {model.name}{where}: the card needs a Hugging Face folder, a cached hub id "
+            "or a .gguf file",
         )
     if path.stat().st_size > _CONFIG_BYTES:
         raise CommandError("model_unavailable", f"{path} is larger than a config.json can be")
@@ -79,6 +82,14 @@ def model_config(model: LanguageModel) -> dict[str, Any]:
         return json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CommandError("model_unavailable", f"{path} is not valid JSON: {exc}") from exc
+
+
+def gguf_config(name: str, path: Path) -> dict[str, Any]:
+    """A `.gguf` model's shape from its header (metadata and tensor table; no weight is read)."""
+    try:
+        return arch.config_from_gguf(read_header(path))
+    except GgufError as exc:  # damaged, cut short, unreadable: the reader says which
+        raise CommandError("model_unavailable", f"{name}: {exc}") from exc
 
 
 def accepts_images(model: LanguageModel) -> bool | None:

@@ -3,7 +3,8 @@
 Owns: what a frame must be before any command logic sees it: at most
 `PLAYGROUND_MAX_MESSAGE_BYTES`, valid JSON, an object, nested at most `MAX_DEPTH` levels, and
 text that is valid Unicode (a binary frame's bytes UTF-8; JSON may spell a lone surrogate,
-`"\\ud800"`, which no database or encoder accepts). Every refusal leaves the socket usable.
+`"\\ud800"`, which no database or encoder accepts, or U+0000, `"\\u0000"`, which PostgreSQL's
+text does not). Every refusal leaves the socket usable.
 (A text frame that is not UTF-8 never gets here: daphne closes its socket with 1007,
 `socket_failures.py`.) Must not know: the commands.
 """
@@ -57,6 +58,8 @@ def parse(text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
         raise FrameError(
             "invalid_unicode", "the message holds a lone surrogate (e.g. \\ud800), which is not valid text", request_id
         )
+    if holds_nul(content):
+        raise FrameError("invalid_unicode", NUL_REFUSAL, request_id)
     return content
 
 
@@ -75,6 +78,23 @@ def is_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+# PostgreSQL's text and jsonb columns cannot hold U+0000: a chat message with one was saved on
+# SQLite and an `internal_error` on PostgreSQL (found running the system tests there). It is
+# refused alike on both, before anything is written.
+NUL_REFUSAL = "the message holds the NUL character (\\u0000), which is not valid text here"
+
+
+def holds_nul(value: Any) -> bool:
+    """Whether a string anywhere in `value` (a parsed JSON value; keys too) holds U+0000."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(holds_nul(key) or holds_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(holds_nul(item) for item in value)
+    return False
 
 
 def nesting_depth(value: Any, bound: int = MAX_DEPTH) -> int:

@@ -3,8 +3,9 @@
 Owns: what a body must be before an endpoint of `/api/` or `/v1/` reads a field of it: at most
 Django's `DATA_UPLOAD_MAX_MEMORY_SIZE` bytes (`request_too_large`, HTTP 413), UTF-8 text
 (`invalid_unicode`; also a lone surrogate spelled `"\\ud800"`, which no database or encoder
-accepts), JSON (`bad_json`), and objects and lists nested at most `MAX_DEPTH` levels
-(`nesting_too_deep`: 100,000 levels used to escape as a `RecursionError`, a 500). The
+accepts, and U+0000, which PostgreSQL's text does not), JSON (`bad_json`), and objects and lists
+nested at most `MAX_DEPTH` levels (`nesting_too_deep`: 100,000 levels used to escape as a
+`RecursionError`, a 500). The
 WebSocket's frames are bounded alike (`frames.py`). Must not know: the endpoints or their error
 shapes (each answers a `BodyError`, a `CommandError`, in its own).
 """
@@ -19,7 +20,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 
 from playground.protocol import CommandError
-from playground.web.frames import is_unicode, nesting_depth
+from playground.web.frames import holds_nul, is_unicode, nesting_depth
 
 # The deepest real body is 5 levels (/v1: body -> messages -> message -> content -> part).
 MAX_DEPTH = 32
@@ -47,6 +48,8 @@ def json_body(request: HttpRequest, empty: bytes = b"{}") -> Any:
         raise too_deep()
     if not is_unicode(json.dumps(value, ensure_ascii=False)):
         raise BodyError("invalid_unicode", "the body holds a lone surrogate (e.g. \\ud800), which is not valid text")
+    if holds_nul(value):
+        raise BodyError("invalid_unicode", "the body holds the NUL character (\\u0000), which is not valid text here")
     return value
 
 

@@ -195,6 +195,7 @@ def _queue_answer(
     params: SamplingParams,
     user_message: Message | None,
     is_active: bool = True,
+    inputs: dict[str, Any] | None = None,
 ) -> Queued:
     """Creates the queued chat generation and its (empty) assistant message at `position`
     (`is_active` false: another choice beside the active one). Runs inside the command's
@@ -206,6 +207,7 @@ def _queue_answer(
         model=model,
         chat_template=_template(model, conversation),
         params=params.to_dict(),
+        inputs=inputs or {},
     )
     answer = Message.objects.create(
         conversation=conversation,
@@ -380,9 +382,10 @@ COMMANDS = {"generate": generate, "regenerate": regenerate, "edit": edit, "compl
 def api_chat(
     owner: str, content: dict[str, Any], messages: list[dict[str, str]], num_choices: int, max_concurrent: int
 ) -> list[Queued]:
-    """The choices answering `messages` ({role, content}, roles system/user/assistant), in order;
-    `content` holds model_id, preset_id and overrides as the WebSocket commands do. The first
-    choice's answer is the conversation's active one, the others stand beside it."""
+    """The choices answering `messages` ({role, content}, roles system/user/assistant/tool), in order;
+    `content` holds model_id, preset_id and overrides as the WebSocket commands do, and the API's
+    `tools` (kept in each generation's `inputs` for its template). The first choice's answer is the
+    conversation's active one, the others stand beside it."""
     if not messages:
         raise CommandError("invalid_field", "messages must not be empty")
     limits.check_num_messages(len(messages))
@@ -399,8 +402,9 @@ def api_chat(
             Message(conversation=conversation, role=message["role"], content=message["content"], position=position)
             for position, message in enumerate(messages)
         )
+        inputs = {"tools": content["tools"]} if content.get("tools") else None
         return [
-            _queue_answer(owner, conversation, len(messages), model, choice_params(params, i), None, is_active=i == 0)
+            _queue_answer(owner, conversation, len(messages), model, choice_params(params, i), None, i == 0, inputs)
             for i in range(num_choices)
         ]
 

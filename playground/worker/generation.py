@@ -1,11 +1,12 @@
 """One generation end to end, run by the Celery worker: the Django <-> engine bridge.
 
-Owns: starting the queued row (its prompt is `prompt_build`'s), the cancel check, streaming events to the generation's group, saving the partial answer, and the single
-terminal event (a `finally` path). A generation that can no longer be published (Redis is
-gone) ends as `service_unavailable` with its partial answer saved, and its request leaves the
-engine's batch (`cancel.cancel_here`: nobody reads its events any more); the task itself
-survives the outage. Must not know: sockets. The engine comes from `engines` (loaded lazily),
-so importing this module stays cheap.
+Owns: starting the queued row (its prompt is `prompt_build`'s), the cancel check, streaming
+events to the generation's group, saving the partial answer, and the single terminal event (a
+`finally` path). A generation that can no longer be published (Redis is gone) ends as
+`service_unavailable` with its partial answer saved, and its request leaves the engine's batch
+(`cancel.cancel_here`: nobody reads its events any more); the task itself survives the outage.
+Must not know: sockets. The engine comes from `engines` (loaded lazily), so importing this
+module stays cheap.
 """
 
 from __future__ import annotations
@@ -419,6 +420,9 @@ class GenerationRun:
         """Updates the row while it is still running: a watchdog that declared it lost wins.
         Saved steps leave the recent-steps tail (after the save: a reader in between finds them
         in one or the other)."""
+        for name in ("text", "prompt_text"):  # what the model wrote may hold U+0000: PostgreSQL refuses it
+            if name in fields:
+                fields[name] = encoded_json.without_nul(fields[name])
         num_updated = Generation.objects.filter(pk=self.generation.pk, status=Generation.Status.RUNNING).update(
             **fields
         )
@@ -434,7 +438,7 @@ class GenerationRun:
 
     def _save_answer(self, text: str) -> None:
         if self.answer_id is not None:
-            Message.objects.filter(pk=self.answer_id).update(content=text)
+            Message.objects.filter(pk=self.answer_id).update(content=encoded_json.without_nul(text))
 
 
 def _unavailable_on_outage(send: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _record: dict[str, Any] | None = None
+_kept_as: str | None = None  # the worker name the record is kept under
 
 
 def loading(model_id: int | None, model_name: str) -> None:
@@ -42,11 +43,14 @@ def failed(model_id: int | None, model_name: str, error: str) -> None:
 
 
 def _set(record: dict[str, Any]) -> None:
-    global _record
+    global _record, _kept_as
     worker = observer.worker_name()
     with _lock:
         _record = record
+        renamed, _kept_as = (_kept_as if _kept_as not in (None, worker) else None), worker
     with contextlib.suppress(redis.RedisError):
+        if renamed is not None:  # one record per process, under its current name
+            model_states.forget(renamed)
         model_states.keep(worker, record)
     try:
         group_send(protocol.MODELS_GROUP, model_states.as_event(worker, record)).result()

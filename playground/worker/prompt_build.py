@@ -67,7 +67,9 @@ def build_prompt(generation: Generation, answer_id: int | None, max_new_tokens: 
             kept = history[first:]
             image_records = [image for _, message_images in kept for image in message_images]
             messages = system + [message for message, _ in kept]
-            return _build(generation, engine, template, messages, "", [], image_records, num_dropped + first)
+            return _build(
+                generation, engine, template, messages, "", [], image_records, num_dropped + first, inputs.get("tools")
+            )
 
         built = build(0)
         if not limits.prompt_fits(len(built.prompt.tokens), max_context):
@@ -92,15 +94,18 @@ def _build(
     token_ids: list[int],
     image_records: list[dict[str, Any]],
     num_dropped: int = 0,
+    tools: list[dict[str, Any]] | None = None,
 ) -> BuiltPrompt:
     """Chat `messages` rendered (None: the raw `text`), tokenized, then `token_ids`, with each
-    image's block of tokens (`engine.prompts.build`); checked there."""
+    image's block of tokens (`engine.prompts.build`); checked there. `tools` (the API's function
+    definitions) go to the template as its `tools`."""
     if image_records and engine.vision is None:
         raise CommandError("images_not_supported", f"model {generation.model.name!r} takes no images")
     images = prompt_images(image_records) if image_records else []
     try:
+        extra = {"tools": tools} if tools else {}  # only when there are: the template's `tools` stays None
         prompt = engine.prompts.build(
-            messages=messages, text=text, template=template, extra_token_ids=token_ids, images=images
+            messages=messages, text=text, template=template, extra_token_ids=token_ids, images=images, **extra
         )
     except PromptError as exc:
         raise CommandError(exc.code, str(exc)) from exc

@@ -7,7 +7,7 @@ import { api, getJson } from "./api.js";
 import { createSide } from "./ab_side.js";
 import { createAlignment } from "./ab_view.js";
 import { $, bindSlider, h } from "./dom.js";
-import { errorText, finishReasonLabel, fmtMs, fmtNum, fmtProb } from "./format.js";
+import { errorText, finishReasonLabel, fmtMs, fmtNum, fmtProb, isSeed, seedError, stepTexts, tokenLabel } from "./format.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { gettext, interpolate } from "./i18n.js";
 
@@ -24,7 +24,7 @@ function run() {
   const text = $("#ab-text").value;
   if (!text.trim()) { showError({ message: gettext("Enter some text first.") }); return; }
   const seed = $("#ab-seed").value.trim();
-  if (seed !== "" && !/^\d+$/.test(seed)) { showError({ message: interpolate(gettext("Seed “%(seed)s” must be a whole number."), { seed }) }); return; }
+  if (seed !== "" && !isSeed(seed)) { showError(seedError(seed)); return; }
   $("#ab-error").hidden = true;
   // The same length and seed on both sides: only the sampling settings differ.
   const common = { max_new_tokens: Number(length.value), ...(seed === "" ? {} : { seed: Number(seed) }) };
@@ -87,13 +87,18 @@ function renderRun(name) {
     h("b", {}, r ? r.label : sides?.find((s) => s.name === name).label ?? ""),
     r && !r.handle.isDone ? h("span", { class: "badge" }, gettext("generating…")) : null);
   if (!r) { box.replaceChildren(head, h("p", { class: "empty" }, gettext("Not run yet."))); return; }
-  const tokens = r.steps.map((step) => h("span", {
+  // The text as the chat shows it: a character spread over tokens whole at its last one, never "�".
+  const { texts, cutBytes } = stepTexts(r.steps, r.stats?.finish_reason ?? null);
+  const tokens = r.steps.map((step, i) => h("span", {
     class: `step-tok${flips.get(step.index) ? " flip" : ""}`, dataset: { step: step.index, tokenId: step.token_id },
-    title: interpolate(gettext("step %(step)s · id %(id)s · sampled p %(p)s"), { step: step.index, id: step.token_id, p: fmtProb(Math.exp(step.logprob)) }),
-  }, step.piece));
+    title: interpolate(gettext("step %(step)s · id %(id)s · sampled p %(p)s"), { step: step.index, id: step.token_id, p: fmtProb(Math.exp(step.logprob)) })
+      + ` · ${tokenLabel(step.piece, step.token_bytes)}`,
+  }, texts[i]));
   const error = r.error ? [h("p", { class: "alert" }, errorText(r.error))] : [];
+  const cut = cutBytes === null ? [] : [h("p", { class: "muted small cut-note" },
+    cutBytes ? interpolate(gettext("ended inside a character (%(bytes)s)"), { bytes: cutBytes }) : gettext("ended inside a character"))];
   box.replaceChildren(head, stats(r), ...error,
-    h("div", { class: "continuation", id: `ab-${name}-text` }, h("span", { class: "prompt-part" }, $("#ab-text").value), ...tokens));
+    h("div", { class: "continuation", id: `ab-${name}-text` }, h("span", { class: "prompt-part" }, $("#ab-text").value), ...tokens), ...cut);
 }
 
 function stats(r) {

@@ -6,7 +6,7 @@
 // `actions` callbacks in.
 import { beamsPanel } from "./chat_beams.js";
 import { h } from "./dom.js";
-import { errorText, finishReasonLabel, fmtMs, fmtNum } from "./format.js";
+import { cutCharacterBytes, errorText, finishReasonLabel, fmtMs, fmtNum } from "./format.js";
 import { icon } from "./icons.js";
 import { thumbnails } from "./image_attach.js";
 import { charTokensFromSteps, renderAnswer } from "./markdown.js";
@@ -135,13 +135,12 @@ async function copyText(button, message) {
  * -> {text, cutBytes: the held-back bytes as "0xF0 0x9F", or null}
  */
 export function withoutCutCharacter(message, text) {
-  const ended = !message.isStreaming && ["length", "context", "cancelled"].includes(message.stats?.finish_reason);
-  if (!ended || !text.endsWith("\ufffd")) return { text, cutBytes: null };
-  const last = message.steps.at(-1);
-  if (last && !last.text_delta?.endsWith("\ufffd")) return { text, cutBytes: null };
-  if (last?.token_bytes?.toLowerCase().endsWith("efbfbd")) return { text, cutBytes: null };  // a real U+FFFD
-  const bytes = last?.token_bytes ? last.token_bytes.match(/../g).map((b) => `0x${b.toUpperCase()}`).join(" ") : "";
-  return { text: text.replace(/\ufffd+$/, ""), cutBytes: bytes };
+  const reason = message.isStreaming ? null : message.stats?.finish_reason;
+  if (!text.endsWith("\ufffd")) return { text, cutBytes: null };
+  // An older answer whose steps are not loaded yet: its text alone says it was cut.
+  const last = message.steps.at(-1) ?? { text_delta: text };
+  const bytes = cutCharacterBytes(last, reason);
+  return bytes === null ? { text, cutBytes: null } : { text: text.replace(/\ufffd+$/, ""), cutBytes: bytes };
 }
 
 /** Redraw an assistant message's body, error, compact line, details and buttons from its state. */

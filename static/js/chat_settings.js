@@ -18,7 +18,7 @@ const OVERRIDE_FIELDS = {
   // a select: "" is the preset's, "true"/"false" the choice
   "ov-penalize-prompt": { name: "penalize_prompt", parse: (v) => v === "true", isChoice: true },
   "ov-max-tokens": { name: "max_new_tokens", parse: Number, min: 1, integer: true },
-  "ov-seed": { name: "seed", parse: Number, min: 0, integer: true, isSampling: true },
+  "ov-seed": { name: "seed", parse: Number, min: 0, max: Number.MAX_SAFE_INTEGER, integer: true, isSampling: true },  // max: the server's
   "ov-max-thinking": { name: "max_thinking_tokens", parse: Number, min: 0, integer: true },
 };
 const GENERIC_SYSTEM_PROMPT = gettext("Optional: instructions sent before the conversation");

@@ -7,7 +7,7 @@ import { beamTree } from "./beam_tree.js";
 import { $, bindSlider, h } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
 import { flatNote } from "./flat_note.js";
-import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, numSteps, phaseLabel, tokenLabel, visiblePiece } from "./format.js";
+import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, isSeed, numSteps, phaseLabel, seedError, tokenLabel, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
 import { readExplorerUrl } from "./explorer_url.js";
@@ -93,7 +93,7 @@ function samplingParams() {
 /** The sliders as an inspection changes them. */
 function inspectParams() {
   const seed = $("#ex-seed").value.trim();
-  return { ...samplingParams(), greedy: false, seed: /^\d+$/.test(seed) ? Number(seed) : null };
+  return { ...samplingParams(), greedy: false, seed: isSeed(seed) ? Number(seed) : null };
 }
 
 const SETTINGS = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "penalize_prompt"];
@@ -113,7 +113,7 @@ function request(maxNewTokens) {
     use_kv_cache: $("#ex-kv-cache").checked, use_prefix_cache: $("#ex-prefix-cache").checked };
   const seed = $("#ex-seed").value.trim();
   if (seed !== "") {
-    if (!/^\d+$/.test(seed)) { showError({ message: interpolate(gettext("Seed “%(seed)s” must be a whole number."), { seed }) }); return; }
+    if (!isSeed(seed)) { showError(seedError(seed)); return; }
     overrides.seed = Number(seed);
   }
   if (numBeams > 1) Object.assign(overrides, { num_beams: numBeams, num_return_sequences: numBeams });

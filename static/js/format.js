@@ -69,7 +69,53 @@ export function visiblePiece(piece) {
  */
 export function tokenLabel(piece, hexBytes) {
   if (!piece.includes("\ufffd") || !hexBytes) return visiblePiece(piece);
-  return `<${hexBytes.match(/../g).map((b) => `0x${b.toUpperCase()}`).join(" ")}>`;
+  return `<${byteList(hexBytes)}>`;
+}
+
+/** "f09f" -> "0xF0 0x9F" */
+function byteList(hexBytes) {
+  return hexBytes.match(/../g).map((b) => `0x${b.toUpperCase()}`).join(" ");
+}
+
+const CUT_FINISHES = ["length", "context", "cancelled"];  // the ends that may fall inside a character
+
+/**
+ * The bytes a generation held back when it ended inside a multi-byte character (max tokens, a
+ * stop): its last step's text then ends with U+FFFD, which the pages leave out and say so
+ * instead of showing "�". -> "0xF0 0x9F" ("" when the step has no bytes), or null when no
+ * character was cut (still streaming, another end, a whole last character, a real U+FFFD).
+ */
+export function cutCharacterBytes(lastStep, finishReason) {
+  if (!CUT_FINISHES.includes(finishReason) || !lastStep?.text_delta?.endsWith("\ufffd")) return null;
+  if (lastStep.token_bytes?.toLowerCase().endsWith("efbfbd")) return null;  // a real U+FFFD
+  return lastStep.token_bytes ? byteList(lastStep.token_bytes) : "";
+}
+
+/**
+ * Each step's share of a generation's text as the chat shows it: its `text_delta`, so a
+ * character spread over several tokens shows whole at its last one (the others add nothing)
+ * instead of one "�" per token, and a character cut by the end left out (`cutBytes`, said so).
+ * `finishReason` is null while it streams. -> {texts, cutBytes}
+ */
+export function stepTexts(steps, finishReason) {
+  const texts = steps.map((s) => s.text_delta ?? s.piece);
+  const cutBytes = cutCharacterBytes(steps.at(-1), finishReason);
+  if (cutBytes !== null) texts[texts.length - 1] = texts.at(-1).replace(/\ufffd+$/, "");
+  return { texts, cutBytes };
+}
+
+/**
+ * Whether a seed field's text is a seed: a whole number a browser holds exactly (up to 2**53 - 1,
+ * Number.MAX_SAFE_INTEGER, which is the server's limit too); a larger one would be sent rounded.
+ */
+export function isSeed(text) {
+  return /^\d+$/.test(text) && Number.isSafeInteger(Number(text));
+}
+
+/** What the page says of a seed field that holds no seed. */
+export function seedError(text) {
+  return { message: interpolate(gettext("Seed “%(seed)s” must be a whole number from 0 to %(max)s."),
+    { seed: text, max: Number.MAX_SAFE_INTEGER }) };
 }
 
 export function probFromLogprob(logprob) {

@@ -12,6 +12,9 @@ import { explanation, failure, measure, numbers, progress, runSection } from "./
 const V3_KEY = "deepseek_v3_671b";
 const CONTEXT = 4096;
 const THINK_OPEN = "<think>";
+// Tokens after the thinking: the forced </think> (3 tokens where the vocabulary has no such token,
+// as Qwen2.5's) and the answer. 48 cut English answers of the default model after ~45 tokens.
+const ANSWER_TOKENS = 64;
 
 export function setupDeepseek(runner) {
   const section = $("#learn-deepseek");
@@ -84,10 +87,10 @@ async function reasoning(runner) {
   const rendered = await runner.complete({ text: question, chat: true, overrides: { greedy: true, max_new_tokens: 1 } });
   const text = rendered.started.prompt.text;
   const prompt = text.trimEnd().endsWith(THINK_OPEN) ? text : `${text}${THINK_OPEN}\n`;
-  const run = await runner.complete({ text: prompt, overrides: { greedy: true, max_new_tokens: budget + 48, max_thinking_tokens: budget } });
+  const run = await runner.complete({ text: prompt, overrides: { greedy: true, max_new_tokens: budget + ANSWER_TOKENS, max_thinking_tokens: budget } });
   const stats = run.finished.stats;
   const numForced = run.steps.filter((s) => s.is_forced).length;
-  const numAnswer = run.steps.filter((s) => !s.is_reasoning && !s.is_forced).length;
+  const numAnswer = answerTokens(run.steps, stats.finish_reason).length;
   const piece = (s) => h("span", { class: s.is_forced ? "learn-forced" : s.is_reasoning ? "learn-thinking" : "learn-answer-tok",
     title: s.is_forced ? gettext("forced by the thinking budget") : undefined }, s.text_delta || visiblePiece(s.piece));
   return block("r1", interpolate(gettext("R1's reasoning, on %(model)s with a thinking budget of %(n)s tokens"), { model: run.started.model.name, n: budget }),
@@ -99,7 +102,15 @@ async function reasoning(runner) {
         stats.thinking_ended_by_budget ? 1 : 0),
     ]),
     h("p", { class: "learn-trace" }, h("span", { class: "learn-tag" }, THINK_OPEN), run.steps.map(piece)),
+    numAnswer ? null : h("p", { class: "learn-verdict", dataset: { noAnswer: "" } }, gettext("No answer: the model ended its turn right after the forced </think>. It was not trained to reason first, so where the budget cuts its thinking decides whether it answers; try another budget.")),
     h("p", { class: "muted small" }, gettext("Grey: thinking. Highlighted: tokens the server forced once the budget was spent. Then the answer.")));
+}
+
+/** The steps of the answer: after the thinking, neither reasoning nor forced, and not the end of
+ * turn a run that ended on its own (`eos`) took last: that token writes no answer. */
+function answerTokens(steps, finishReason) {
+  const answer = steps.filter((s) => !s.is_reasoning && !s.is_forced);
+  return finishReason === "eos" && answer.at(-1) === steps.at(-1) ? answer.slice(0, -1) : answer;
 }
 
 async function v3Demo(runner, card) {

@@ -77,5 +77,11 @@ function strategyRow({ strategy, runs }, text, numTokens) {
     h("td", {}, h("ol", { class: "learn-draws" }, runs.map((run) => h("li", { dataset: { generationId: run.generationId, seed: run.seed ?? "" } },
       h("span", { class: "learn-draw" }, run.finished.text || "∅"),
       run.seed === null ? null : h("span", { class: "muted small" }, " ", interpolate(gettext("seed %(seed)s"), { seed: run.seed })))))),
-    h("td", { class: "num" }, numbers([measure(`${strategy.key}_distinct`, gettext("distinct"), `${numDistinct}/${runs.length}`, numDistinct)])));
+    h("td", { class: "num" }, distinctCell(strategy, numDistinct, runs.length)));
+}
+
+/** How many of the draws differ; a strategy that draws nothing runs once ("1/1" said nothing). */
+function distinctCell(strategy, numDistinct, numRuns) {
+  if (!strategy.isDrawn) return h("span", { class: "muted small learn-same" }, gettext("always the same: nothing is drawn"));
+  return numbers([measure(`${strategy.key}_distinct`, gettext("distinct"), `${numDistinct}/${numRuns}`, numDistinct)]);
 }

@@ -45,12 +45,21 @@ function timelineBar(segments) {
       h("span", { class: `swatch rl-${phase}` }), h("b", {}, name), ` ${fmtMs(ms)}`))));
 }
 
-function deviceLine(d) {
-  return h("p", { id: "rl-device" }, interpolate(gettext("Measured by the worker on its %(device)s (%(dtype)s): matmul peak"), { device: d.device, dtype: d.dtype }), " ",
-    h("b", { id: "rl-peak" }, fmtSi(d.matmul_flops_per_s, "FLOP/s")), " ",
-    interpolate(gettext("(a %(n)s×%(n)s product), memory"), { n: d.matmul_size }), " ",
-    h("b", { id: "rl-bandwidth" }, fmtSi(d.memory_bytes_per_s, "B/s")), " ",
-    interpolate(gettext("(a sum over %(bytes)s): ridge at"), { bytes: fmtBytes(d.copy_bytes) }), " ",
+export function deviceLine(d) {
+  // A roof this request's own prefill or decode beat is raised to what it reached (`raised_by`): no point above 100%.
+  const raised = d.raised_by ?? {};
+  const peakFrom = raised.matmul_flops_per_s
+    ? interpolate(gettext("(reached by this request's %(phase)s; the %(n)s×%(n)s product timed %(measured)s), memory"),
+      { phase: phaseLabel(raised.matmul_flops_per_s), n: d.matmul_size, measured: fmtSi(d.measured_matmul_flops_per_s, "FLOP/s") })
+    : interpolate(gettext("(a %(n)s×%(n)s product), memory"), { n: d.matmul_size });
+  const bandwidthFrom = raised.memory_bytes_per_s
+    ? interpolate(gettext("(reached by this request's %(phase)s; a sum over %(bytes)s measured %(measured)s): ridge at"),
+      { phase: phaseLabel(raised.memory_bytes_per_s), bytes: fmtBytes(d.copy_bytes), measured: fmtSi(d.measured_memory_bytes_per_s, "B/s") })
+    : interpolate(gettext("(a sum over %(bytes)s): ridge at"), { bytes: fmtBytes(d.copy_bytes) });
+  return h("p", { id: "rl-device" },
+    interpolate(gettext("Measured by the worker on its %(device)s (%(dtype)s): matmul peak"), { device: d.device, dtype: d.dtype }), " ",
+    h("b", { id: "rl-peak" }, fmtSi(d.matmul_flops_per_s, "FLOP/s")), " ", peakFrom, " ",
+    h("b", { id: "rl-bandwidth" }, fmtSi(d.memory_bytes_per_s, "B/s")), " ", bandwidthFrom, " ",
     h("b", { id: "rl-ridge" }, fmtSi(d.ridge, "FLOP/byte")), ".");
 }
 

@@ -279,6 +279,14 @@ def test_roofline_places_prefill_and_decode(page, screenshot_dir):
     expect(page.locator("#rl-ridge")).to_have_text(fmt_si(page, device["ridge"], "FLOP/byte"))
     assert device["ridge"] == pytest.approx(device["matmul_flops_per_s"] / device["memory_bytes_per_s"])
     assert device["matmul_flops_per_s"] > 1e8 and device["memory_bytes_per_s"] > 1e8  # sanity, not speed
+    # no point above its roof: a phase that beat a measured roof raised it, and the line says so
+    assert prefill["fraction_of_roof"] <= 1 + 1e-9 and decode["fraction_of_roof"] <= 1 + 1e-9
+    raised = page.evaluate(
+        """async (device) => (await import('/static/js/roofline.js')).deviceLine({ ...device,
+             raised_by: { matmul_flops_per_s: 'prefill' }, measured_matmul_flops_per_s: 4e10 }).textContent""",
+        device,
+    )
+    assert "reached by this request's prefill; the" in raised and fmt_si(page, 4e10, "FLOP/s") in raised
     roof, _, prefill_point, decode_point = chart_data(page, "roofline-chart")["datasets"]
     assert roof["data"][1] == pytest.approx({"x": device["ridge"], "y": device["matmul_flops_per_s"]})
     assert prefill_point["data"] == [{"x": prefill["intensity"], "y": prefill["achieved_flops_per_s"]}]

@@ -181,7 +181,11 @@ def check_sampling(page, made: list[dict]) -> None:
         assert draws.locator(".learn-draw").evaluate_all("els => els.map((e) => e.textContent)") == [
             t or "∅" for t in texts
         ]
-        assert measures(page, "sampling")[f"{key}_distinct"] == len(set(texts))
+        if key in ("argmax", "beam"):  # one run, nothing drawn: no count of distinct texts ("1/1" said nothing)
+            assert len(texts) == 1 and f"{key}_distinct" not in measures(page, "sampling")
+            expect(row.locator(".learn-same")).to_be_visible()
+        else:
+            assert measures(page, "sampling")[f"{key}_distinct"] == len(set(texts))
         if key == "t15":  # the distribution it drew from is the run's own processed one
             shown = row.locator(".learn-dist-row").evaluate_all("els => els.map((e) => Number(e.dataset.prob))")
             step = by_id[ids[0]]["steps"][0]
@@ -196,16 +200,7 @@ def check_deepseek(page, made: list[dict], live_stack) -> None:
     assert m["v3_total_params"] == card["parameters"]["total"]
     assert m["v3_kv_latent"] == card["kv_cache"]["bytes_per_token"]
     assert m["v3_kv_expanded"] == card["kv_cache"]["expanded_bytes_per_token"]
-    reasoning = next(r for r in made if "max_thinking_tokens" in r["command"]["overrides"])
-    stats = reasoning["finished"]["stats"]
-    assert reasoning["command"]["overrides"]["max_thinking_tokens"] == 8  # the budget chosen
-    assert (
-        m["num_reasoning_tokens"] == stats["num_reasoning_tokens"] == sum(s["is_reasoning"] for s in reasoning["steps"])
-    )
-    assert m["num_reasoning_tokens"] <= 8
-    assert m["thinking_ended_by_budget"] == int(stats["thinking_ended_by_budget"])
-    assert m["num_forced_tokens"] == sum(s["is_forced"] for s in reasoning["steps"])
-    assert reasoning["command"]["text"].endswith("<think>\n")  # the model's own chat template, then R1's opening
+    check_reasoning(page, made)
     demo = next(r for r in made if r["started"]["model"].get("num_moe_layers"))
     assert m["demo_kv_per_token"] == demo["prefilled"]["kv_cache_bytes"] / demo["prefilled"]["num_prompt_tokens"]
     assert m["demo_kv_per_token"] == m["demo_kv_card"]  # MLA's latent cache, measured = computed
@@ -213,6 +208,26 @@ def check_deepseek(page, made: list[dict], live_stack) -> None:
     image_run = next(r for r in made if r["command"].get("images"))
     image = image_run["started"]["prompt"]["images"][0]
     assert (m["image_tokens"], m["image_kv_bytes"]) == (image["num_tokens"], image["kv_bytes"])
+
+
+def check_reasoning(page, made: list[dict]) -> None:
+    """The R1-style run of section 6: the budget chosen, the counts from `stats`, the answer's
+    tokens (the end of turn it may end on is none), and why there is no answer when there is none."""
+    m = measures(page, "deepseek")
+    reasoning = next(r for r in made if "max_thinking_tokens" in r["command"]["overrides"])
+    stats, steps = reasoning["finished"]["stats"], reasoning["steps"]
+    assert reasoning["command"]["overrides"]["max_thinking_tokens"] == 8  # the budget chosen
+    assert reasoning["command"]["overrides"]["max_new_tokens"] == 8 + 64  # then </think> and the answer
+    assert m["num_reasoning_tokens"] == stats["num_reasoning_tokens"] == sum(s["is_reasoning"] for s in steps)
+    assert m["num_reasoning_tokens"] <= 8
+    assert m["thinking_ended_by_budget"] == int(stats["thinking_ended_by_budget"])
+    assert m["num_forced_tokens"] == sum(s["is_forced"] for s in steps)
+    assert reasoning["command"]["text"].endswith("<think>\n")  # the model's own chat template, then R1's opening
+    answer = [i for i, s in enumerate(steps) if not s["is_reasoning"] and not s["is_forced"]]
+    if stats["finish_reason"] == "eos" and answer and answer[-1] == len(steps) - 1:
+        answer.pop()  # the end of turn writes no answer
+    assert m["num_answer_tokens"] == len(answer)
+    expect(page.locator("#ld-result [data-no-answer]")).to_have_count(0 if answer else 1)
 
 
 CHECKS = {"pipeline": check_pipeline, "kv": check_kv, "roles": check_roles, "sampling": check_sampling}
@@ -256,6 +271,18 @@ def test_walk_the_lesson(lesson_page, live_stack, deepseek_demos, screenshot_dir
     assert page.evaluate(LATE_CHARTS_WIDTH, desktop_widths) <= inner
     for section in SECTIONS:
         page.locator(f"#learn-{section}").screenshot(path=str(screenshot_dir / f"learn-{section}-{language}-phone.png"))
+
+
+@pytest.mark.parametrize("lesson_page", ["en-US"], indirect=True)
+def test_runs_without_draws_and_the_reasoning_run_say_what_they_ran(lesson_page):
+    """Section 5: argmax and beam search draw nothing (one run each), so their rows say the text is
+    always the same instead of "distinct 1/1". Section 6: the answer's tokens leave out the end of
+    turn, and a run with none says why."""
+    page = lesson_page
+    page.goto("/learn/")
+    expect(page.locator("#conn")).to_have_attribute("data-state", "open")
+    check_sampling(page, run_section(page, "sampling"))
+    check_reasoning(page, run_section(page, "deepseek"))
 
 
 @pytest.mark.parametrize("lesson_page", ["en-US"], indirect=True)

@@ -234,8 +234,39 @@ def test_validate_messages_copies() -> None:
 
 
 def test_render_variables_cannot_be_shadowed() -> None:
-    with pytest.raises(ValueError, match="documents, tools"):
-        render_chat(CONVERSATIONS[0], "{{ messages }}", tools=[], documents=[])
+    with pytest.raises(ValueError, match="documents"):
+        render_chat(CONVERSATIONS[0], "{{ messages }}", documents=[])
+
+
+def test_tools_render_as_apply_chat_template_renders_them() -> None:
+    """Qwen2.5's template with `tools` (issue 50): its tools section, an earlier call written as the
+    model writes it (the API stores it so) and a tool's result, equal to transformers' render of
+    the same chat with structured `tool_calls`."""
+    template = (TEMPLATES / "qwen2_5.jinja").read_text()
+    tokenizer = make_tiny_tokenizer(("<|im_start|>", "<|im_end|>"), chat_template=template)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather now.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    question, result = {"role": "user", "content": "Paris?"}, {"role": "tool", "content": '{"celsius": 21}'}
+    as_text = {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    }
+    structured = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]}
+    expected = tokenizer.apply_chat_template(
+        [question, structured, result], tools=tools, tokenize=False, add_generation_prompt=True
+    )
+    prompt = render_like(tokenizer, [question, as_text, result], tools=tools)
+    assert prompt.text == expected and "# Tools" in expected and "<tool_response>" in expected
+    assert_spans_tile(prompt)
 
 
 def test_template_variables_must_be_plain_data() -> None:

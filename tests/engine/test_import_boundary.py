@@ -174,8 +174,17 @@ ALLOWED = {
         "inference.introspect.moe",
         "inference.bundled_models",
     ),
-    # exact views of finished generations; the engine only as a type
-    "introspect": (*CONTRACTS, "inference.introspect", "inference.sampling", "inference.engine"),
+    # exact views of finished generations; the engine only as a type; a GGUF header for the card;
+    # the passes through the served path: the runner and a scratch sequence's KV blocks (passes.py)
+    "introspect": (
+        *CONTRACTS,
+        "inference.introspect",
+        "inference.sampling",
+        "inference.engine",
+        "inference.gguf_file",
+        "inference.core",
+        "inference.models.runner",
+    ),
 }
 
 

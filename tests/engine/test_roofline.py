@@ -62,7 +62,7 @@ def test_prefill_flops_count_the_engines_work(shape: arch.Shape) -> None:
 
 
 def test_decode_is_memory_bound_and_prefill_grows_with_the_prompt(shape: arch.Shape) -> None:
-    device = limits(flops=1e11, bandwidth=1e10)  # ridge 10 FLOP/byte
+    device = limits(flops=1e12, bandwidth=1e11)  # ridge 10 FLOP/byte; both phases below both roofs
     steps = [(k, 10.0) for k in range(1, 9)]  # 8 decode steps of 10 ms
     result = roofline(shape, device, num_prompt=40, num_cached=0, element_bytes=4, prefill_ms=50.0, decode_steps=steps)
     prefill, decode = result["prefill"], result["decode"]
@@ -79,8 +79,9 @@ def test_decode_is_memory_bound_and_prefill_grows_with_the_prompt(shape: arch.Sh
     assert prefill["intensity"] > device.ridge > decode["intensity"] and prefill["bound"] == "compute"
     assert decode["achieved_flops_per_s"] == pytest.approx(decode["flops"] / 0.080)
     assert decode["achieved_bytes_per_s"] == pytest.approx(decode["bytes"]["total"] / 0.080)
-    assert decode["roof_flops_per_s"] == pytest.approx(decode["intensity"] * 1e10)
-    assert prefill["roof_flops_per_s"] == 1e11
+    assert decode["roof_flops_per_s"] == pytest.approx(decode["intensity"] * 1e11)
+    assert prefill["roof_flops_per_s"] == 1e12
+    assert result["device"]["raised_by"] == {} and result["device"]["matmul_flops_per_s"] == 1e12
     intensities = [
         roofline(shape, device, num_prompt=p, num_cached=0, element_bytes=4, prefill_ms=1.0, decode_steps=[])[
             "prefill"
@@ -92,6 +93,35 @@ def test_decode_is_memory_bound_and_prefill_grows_with_the_prompt(shape: arch.Sh
         roofline(shape, device, num_prompt=5, num_cached=0, element_bytes=4, prefill_ms=1.0, decode_steps=[])["decode"]
         is None
     )
+
+
+def test_a_phase_faster_than_the_measured_roof_raises_it(shape: arch.Shape) -> None:
+    """The lesson showed prefill at 147% of its roof: 58.7 GFLOP/s achieved against a 40 GFLOP/s
+    peak timed on a 256 x 256 product. What a phase reached is what the device can do: the roof
+    is raised to it (and said so), so no point is above its roof."""
+    steps = [(k, 20.0) for k in range(1, 9)]
+    measured = limits(flops=1e10, bandwidth=1e10)
+    prefill_flops = arch.prefill_flops(shape, 40, logits=1)
+    prefill_ms = prefill_flops / (1.47 * 1e10) * 1000  # 147% of the measured peak
+    result = roofline(
+        shape, measured, num_prompt=40, num_cached=0, element_bytes=4, prefill_ms=prefill_ms, decode_steps=steps
+    )
+    prefill, decode, device = result["prefill"], result["decode"], result["device"]
+    assert prefill["achieved_flops_per_s"] == pytest.approx(1.47e10)
+    assert device["matmul_flops_per_s"] == prefill["achieved_flops_per_s"]
+    assert device["measured_matmul_flops_per_s"] == 1e10
+    # decode streamed 8 x 538 MB in 160 ms: 27 GB/s, more than the 10 GB/s measured too
+    assert (
+        device["memory_bytes_per_s"] == decode["achieved_bytes_per_s"] == pytest.approx(decode["bytes"]["total"] / 0.16)
+    )
+    assert device["measured_memory_bytes_per_s"] == 1e10
+    assert device["raised_by"] == {"matmul_flops_per_s": "prefill", "memory_bytes_per_s": "decode"}
+    assert device["ridge"] == pytest.approx(device["matmul_flops_per_s"] / device["memory_bytes_per_s"])
+    for point in (prefill, decode):
+        assert point["achieved_flops_per_s"] <= point["roof_flops_per_s"] * (1 + 1e-12)
+        assert point["fraction_of_roof"] <= 1 + 1e-12
+        assert point["bound"] == ("compute" if point["intensity"] >= device["ridge"] else "memory")
+    assert prefill["fraction_of_roof"] == pytest.approx(1.0)  # it is the roof now
 
 
 def test_the_timeline_follows_the_records() -> None:

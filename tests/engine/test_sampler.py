@@ -11,8 +11,10 @@ import torch
 from scipy.stats import chisquare
 
 from inference import SamplingParams
+from inference.engine_core import _choice_seeds
 from inference.sampling.logits import apply_processors, build_processors
 from inference.sampling.sampler import Sampler, entropy, token_rank, top_alternatives
+from inference.sampling_params import MAX_SEED
 
 PROBS_6 = [0.3, 0.25, 0.2, 0.12, 0.08, 0.05]
 NUM_DRAWS = 20_000
@@ -95,6 +97,21 @@ def test_no_seed_picks_one_and_exposes_it():
     second = Sampler(SamplingParams(), "cpu")
     assert first.seed != second.seed
     assert draw_sequence(SamplingParams(seed=first.seed)) == draw_sequence(SamplingParams(seed=first.seed))
+
+
+def test_seeds_stay_within_what_a_browser_reads_exactly():
+    """A drawn seed travels in JSON to the pages, whose numbers are doubles: one past 2**53 showed
+    rounded ("8648170272581798000") and a copied seed did not replay. Drawn and given seeds
+    stay within MAX_SEED; a larger one is refused naming `seed`."""
+    assert MAX_SEED == 2**53 - 1  # JavaScript's Number.MAX_SAFE_INTEGER
+    drawn = [Sampler(SamplingParams(), "cpu").seed for _ in range(50)]
+    assert all(0 <= seed <= MAX_SEED for seed in drawn), max(drawn)
+    largest = SamplingParams(seed=MAX_SEED, temperature=1.2)
+    assert draw_sequence(largest) == draw_sequence(largest)  # torch's generator takes it
+    with pytest.raises(ValueError, match=rf"seed={MAX_SEED + 1} must be between 0 and {MAX_SEED}"):
+        SamplingParams(seed=MAX_SEED + 1)
+    # the choices of one seeded prompt (seed, seed + 1, ...) wrap within it too
+    assert _choice_seeds(SamplingParams(seed=MAX_SEED), 2) == [MAX_SEED, 0]
 
 
 @pytest.mark.parametrize("params", [SamplingParams(greedy=True), SamplingParams(temperature=0.0)])

@@ -9,7 +9,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from playground.models import ChatTemplate, LanguageModel, SamplingPreset
+from playground.models import ChatTemplate, Generation, LanguageModel, SamplingPreset
+from playground.web import owners
 
 pytestmark = pytest.mark.django_db
 
@@ -143,3 +144,20 @@ def test_an_unset_stop_id_override_is_an_empty_box_not_null(staff_client: Client
 def test_generations_are_listed_but_not_added_by_hand(staff_client: Client) -> None:
     assert staff_client.get("/admin/playground/generation/").status_code == 200
     assert staff_client.get("/admin/playground/generation/add/").status_code == 403
+
+
+def test_the_generation_list_shows_timings_rounded(staff_client: Client) -> None:
+    """It showed the stored floats whole ("2505.185809000068"); the stats keep them exact."""
+    generation = Generation.objects.create(
+        owner=owners.LOCAL_API_OWNER,
+        model=LanguageModel.default(),
+        params={},
+        prefill_ms=2400.5,
+        ttft_ms=2505.185809000068,
+        decode_tok_s=11.623456789,
+    )
+    listing = staff_client.get("/admin/playground/generation/").content.decode()
+    assert "2505.2" in listing and "11.6" in listing
+    assert "2505.18" not in listing and "11.62" not in listing
+    page = staff_client.get(f"/admin/playground/generation/{generation.pk}/change/").content.decode()
+    assert "2400.5" in page and "2505.2" in page and "2505.18" not in page

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+import inference.introspect.architecture as arch
 from inference.bundled_models import BUNDLED_MODELS
 from inference.models.bundled import bundled_model_dir
 from playground.models import LanguageModel
@@ -92,3 +93,26 @@ def test_page_is_linked_from_the_topbar() -> None:
     assert page.status_code == 200
     assert b'href="/architecture/" aria-current="page"' in page.content
     assert b"architecture_page.js" in page.content
+
+
+def test_a_gguf_model_card_reads_the_files_header(tmp_path: Path) -> None:
+    """A model registered from a .gguf file answered 400 "no config.json for ... (a .gguf file gets
+    one once a worker has converted it)", so /learn/ and the card failed: the card now comes
+    from the file's header, equal to the card of the model the file holds."""
+    from tests.engine.tiny_gguf import CHATML, write_tiny_gguf
+
+    path = tmp_path / "tiny.gguf"
+    model = write_tiny_gguf(path, chat_template=CHATML)
+    row = LanguageModel.objects.create(name="tiny gguf", source=str(path))
+    response = Client().get(f"/api/models/{row.pk}/architecture/?context=64")
+    assert response.status_code == 200, response.content
+    card = response.json()
+    expected = arch.card(model.config.to_dict(), context=64, name=row.name)
+    assert card["parameters"] == expected["parameters"]
+    assert card["parameters"]["total"] == sum(p.numel() for p in model.parameters())
+    for part in ("shape", "kv_cache", "flops", "decode_bytes_read"):
+        assert card[part] == expected[part], part
+    assert card["model_id"] == row.pk and card["weights"]["dtype"] == "float32"  # what the conversion writes
+    path.write_bytes(path.read_bytes()[:100])  # cut short: refused, saying so
+    error = Client().get(f"/api/models/{row.pk}/architecture/").json()["error"]
+    assert error["code"] == "model_unavailable" and "tiny gguf" in error["message"]

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from inference.sampling_params import MAX_SEED, SamplingParams
+from playground.choices import choice_params
 from playground.coord import cancel
 from playground.models import Generation
 from playground.protocol import is_terminal
@@ -50,6 +52,11 @@ def test_the_choices_of_one_prompt_run_as_one_unit() -> None:
         assert [is_terminal(e) for e in events[gid]].count(True) == 1 and types[-1] == "generation.finished"
         stats = events[gid][-1]["stats"]
         assert stats["num_generated_tokens"] == 5 and stats["stream_decode_ms"] >= 0
+
+
+def test_the_seeds_of_choices_wrap_within_what_a_browser_reads_exactly() -> None:
+    params = SamplingParams(seed=MAX_SEED - 1, temperature=0.7)
+    assert [choice_params(params, i).seed for i in range(3)] == [MAX_SEED - 1, MAX_SEED, 0]
 
 
 def test_a_prompt_the_worker_refuses_ends_every_choice_with_the_error() -> None:

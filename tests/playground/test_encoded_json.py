@@ -8,7 +8,7 @@ import math
 import pytest
 
 from playground import protocol
-from playground.encoded_json import EncodedList, Encoder, dumps, loads
+from playground.encoded_json import EncodedList, Encoder, dumps, loads, without_nul
 from playground.models import Generation
 
 from .conftest import make_generation
@@ -56,3 +56,25 @@ def test_a_steps_message_crosses_as_its_workers_text_and_reaches_the_browser_as_
         "type": "generation.waiting",
         "position": 2,
     }
+
+
+def test_dumps_writes_nul_as_its_symbol_and_keeps_an_escaped_backslash_before_u0000() -> None:
+    step = {"piece": "\x00", "text_delta": "a\x00b", "literal": "\\u0000", "both": "\\\x00"}
+    assert loads(dumps(step)) == {"piece": "\u2400", "text_delta": "a\u2400b", "literal": "\\u0000", "both": "\\\u2400"}
+
+
+@pytest.mark.django_db
+def test_a_step_with_a_nul_piece_is_saved(owner: str) -> None:
+    """PostgreSQL's jsonb refuses U+0000: a top-k holding the <0x00> token failed the whole save."""
+    generation = make_generation(owner)
+    step = {"index": 0, "token_bytes": "00", "top_k": [{"token_id": 190, "piece": "\x00"}]}
+    Generation.objects.filter(pk=generation.pk).update(steps=EncodedList([dumps(step)]))
+    [saved] = Generation.objects.get(pk=generation.pk).steps
+    assert saved["top_k"][0]["piece"] == "\u2400" and saved["token_bytes"] == "00"
+
+
+def test_text_for_a_database_column_holds_no_nul() -> None:
+    """A model may sample a token that decodes to U+0000 (SmolLM2's <0x00>): PostgreSQL's text
+    columns refuse it, so the saved answer writes it as U+2400, as the JSON does."""
+    assert without_nul("a\x00b") == "a\u2400b"
+    assert without_nul("plain") == "plain"

@@ -61,6 +61,22 @@ async def test_a_lone_surrogate_is_invalid_unicode_and_nothing_is_written(ws: We
     assert not await sync_to_async(Generation.objects.exists)()
 
 
+async def test_a_nul_character_is_invalid_unicode_and_nothing_is_written(ws: WebsocketCommunicator) -> None:
+    """PostgreSQL's text cannot hold U+0000: it was an `internal_error` there, saved on SQLite."""
+    refusal = await refused_frame(
+        ws, '{"command": "generate", "request_id": "r1", "content": "hello\\u0000world"}', "invalid_unicode"
+    )
+    assert refusal["request_id"] == "r1" and "NUL" in refusal["message"]
+    await refused_frame(ws, '{"command": "generate", "content": "hi", "system_prompt": "\\u0000"}', "invalid_unicode")
+    await refused_frame(
+        ws, '{"command": "complete", "text": "x", "overrides": {"stop": ["a\\u0000"]}}', "invalid_unicode"
+    )
+    assert not await sync_to_async(Generation.objects.exists)()
+    # A backslash followed by "u0000" is text like any other.
+    await ws.send_to(text_data=json.dumps({"command": "generate", "content": "write \\u0000 in JSON"}))
+    assert (await ws.receive_json_from(timeout=TIMEOUT_S))["type"] == "generation.queued"
+
+
 @pytest.mark.parametrize("depth", [frames.MAX_DEPTH + 1, 5_000, 200_000])
 async def test_deeply_nested_json_is_nesting_too_deep(ws: WebsocketCommunicator, depth: int, settings: Any) -> None:
     settings.PLAYGROUND_MAX_MESSAGE_BYTES = 1024 * 1024

@@ -194,6 +194,29 @@ def test_a_model_that_fails_to_load_is_model_unavailable(owner: str) -> None:
     assert "no such file" in events[0]["message"]
 
 
+def test_a_model_switch_that_waited_out_the_other_models_requests_is_server_busy(
+    owner: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Choosing the other bundled model while the worker serves this one was `model_unavailable`,
+    as if the model were broken (issue 46): it is the server that is busy, and the message says so."""
+    from types import SimpleNamespace
+
+    from playground.worker import engines
+
+    busy_engine = SimpleNamespace(info=SimpleNamespace(name="Qwen (bundled)"))
+    monkeypatch.setattr(engines, "SWITCH_TIMEOUT_S", 0.2)
+    monkeypatch.setitem(engines._loops, id(busy_engine), SimpleNamespace(num_requests=3))
+
+    def switching_loader(model: Any) -> FakeEngine:
+        engines._wait_until_idle(busy_engine)
+        raise AssertionError("the switch went on")
+
+    events: list[dict[str, Any]] = []
+    generation.run_generation(queue_chat(owner).generation_id, "w", load_engine=switching_loader, send=events.append)
+    assert [(e["type"], e.get("code")) for e in events] == [("generation.error", "server_busy")]
+    assert "serves Qwen (bundled) to 3 request(s)" in events[0]["message"]
+
+
 def test_a_prompt_over_the_token_limit_is_refused_by_the_worker(owner: str, settings: Any) -> None:
     settings.PLAYGROUND_MAX_PROMPT_TOKENS = 10
     queued = queue_chat(owner, "a question longer than ten tokens")

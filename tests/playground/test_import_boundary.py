@@ -35,7 +35,9 @@ FORBIDDEN = {
 ENGINE_CONTRACTS = (
     "inference.config",
     "inference.sampling_params",
+    "inference.sampling.grammar_spec",
     "inference.sources",
+    "inference.gguf_file",  # a .gguf file's header, read without torch (the architecture card)
     "inference.text.chat_template",
     "inference.text.default_system_prompt",
     "inference.text.reasoning",

@@ -148,6 +148,12 @@ def test_a_lone_surrogate_in_a_v1_body_is_a_json_400(client: Client) -> None:
     assert not Generation.objects.exists()
 
 
+def test_a_nul_character_in_a_v1_body_is_a_json_400(client: Client) -> None:
+    body = json.dumps(CHAT).replace("Hi", "H\\u0000i")
+    json_error(post_json(client, "/v1/chat/completions", body), 400, "invalid_unicode")
+    assert not Generation.objects.exists()
+
+
 async def test_a_binary_frame_that_is_not_utf8_is_invalid_unicode_and_the_socket_stays(session_key: str) -> None:
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]

@@ -48,6 +48,9 @@ def no_state_left(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(model_state, "_record", None)
     yield
     model_state._record = None
+    if model_state._kept_as is not None:  # its beacon would keep it alive for the next tests
+        model_states.forget(model_state._kept_as)
+        model_state._kept_as = None
 
 
 @pytest.fixture
@@ -189,3 +192,16 @@ def _models() -> list[dict[str, Any]]:
     from django.test import Client
 
     return Client().get("/api/models/").json()
+
+
+def test_a_worker_that_takes_another_name_keeps_one_record() -> None:
+    """The record is kept alive by the worker's beacon: under a new name the old one must go, or a
+    worker that never runs would stay listed (the old refresher wrote only the current name)."""
+    from playground.coord import keys, store
+
+    observer.set_worker_name("w-old@test")
+    model_state.ready(None, "Tiny", 1.0)
+    observer.set_worker_name("w-new@test")
+    model_state.ready(None, "Tiny", 1.0)
+    assert [e["worker"] for e in model_states.current()] == ["w-new@test"]
+    assert not store.client().exists(keys.worker_model("w-old@test"))

@@ -224,7 +224,7 @@ async def test_legacy_completion_with_echo_and_logprobs(engine: FakeEngine) -> N
         ({"messages": [{"role": "user", "content": "x"}]}, 400, "model", "missing_required_parameter"),
         ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model", "model_not_found"),
         ({"model": MODEL, "messages": []}, 400, "messages", "invalid_value"),
-        ({"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role", "invalid_value"),
+        ({"model": MODEL, "messages": [{"role": "fn", "content": "x"}]}, 400, "messages[0].role", "invalid_value"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 3}, 400, "temperature", None),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p", None),
         (

@@ -38,16 +38,20 @@ def test_workers_listen_on_their_queues_with_the_right_device(services: dict) ->
     assert "deploy" not in services["worker-cpu"]
 
 
-def test_app_services_share_redis_postgres_and_the_model_volume(services: dict) -> None:
+def test_app_services_share_redis_postgres_and_a_secret_key_but_no_disk(services: dict) -> None:
+    """The topology of `make multihost-check`: every app container has its own /data (the models
+    prepared in the image), so nothing but Redis, PostgreSQL and the SECRET_KEY is shared."""
     app_services = [name for name, service in services.items() if service.get("build")]
-    assert set(app_services) >= {"prepare", "web", "worker-gpu", "worker-cpu"}
+    assert set(app_services) >= {"migrate", "web", "worker-gpu", "worker-cpu"}
     for name in app_services:
         env = services[name]["environment"]
         assert env["REDIS_URL"] == "redis://redis:6379/0", name
         assert env["DATABASE_URL"].startswith("postgres://"), name
-        assert "model-data:/data" in services[name]["volumes"], name
-        if name != "prepare":
-            assert services[name]["depends_on"]["prepare"]["condition"] == "service_completed_successfully"
+        assert env["PLAYGROUND_DATA_DIR"] == "/data" and env["SECRET_KEY"].startswith("${SECRET_KEY:?"), name
+        assert "volumes" not in services[name], name
+        if name != "migrate":
+            assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert "RUN python -m inference.models.bundled" in (REPO_DIR / "Dockerfile").read_text()
 
 
 def test_the_web_server_takes_websocket_messages_and_frames_up_to_16_mib(services: dict) -> None:

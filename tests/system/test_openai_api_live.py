@@ -12,7 +12,6 @@ import asyncio
 import concurrent.futures
 import http.client
 import json
-import sqlite3
 import threading
 import time
 import urllib.request
@@ -21,7 +20,7 @@ from urllib.parse import urlparse
 import openai
 import pytest
 
-from tests.conftest import django_shell
+from tests.conftest import django_shell, query_stack_db
 
 from .wsclient import BrowserTab, ends_request, receive_until, send, steps_of
 
@@ -46,9 +45,10 @@ def run_apart(main):
 
 
 def generation_status(live_stack, generation_id: int) -> str:
-    path = live_stack.env["DATABASE_URL"].removeprefix("sqlite:///")
-    with sqlite3.connect(path) as db:
-        return db.execute("select status from playground_generation where id = ?", (generation_id,)).fetchone()[0]
+    [(status,)] = query_stack_db(
+        live_stack.env, "select status from playground_generation where id = %s", (generation_id,)
+    )
+    return status
 
 
 def test_models_and_a_chat_completion(client: openai.OpenAI) -> None:
@@ -222,9 +222,8 @@ def make_key(live_stack, max_concurrent: int) -> tuple[str, str]:
 
 
 def statuses_of(live_stack, owner: str) -> list[str]:
-    path = live_stack.env["DATABASE_URL"].removeprefix("sqlite:///")
-    with sqlite3.connect(path) as db:
-        return [row[0] for row in db.execute("select status from playground_generation where owner = ?", (owner,))]
+    rows = query_stack_db(live_stack.env, "select status from playground_generation where owner = %s", (owner,))
+    return [row[0] for row in rows]
 
 
 def test_eight_concurrent_keyless_async_streams_all_finish(live_stack) -> None:

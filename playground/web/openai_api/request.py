@@ -3,26 +3,33 @@
 Owns: which request fields exist (OpenAI's, plus our extras `top_k`, `min_p`,
 `repetition_penalty`, `penalize_prompt`, `preset`, `ignore_eos`, `timings`, `raw_logprobs`,
 `max_thinking_tokens`), their types and ranges, and their translation into the `overrides` of
-`SamplingParams` (whose own checks then apply, in `submit`). Must not know: the ORM, the channel layer.
+`SamplingParams` (whose own checks then apply, in `submit`): `response_format` becomes its `grammar`,
+checked here so a refused schema names `response_format` and nothing is queued.
+Must not know: the ORM, the channel layer.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest
 
+from inference.sampling.grammar_spec import check as check_grammar
 from playground.web import request_body
+from playground.web.openai_api import tool_calls
 from playground.web.openai_api.errors import ApiError, from_command_error, invalid
 
 MAX_TOP_LOGPROBS = 20
+_SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_CHOICES = 128  # `n`, as OpenAI caps it; a client's concurrency caps it further (`run`)
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 # Accepted and ignored: they change nothing an answer of this server could show.
-_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "tool_choice", "logit_bias"}
+_IGNORED = {"user", "metadata", "store", "service_tier", "logit_bias"}
 _COMMON = {
     "model",
     "stream",
@@ -48,7 +55,16 @@ _COMMON = {
     "max_thinking_tokens",
     *_IGNORED,
 }
-CHAT_FIELDS = {*_COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools", "response_format"}
+CHAT_FIELDS = {
+    *_COMMON,
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+}
 COMPLETION_FIELDS = {*_COMMON, "prompt", "echo", "suffix", "best_of"}
 
 
@@ -66,6 +82,8 @@ class ApiRequest:
     raw_logprobs: bool = False
     num_choices: int = 1  # `n`: choices per prompt
     messages: list[dict[str, str]] = field(default_factory=list)  # chat
+    tools: list[dict[str, Any]] = field(default_factory=list)  # chat: OpenAI's, as the template renders them
+    parses_tool_calls: bool = False  # the answer's `<tool_call>`s become `message.tool_calls`
     prompts: list[tuple[str, list[int]]] = field(default_factory=list)  # completions: (text, token ids) each
     echo: bool = False
     is_score_only: bool = False  # completions with echo and max_tokens=0: the prompt's logprobs only
@@ -86,11 +104,12 @@ def parse_body(request: HttpRequest) -> dict[str, Any]:
 def chat_request(data: dict[str, Any]) -> ApiRequest:
     fields = _Fields(data, CHAT_FIELDS)
     request = _common(fields, scores=False)
-    if fields.get("tools", list):
-        raise invalid("tools", "tools (function calling) are not supported by this server", "unsupported_parameter")
-    response_format = fields.get("response_format", dict)
-    if response_format and response_format.get("type", "text") != "text":
-        raise invalid("response_format", "only response_format {'type': 'text'} is supported", "unsupported_parameter")
+    grammar = _response_format(fields.get("response_format", dict))
+    tool_grammar = tool_calls.read(fields.data, request)
+    if grammar is not None and tool_grammar is not None:
+        raise invalid("response_format", "response_format cannot be combined with tool_choice required or named")
+    if grammar or tool_grammar:
+        request.overrides["grammar"] = grammar or tool_grammar
     max_tokens = fields.integer("max_completion_tokens", 1, _max_new_tokens())
     if max_tokens is not None:
         request.overrides["max_new_tokens"] = max_tokens
@@ -99,6 +118,7 @@ def chat_request(data: dict[str, Any]) -> ApiRequest:
     elif fields.get("top_logprobs", int) is not None:
         raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
     request.messages = _messages(fields.get("messages", list, required=True))
+    tool_calls.check_history(fields.data["messages"], request.messages)
     request.overrides["num_alternatives"] = request.num_logprobs or 0
     return request
 
@@ -176,6 +196,52 @@ def _sampling(fields: _Fields, overrides: dict[str, Any], *, scores: bool) -> No
         overrides["greedy"] = False
 
 
+def _response_format(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`response_format` as OpenAI documents it -> the grammar spec (`grammar_spec`); None: free text."""
+    if value is None:
+        return None
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        spec: dict[str, Any] = {"type": "json_object"}
+    elif kind == "json_schema":
+        # As JSON text: its properties keep their order in any store (`grammar_spec`).
+        spec = {"type": "json_schema", "schema": json.dumps(_json_schema(value.get("json_schema")))}
+    else:
+        raise invalid(
+            "response_format.type",
+            f"response_format.type={kind!r} must be one of text, json_object, json_schema",
+            "unsupported_parameter" if isinstance(kind, str) else "invalid_value",
+        )
+    try:
+        check_grammar(spec)
+    except ValueError as exc:  # "grammar.schema ...": named as the client wrote it
+        message = str(exc).replace("grammar.schema", "response_format.json_schema.schema", 1)
+        raise invalid("response_format", message.replace("grammar", "response_format", 1)) from None
+    return spec
+
+
+def _json_schema(value: Any) -> dict[str, Any]:
+    """The schema of `response_format.json_schema` ({name, schema, strict, description}). The
+    answer is constrained to it whatever `strict` says (strict only asks for it)."""
+    param = "response_format.json_schema"
+    if not isinstance(value, dict):
+        raise invalid(param, f"{param} must be an object with name and schema")
+    unknown = sorted(set(value) - {"name", "schema", "strict", "description"})
+    if unknown:
+        raise invalid(f"{param}.{unknown[0]}", f"{param} has unknown field(s): {', '.join(unknown)}")
+    name = value.get("name")
+    if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+        raise invalid(f"{param}.name", f"{param}.name={name!r} must be 1-64 letters, digits, _ or -")
+    if not isinstance(value.get("strict", False), bool):
+        raise invalid(f"{param}.strict", f"{param}.strict must be true or false")
+    schema = value.get("schema", {})
+    if not isinstance(schema, dict):
+        raise invalid(f"{param}.schema", f"{param}.schema must be a JSON Schema object")
+    return schema
+
+
 def _max_new_tokens() -> int:
     """The server's limit, checked here so the refusal names the client's field and states the
     limit docs/openai-api.md states (`SamplingParams` alone would allow up to 1,000,000)."""
@@ -202,9 +268,12 @@ def _messages(raw: list[Any]) -> list[dict[str, str]]:
         if role not in _ROLES:
             raise invalid(
                 f"messages[{i}].role",
-                f"messages[{i}].role={role!r} must be one of {', '.join(_ROLES)} (tool messages are not supported)",
+                f"messages[{i}].role={role!r} must be one of {', '.join(_ROLES)}",
             )
-        messages.append({"role": _ROLES[role], "content": _content(message.get("content"), i, role)})
+        content = _content(message.get("content"), i, role)
+        if role == "assistant" and message.get("tool_calls") is not None:
+            content = tool_calls.as_text(message["tool_calls"], content, f"messages[{i}].tool_calls")
+        messages.append({"role": _ROLES[role], "content": content})
     return messages
 
 

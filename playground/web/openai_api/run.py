@@ -30,7 +30,7 @@ from playground.models import LanguageModel, SamplingPreset
 from playground.protocol import CommandError, without_server_paths
 from playground.web import submit
 from playground.web.inspect_api import ask_worker
-from playground.web.openai_api import shapes, turns
+from playground.web.openai_api import shapes, tool_calls, turns
 from playground.web.openai_api.answer import Delta
 from playground.web.openai_api.auth import Client
 from playground.web.openai_api.choice import Choice, Item
@@ -58,6 +58,8 @@ class ApiRun:
         self.units: list[list[Choice]] = []  # per prompt, its choices in order
         self.inbox: asyncio.Queue[Item] = asyncio.Queue()
         self._early: list[Item] = []  # what came while other choices were still starting
+        self._held_calls: dict[int, Delta] = {}  # per choice: content held while it may be a tool call
+        self._free_text: set[int] = set()  # choices whose content is known not to be a tool call
 
     @property
     def choices(self) -> list[Choice]:
@@ -128,6 +130,8 @@ class ApiRun:
                 status=404,
             )
         content: dict[str, Any] = {"model_id": model.pk, "overrides": request.overrides}
+        if request.tools:
+            content["tools"] = request.tools  # the template renders them (`Generation.inputs`)
         if request.preset is not None:
             preset = SamplingPreset.objects.filter(name=request.preset).first()
             if preset is None:
@@ -264,6 +268,12 @@ class ApiRun:
                 "logprobs": logprobs,
                 "finish_reason": shapes.finish_reason(choice.finished["finish_reason"]),
             }
+            if self.request.parses_tool_calls:
+                text, calls = tool_calls.parse(content, self._tool_names())
+                if calls:
+                    body["message"].update(content=text, tool_calls=calls)
+                    if body["finish_reason"] == "stop":  # cut by max_tokens: still "length"
+                        body["finish_reason"] = "tool_calls"
             choices.append(self._choice_timings(choice, body))
         body = shapes.envelope("chat.completion", self.id, self.created, self.request.model)
         return self._with_extras({**body, "choices": choices, "usage": self._usage()})
@@ -328,6 +338,7 @@ class ApiRun:
                     yield DONE
                     return
                 if item.kind == "tokens":
+                    item.delta = self._tool_filter(item.choice, item.delta)
                     if item.choice.index in held:
                         yield sse(self._delta_chunk(item.choice, held.pop(item.choice.index)[0], None))
                     if item.delta.is_empty():
@@ -338,7 +349,9 @@ class ApiRun:
                     else:
                         held[item.choice.index] = (item.delta, time.monotonic())
                 elif item.kind == "end":
-                    yield sse(self._last_chunk(item.choice, item.delta, held.pop(item.choice.index, None)))
+                    last = self._tool_filter(item.choice, item.delta)
+                    for chunk in self._last_chunks(item.choice, last, held.pop(item.choice.index, None)):
+                        yield sse(chunk)
                     remaining.discard(item.choice.index)
         finally:
             if getting is not None:
@@ -348,6 +361,50 @@ class ApiRun:
             body["usage"] = self._usage() if self.request.include_usage else None
             yield sse(self._with_extras(body))
         yield DONE
+
+    def _tool_names(self) -> list[str]:
+        return [tool["function"]["name"] for tool in self.request.tools]
+
+    def _tool_filter(self, choice: Choice, delta: Delta) -> Delta:
+        """With tools to parse, a choice's content is held while it may still be a tool call (Qwen
+        writes its calls first: `<tool_call>`); once it cannot be, the held text goes out."""
+        if not self.request.parses_tool_calls or choice.index in self._free_text:
+            return delta
+        held = self._held_calls.setdefault(choice.index, Delta())
+        held.content += delta.content
+        held.content_steps += delta.content_steps
+        out = Delta(delta.reasoning, "", delta.reasoning_steps, [], delta.text_offset)
+        if tool_calls.may_become_a_call(held.content):
+            return out
+        self._free_text.add(choice.index)
+        del self._held_calls[choice.index]
+        out.content, out.content_steps = held.content, held.content_steps
+        return out
+
+    def _last_chunks(self, choice: Choice, last: Delta, held: tuple[Delta, float] | None) -> list[dict[str, Any]]:
+        """The choice's last chunks: its tool calls as OpenAI streams them (each call's id and name,
+        then its arguments, then `finish_reason: "tool_calls"`), or its last content chunk."""
+        held_call = self._held_calls.pop(choice.index, None)
+        if held_call is None:
+            return [self._last_chunk(choice, last, held)]
+        _, calls = tool_calls.parse(choice.answer.final_parts()[1], self._tool_names())
+        if not calls:  # it was text after all
+            last.content, last.content_steps = held_call.content + last.content, held_call.content_steps
+            return [self._last_chunk(choice, last, held)]
+        chunks = [self._delta_chunk(choice, held[0], None)] if held is not None else []
+        if last.reasoning:
+            chunks.append(self._delta_chunk(choice, last, None))
+        for i, call in enumerate(calls):
+            function = call["function"]
+            opening = {"index": i, "id": call["id"], "type": "function", "function": {"name": function["name"]}}
+            opening["function"]["arguments"] = ""
+            chunks.append(self._chunk(choice, {"tool_calls": [opening]}, None))
+            arguments = {"index": i, "function": {"arguments": function["arguments"]}}
+            chunks.append(self._chunk(choice, {"tool_calls": [arguments]}, None))
+        reason = shapes.finish_reason(choice.finished["finish_reason"])
+        final = self._chunk(choice, {}, "tool_calls" if reason == "stop" else reason)
+        self._choice_timings(choice, final["choices"][0])
+        return [*chunks, final]
 
     def _last_chunk(self, choice: Choice, last: Delta, held: tuple[Delta, float] | None) -> dict[str, Any]:
         """The rest of the text joins the held chunk, which carries the finish reason."""

@@ -15,7 +15,14 @@ from typing import Any
 
 # OpenAI's stand-in for a probability that is (numerically) zero.
 MIN_LOGPROB = -9999.0
-_FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "cancelled": "stop", "length": "length", "context": "length"}
+_FINISH_REASONS = {
+    "eos": "stop",
+    "grammar": "stop",
+    "stop_string": "stop",
+    "cancelled": "stop",
+    "length": "length",
+    "context": "length",
+}
 
 
 def finish_reason(ours: str | None) -> str:

@@ -18,6 +18,7 @@ from channels.db import database_sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from playground.model_choice import default_model, has_random_weights
 from playground.models import LanguageModel
 from playground.web import origin
 from playground.web.openai_api import auth
@@ -77,10 +78,23 @@ async def models(request: HttpRequest, client: auth.Client) -> HttpResponse:
 
 
 def _model_list() -> list[dict[str, Any]]:
-    return [
-        {"id": model.name, "object": "model", "created": int(model.created_at.timestamp()), "owned_by": "playground"}
-        for model in LanguageModel.objects.filter(is_enabled=True)
-    ]
+    """The enabled models, the one a request without a model gets first (clients often take the
+    first), then the others by name, the random-weights demos last."""
+    default = default_model().model
+    rows = [(model, has_random_weights(model)) for model in LanguageModel.objects.filter(is_enabled=True)]
+    rows.sort(key=lambda row: (row[0] != default, row[1], row[0].name))
+    return [_model_entry(model, is_demo) for model, is_demo in rows]
+
+
+def _model_entry(model: LanguageModel, is_demo: bool) -> dict[str, Any]:
+    """OpenAI's model object; `random_weights` (and `owned_by`) mark a demo whose text is noise."""
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": int(model.created_at.timestamp()),
+        "owned_by": "playground-demo" if is_demo else "playground",
+        "random_weights": is_demo,
+    }
 
 
 @endpoint("POST")

@@ -1,0 +1,167 @@
+"""What a request's grammar is (`SamplingParams.grammar`), its bounds, and the llguidance grammar it
+compiles to. No torch, no tokenizer: the web checks a spec with it before anything is queued.
+
+Owns: the spec's three shapes, plain JSON so it travels in a `Generation` row's params:
+  {"type": "json_object"}                       any JSON object
+  {"type": "json_schema", "schema": {...}}      an object or value matching a JSON Schema
+  {"type": "tool_calls", "tools": [{"name": str, "parameters": {...}}, ...], "parallel": bool}
+A schema (`schema`, `parameters`) may also be given as its JSON text: the order of its properties,
+which is the order the answer writes them in, then survives any store (PostgreSQL's jsonb sorts keys).
+      Qwen2.5's (Hermes') tool-call text: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
+      one call, or several separated by a newline when `parallel`
+their bounds (characters, nesting depth, number of tools), their checking (`ValueError` naming the
+part refused, with llguidance's own reason) and `to_llguidance` (the grammar text, cached).
+Must not know: torch, tokenizers, Django.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any
+
+import llguidance
+
+MAX_SPEC_CHARS = 32_000  # the spec as compact JSON
+MAX_DEPTH = 16  # nested objects/lists in the spec (a schema 8 levels deep is ~16 here)
+MAX_TOOLS = 32
+TYPES = ("json_object", "json_schema", "tool_calls")
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for a function's name
+# Compact separators: `{"a": 1}` as models write it; and no free whitespace, which a small model
+# could otherwise repeat until max_tokens.
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def check(spec: Any) -> None:
+    """Raises `ValueError` naming what is wrong with `spec`; None (no grammar) is fine."""
+    if spec is None:
+        return
+    if not isinstance(spec, dict):
+        raise ValueError(f"grammar={spec!r} must be an object with a type")
+    if _depth(spec) > MAX_DEPTH:  # first: serialising a hostile depth would exhaust the stack
+        raise ValueError(f"grammar is nested more than {MAX_DEPTH} levels deep")
+    text = canonical(spec)  # also: not JSON-serialisable is a ValueError
+    if len(text) > MAX_SPEC_CHARS:
+        raise ValueError(f"grammar is {len(text)} characters as JSON; at most {MAX_SPEC_CHARS} are allowed")
+    kind = spec.get("type")
+    if kind not in TYPES:
+        raise ValueError(f"grammar.type={kind!r} must be one of {', '.join(TYPES)}")
+    if kind == "json_object":
+        _only(spec, {"type"})
+    elif kind == "json_schema":
+        _only(spec, {"type", "schema"})
+        _validated(_json_grammar(_schema(spec.get("schema"), "grammar.schema")), "grammar.schema")
+    else:
+        _check_tools(spec)
+    _validated(to_llguidance(text), "grammar")
+
+
+def canonical(spec: dict[str, Any]) -> str:
+    """The spec as compact JSON, its keys in their order (a schema's properties are written in it):
+    the compile cache's key."""
+    try:
+        return json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"grammar is not plain JSON: {exc}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def to_llguidance(text: str) -> str:
+    """llguidance's grammar for a spec given as `canonical` text (checked by `check`)."""
+    spec = json.loads(text)
+    if spec["type"] == "json_object":
+        return _json_grammar({"type": "object"})
+    if spec["type"] == "json_schema":
+        return _json_grammar(_schema(spec["schema"], "grammar.schema"))
+    return llguidance.LLMatcher.grammar_from_lark(_tool_calls_lark(spec["tools"], bool(spec.get("parallel"))))
+
+
+def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON Schema of one call's body: `{"name": <one of the tools>, "arguments": <its parameters>}`."""
+    bodies = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": tool["name"]}, "arguments": _schema(tool["parameters"], "parameters")},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for tool in tools
+    ]
+    return bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
+
+
+def _tool_calls_lark(tools: list[dict[str, Any]], parallel: bool) -> str:
+    # `<tool_call>` and `</tool_call>` are special tokens of Qwen's tokenizer: named, not spelled.
+    body = json.dumps(tool_call_schema(tools), separators=(",", ":"))
+    options = json.dumps({"x-guidance": _JSON_OPTIONS})[1:-1]  # merged into the body's schema below
+    body = body[:-1] + "," + options + "}"
+    start = 'start: call ("\\n" call)*' if parallel else "start: call"
+    return f'{start}\ncall: <tool_call> "\\n" body "\\n" </tool_call>\nbody: %json {body}\n'
+
+
+def _schema(value: Any, part: str) -> dict[str, Any]:
+    """A schema given as an object or as its JSON text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            raise ValueError(f"{part} is not JSON (or is nested far too deep)") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{part} must be a JSON Schema object")
+    if _depth(value) > MAX_DEPTH:
+        raise ValueError(f"{part} is nested more than {MAX_DEPTH} levels deep")
+    return value
+
+
+def _json_grammar(schema: dict[str, Any]) -> str:
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+    except Exception as exc:  # llguidance raises ValueError and its own errors alike
+        raise ValueError(f"grammar.schema is not supported: {exc}") from None
+
+
+def _validated(grammar: str, part: str) -> None:
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        raise ValueError(f"{part} is not supported: {'; '.join(messages) or 'invalid grammar'}")
+
+
+def _check_tools(spec: dict[str, Any]) -> None:
+    _only(spec, {"type", "tools", "parallel"})
+    tools = spec.get("tools")
+    if not isinstance(tools, list) or not 1 <= len(tools) <= MAX_TOOLS:
+        raise ValueError(f"grammar.tools must be a list of 1 to {MAX_TOOLS} tools")
+    if not isinstance(spec.get("parallel", False), bool):
+        raise ValueError("grammar.parallel must be true or false")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or set(tool) != {"name", "parameters"}:
+            raise ValueError(f"grammar.tools[{i}] must be an object with name and parameters")
+        if not isinstance(tool["name"], str) or not _TOOL_NAME.match(tool["name"]):
+            raise ValueError(f"grammar.tools[{i}].name={tool['name']!r} must be 1-64 letters, digits, _ . -")
+        part = f"grammar.tools[{i}].parameters"
+        _validated(_json_grammar(_schema(tool["parameters"], part)), part)
+
+
+def _only(spec: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise ValueError(f"grammar of type {spec['type']} has unknown field(s): {', '.join(unknown)}")
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value (iterative: a hostile spec cannot exhaust the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            items = item.values()
+        elif isinstance(item, list):
+            items = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in items)
+    return deepest
