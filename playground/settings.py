@@ -99,10 +99,11 @@ PLAYGROUND_MAX_STEP_MS = env_int("PLAYGROUND_MAX_STEP_MS", 500)
 
 # Liveness (playground/coord/liveness.py, beacon.py): a worker's beacon, a child process of its
 # own, refreshes a per-generation key every HEARTBEAT_INTERVAL; the key lives HEARTBEAT_TTL, so a
-# missing key means the worker process (or its host) is gone. The beacon ends with the process;
-# the TTL only covers a beacon delayed by a loaded machine (docs/reliability.md: its longest
-# measured gap). A worker that runs no Python for WORKER_STALL (wedged, far longer than any model
-# load) is let go silent, and its generations are then lost.
+# missing key means the worker process (or its host) is gone. The beacon deletes the keys when the
+# process ends; the TTL says it for a host cut off from Redis, and is far above a loaded machine's
+# longest gap between two beats (docs/reliability.md: 1 s measured). A worker that runs no Python
+# for WORKER_STALL (wedged, far longer than any model load) is let go silent, and its generations
+# are then lost.
 PLAYGROUND_HEARTBEAT_INTERVAL_S = env_float("PLAYGROUND_HEARTBEAT_INTERVAL_S", 1.0)
 PLAYGROUND_HEARTBEAT_TTL_S = env_float("PLAYGROUND_HEARTBEAT_TTL_S", 10.0)
 PLAYGROUND_WORKER_STALL_S = env_float("PLAYGROUND_WORKER_STALL_S", 900.0)

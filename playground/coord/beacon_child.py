@@ -12,10 +12,12 @@ The pipe carries one JSON object a line:
   (the prefill worker's handoff to its decode worker);
 - `{"op": "pulse"}`: the worker process still runs Python (sent every second by one of its threads).
 
-Two rules make a lost verdict true: the end of the pipe (the worker process is gone, however it
-died) ends this process at once, leaving every key to expire; and a worker that sends nothing for
-STALL_S (wedged far longer than any model load) is let go silent: the keys expire until it speaks
-again. Must not know: what the keys mean.
+Two rules make a lost verdict true and quick: the end of the pipe (the worker process is gone,
+however it died: a crash, SIGKILL, the OOM killer) deletes every key it kept and ends this
+process, so the web side sees the loss within its next checks, not a TTL later (a host that loses
+its link can delete nothing: there the TTL says it); and a worker that sends nothing for STALL_S
+(wedged far longer than any model load) is let go silent: the keys expire until it speaks again.
+Must not know: what the keys mean.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ class Keys:
             self.kept.pop(key, None)
             hold_ms = command.get("hold_ms")
             self.guarded(lambda: self.client.set(key, 1, px=int(hold_ms)) if hold_ms else self.client.delete(key))
+
+    def delete_all(self) -> None:
+        kept, self.kept = list(self.kept), {}
+        if kept:
+            self.guarded(lambda: self.client.delete(*kept))
 
     def beat_all(self) -> None:
         self.write(self.kept)
@@ -96,8 +103,9 @@ def serve(redis_url: str, interval_s: float, stall_s: float) -> None:
         ready, _, _ = select.select([fd], [], [], max(0.0, next_beat - time.monotonic()))
         if ready:
             commands = read_commands(fd, pending)
-            if commands is None:
-                return  # the worker process ended: its keys expire on their own
+            if commands is None:  # the worker process ended, however it died: its keys go now
+                keys.delete_all()
+                return
             heard_at = time.monotonic()
             for command in commands:
                 keys.apply(command)

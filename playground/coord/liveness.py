@@ -4,8 +4,9 @@ declares a generation lost.
 A worker process keeps `playground:worker:<name>` alive while it lives, and
 `playground:generation:<id>` while it runs that generation; the beats come from the process's
 beacon child (`coord.beacon`), which ends with the worker process however it dies, so both keys
-expire a TTL after the process does, and only then: a worker busy loading a model, converting a
-GGUF or building a huge prompt, on a machine loaded by others, keeps them. The rule (`mark_lost_if_stale`) is shared
+go with the process (its beacon deletes them) or a TTL after its host stopped reaching Redis, and
+only then: a worker busy loading a model, converting a GGUF or building a huge prompt, on a
+machine loaded by others, keeps them. The rule (`mark_lost_if_stale`) is shared
 by the watchdog (web/following.py), the concurrency limit and the HTTP loads. It also ends a
 queued generation whose task message Redis lost (it restarted without its data): no worker will
 ever get it, and it would hold one of its owner's slots. `end_queued_for_outage` ends a queued
@@ -41,6 +42,8 @@ WORKER_TTL_S = 10
 # that a worker restarting after a crash is not refused, short enough to fail fast under
 # `make run`, where no prefill/decode worker ever ran.
 QUEUE_SEEN_TTL_S = 30
+# A running generation's key is looked for only this long after its start (see `_why_lost`).
+START_GRACE_S = 3.0
 
 
 def generation_key(generation_id: int) -> str:
@@ -169,7 +172,7 @@ _NO_WORKER_MESSAGE = (
 )
 _WORKER_GONE_MESSAGE = (
     "the worker running this generation (%(worker)s) is gone: its process ended, or its host stopped reaching "
-    "Redis, %(seconds)s s ago; the partial answer was kept"
+    "Redis; the partial answer was kept"
 )
 _TASK_LOST_MESSAGE = (
     "no worker will run this request: its task was lost (Redis restarted, or the server process that held it "
@@ -182,17 +185,16 @@ def _why_lost(generation: Generation) -> tuple[str, str] | None:
     now = timezone.now()
     r = store.client()
     if generation.status == Generation.Status.RUNNING:
-        # The beat starts before `started_at` is stamped, so once the TTL has passed since
-        # then a missing key means the worker's process (and with it its beacon) is gone, or
-        # finished it, which the conditional update in `mark_lost_if_stale` tells apart.
-        ttl = timedelta(seconds=settings.PLAYGROUND_HEARTBEAT_TTL_S)
+        # The beat starts (its key written) before `started_at` is stamped, so a missing key
+        # means the worker's process is gone (its beacon deleted the key) or its host is (the key
+        # expired), or it finished, which the conditional update in `mark_lost_if_stale` tells
+        # apart. The grace covers a first write that failed and the beacon's next beat.
         if (
             generation.started_at is not None
-            and generation.started_at < now - ttl
+            and generation.started_at < now - timedelta(seconds=START_GRACE_S)
             and not r.exists(generation_key(generation.pk))
         ):
-            seconds = f"{settings.PLAYGROUND_HEARTBEAT_TTL_S:.0f}"
-            return "worker_lost", _WORKER_GONE_MESSAGE % {"worker": generation.worker or "?", "seconds": seconds}
+            return "worker_lost", _WORKER_GONE_MESSAGE % {"worker": generation.worker or "?"}
     elif generation.status == Generation.Status.QUEUED:
         if generation.created_at < now - timedelta(seconds=settings.PLAYGROUND_QUEUE_TIMEOUT_S) and (
             next(r.scan_iter(match=worker_routing.alive_key("*"), count=100), None) is None
@@ -286,8 +288,8 @@ def reap_once() -> int:
 
 
 def start_reaper(interval_s: float = REAP_INTERVAL_S) -> threading.Thread:
-    """Every live worker runs `reap_once` every `interval_s`, so a dead worker's rows end within a
-    TTL and an interval whether or not anyone reads them."""
+    """Every live worker runs `reap_once` every `interval_s`, so a dead worker's rows end within an
+    interval (a TTL more for a host cut off) whether or not anyone reads them."""
 
     def reap_forever() -> None:
         while True:
