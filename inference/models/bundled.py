@@ -12,8 +12,9 @@ Must not know: engine settings (`EngineConfig`), devices, generation.
 A conversion is written into a temporary folder next to the target and moved into place with
 one `os.replace`, marker last, under a file lock: a crash leaves no half-written folder and
 two processes never convert at once; the lock file is removed afterwards, success or not.
-Conversion streams one tensor at a time (see `gguf.py`); loading the converted folder takes
-about a second.
+Conversion streams one piece at a time (see `gguf.py`), whatever the architecture. The loader
+reads a GGUF-sourced model's weights from the GGUF itself (`gguf_load`), the folder's config and
+tokenizer beside them; the folder's float32 weights serve whoever loads it as a plain folder.
 
 CLI: `python -m inference.models.bundled [--data-dir DIR] [--model SOURCE] [--verify]`.
 """
@@ -184,10 +185,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress 
 
     The header is read and checked first (damage, architecture, tokenizer, tensor types), so
     a file that cannot be converted fails in milliseconds, not after dequantizing. Weights are
-    then streamed tensor by tensor into one safetensors file (memory: the largest tensor);
-    architectures whose tensors are merged across the file (MoE experts) go through
-    transformers' whole-model path instead. A file without a chat template converts: base
-    models have none, and templates can be chosen per conversation."""
+    then streamed piece by piece into one safetensors file, whatever the architecture (memory:
+    one band of rows or one small tensor; `gguf_tensors`). A file without a chat template
+    converts: base models have none, and templates can be chosen per conversation."""
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
         raise ConversionError(f"GGUF file {gguf_path} does not exist")
@@ -198,16 +198,11 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress 
     out_dir.mkdir(parents=True, exist_ok=True)
     say(progress, f"converting {len(header.tensors)} tensors of {gguf_path.name} to float32, one at a time")
     try:
-        streamed = stream_safetensors(header, config, out_dir / "model.safetensors", _tensor_progress(progress))
+        stream_safetensors(header, config, out_dir / "model.safetensors", tensor_progress(progress))
     except GgufError as error:
         raise ConversionError(str(error)) from error
-    if streamed:
-        config.save_pretrained(out_dir)
-        transformers.GenerationConfig.from_model_config(config).save_pretrained(out_dir)
-    else:
-        _, model = load_gguf(gguf_path, progress)
-        say(progress, "rebuilding a plain float32 model")
-        _without_quantization(model).save_pretrained(out_dir)
+    config.save_pretrained(out_dir)
+    transformers.GenerationConfig.from_model_config(config).save_pretrained(out_dir)
     say(progress, f"saving the tokenizer to {out_dir}")
     tokenizer.save_pretrained(out_dir)
 
@@ -243,7 +238,7 @@ def _tokenizer_and_config(gguf_path: Path, progress: Progress | None) -> tuple[A
     return tokenizer, config
 
 
-def _tensor_progress(progress: Progress | None) -> Callable[[int, int, str], None]:
+def tensor_progress(progress: Progress | None) -> Callable[[int, int, str], None]:
     """Per-tensor progress as a text bar, reported about every 5% (and at the end)."""
     last = [-1]
 
@@ -259,7 +254,9 @@ def _tensor_progress(progress: Progress | None) -> Callable[[int, int, str], Non
 
 
 def load_gguf(gguf_path: Path, progress: Progress | None = None) -> tuple[Any, torch.nn.Module]:
-    """Tokenizer and fully dequantized float32 model straight from a GGUF file (slow, all in memory)."""
+    """Tokenizer and fully dequantized float32 model through transformers' own GGUF loader: the
+    independent reference `verify_conversion` compares with (slow, and every tensor in memory
+    twice at its peak: never on a serving path)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     inspect_gguf(gguf_path)
@@ -267,27 +264,13 @@ def load_gguf(gguf_path: Path, progress: Progress | None = None) -> tuple[Any, t
     try:
         say(progress, f"reading the tokenizer from {name}")
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        say(progress, f"dequantizing all weights of {name} to float32 at once")
+        say(progress, f"dequantizing all weights of {name} to float32 at once (the reference)")
         model = AutoModelForCausalLM.from_pretrained(
             folder, gguf_file=name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
         )
     except Exception as error:  # the gguf reader raises anything from KeyError to struct.error
         raise ConversionError(f"cannot load GGUF file {gguf_path}: {type(error).__name__}: {error}") from error
     return tokenizer, model.eval()
-
-
-def _without_quantization(model: torch.nn.Module) -> torch.nn.Module:
-    """The same weights in a model built from a config without `quantization_config`, so
-    the saved folder loads as an ordinary float32 checkpoint."""
-    from transformers import AutoModelForCausalLM
-
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(model.state_dict(), strict=True)
-    plain.generation_config = model.generation_config
-    return plain.eval()
 
 
 def _write_marker(folder: Path, gguf_path: Path, fingerprint: dict[str, Any]) -> None:

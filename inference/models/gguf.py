@@ -1,22 +1,22 @@
-"""GGUF -> float32 safetensors, tensor by tensor, and the checks that need transformers.
+"""GGUF -> float32 safetensors, piece by piece, and the checks that need transformers.
 
 Owns: what can be known about converting a GGUF file from its header alone (an architecture
-transformers maps, a tokenizer, tensor types gguf-py can dequantize), and the streaming
-conversion of the weights into one `model.safetensors` with memory bounded by the largest
-tensor. The header itself is `inference.gguf_file`.
+transformers maps, a tokenizer, tensor types gguf-py can dequantize), and writing the weights
+into one `model.safetensors` as `gguf_tensors` reads them (a band of rows or one small tensor at
+a time, every architecture), each at its place in the file. The header itself is
+`inference.gguf_file`.
 Must not know: where converted folders live, locking, engine settings, Django.
 """
 
 from __future__ import annotations
 
 import json
-import mmap
 import struct
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inference.gguf_file import GgufError, GgufHeader, TensorInfo
+from inference.gguf_file import GgufError, GgufHeader
+from inference.models.gguf_tensors import GgufTensors, Piece, TensorProgress
 
 # --- checks that need only the header -------------------------------------------------
 
@@ -50,91 +50,70 @@ def check_convertible(header: GgufHeader) -> None:
 
 # --- streaming conversion ------------------------------------------------------------------
 
-TensorProgress = Callable[[int, int, str], None]  # (done, total, tensor name)
-
 
 def stream_safetensors(
     header: GgufHeader,
     model_config: Any,
     out_file: Path,
     on_tensor: TensorProgress | None = None,
-) -> bool:
-    """Write every weight of the GGUF into `out_file` (float32 safetensors), one tensor in
-    memory at a time. False (nothing written) when the architecture's tensor processor is one
-    that merges or renames tensors across the file (MoE experts): the caller falls back."""
-    import numpy as np
+) -> None:
+    """Write every weight of the GGUF into `out_file` (float32 safetensors) piece by piece, for
+    every architecture (`gguf_tensors`: MoE experts merged, GPT-2's matrices transposed, Gemma's
+    norms shifted): memory is one piece, never the model. `GgufError` when the file leaves a
+    weight of the model empty (nothing is then left to trust in `out_file`)."""
     import torch
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-    from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS,
-        LlamaTensorProcessor,
-        TensorProcessor,
-        get_gguf_hf_weights_map,
-    )
 
-    processor_class = TENSOR_PROCESSORS.get(header.architecture or "", TensorProcessor)
-    if processor_class not in (TensorProcessor, LlamaTensorProcessor):
-        return False
-    processor = processor_class(config=model_config.to_dict())
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(model_config)
-    name_map = get_gguf_hf_weights_map(skeleton, processor)
-    expected = set(skeleton.state_dict())
-    if getattr(model_config.get_text_config(), "tie_word_embeddings", False):
-        expected -= {k for k in expected if k.endswith("lm_head.weight")}
-    plan = [(t, name_map[t.name]) for t in header.tensors if t.name in name_map]
-    missing = sorted(expected - {hf for _, hf in plan})
+    from inference.models.gguf_load import empty_model
+
+    skeleton = empty_model(model_config, torch.float32)  # names, shapes and the processor's config
+    tied = set(getattr(skeleton, "all_tied_weights_keys", None) or {})
+    layout = {name: tuple(p.shape) for name, p in skeleton.named_parameters(remove_duplicate=False) if name not in tied}
+    offsets, meta = _safetensors_header(layout)
+    rows_written = dict.fromkeys(layout, 0)
+    with out_file.open("wb") as out:
+        out.write(meta)
+        for piece in GgufTensors(header, skeleton).pieces(on_tensor):
+            if piece.name in layout:
+                rows_written[piece.name] += _write_piece(
+                    out, len(meta) + offsets[piece.name], layout[piece.name], piece
+                )
+    missing = [name for name, shape in layout.items() if rows_written[name] < (shape[0] if shape else 1)]
     if missing:
         raise GgufError(f"{header.path}: no tensor in the file for {', '.join(missing[:5])}")
-    _write_streamed(header, plan, out_file, processor, on_tensor, np, dequantize, GGMLQuantizationType)
-    return True
 
 
-def _write_streamed(
-    header: GgufHeader,
-    plan: list[tuple[TensorInfo, str]],
-    out_file: Path,
-    processor: Any,
-    on_tensor: TensorProgress | None,
-    np: Any,
-    dequantize: Any,
-    quant_type: Any,
-) -> None:
-    index, offset = {}, 0
-    for tensor, hf_name in plan:
-        nbytes = 4 * _count(tensor.shape)
-        index[hf_name] = {"dtype": "F32", "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
+def _safetensors_header(layout: dict[str, tuple[int, ...]]) -> tuple[dict[str, int], bytes]:
+    """Each tensor's offset in the data section, and the file's header (length + JSON)."""
+    index, offsets, offset = {}, {}, 0
+    for name, shape in layout.items():
+        nbytes = 4 * _count(shape)
+        index[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offsets[name], offset = offset, offset + nbytes
     meta = json.dumps({"__metadata__": {"format": "pt"}, **index}, separators=(",", ":")).encode()
     meta += b" " * (-len(meta) % 8)  # safetensors pads the header to 8 bytes
-    with header.path.open("rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        with out_file.open("wb") as out:
-            out.write(struct.pack("<Q", len(meta)) + meta)
-            for done, (tensor, hf_name) in enumerate(plan, 1):
-                raw = np.frombuffer(data, dtype=np.uint8, count=tensor.nbytes, offset=tensor.offset)
-                weights = dequantize(_rows(raw, tensor, np, quant_type), quant_type(tensor.type_id))
-                weights = processor.process(weights=weights.reshape(tensor.shape), name=tensor.name).weights
-                weights = np.ascontiguousarray(weights, dtype=np.float32)
-                if weights.shape != tensor.shape:
-                    raise GgufError(
-                        f"{header.path}: tensor {tensor.name!r} came out {weights.shape}, not {tensor.shape}"
-                    )
-                out.write(weights.tobytes())
-                del weights, raw
-                if on_tensor is not None:
-                    on_tensor(done, len(plan), hf_name)
+    return offsets, struct.pack("<Q", len(meta)) + meta
 
 
-def _rows(raw: Any, tensor: TensorInfo, np: Any, quant_type: Any) -> Any:
-    """The tensor's bytes shaped as gguf-py's reader shapes them: one row of blocks per row."""
-    if tensor.type_id == quant_type.F32:
-        return raw.view(np.float32)
-    if tensor.type_id == quant_type.F16:
-        return raw.view(np.float16)
-    rows = _count(tensor.shape[:-1]) if len(tensor.shape) > 1 else 1
-    return raw.reshape(rows, -1)
+def _write_piece(out: Any, start: int, shape: tuple[int, ...], piece: Piece) -> int:
+    """Writes `piece` where its rows go in the tensor that starts at byte `start`; how many rows."""
+    values = piece.values.numpy()
+    wanted = shape if piece.rows is None else (len(values), *shape[1:])
+    if values.shape != wanted:
+        raise GgufError(f"{piece.name} came out of the file as {values.shape}, the model wants {wanted}")
+    if piece.rows is None:
+        out.seek(start)
+        out.write(values.tobytes())
+        return shape[0] if shape else 1
+    row_bytes = 4 * _count(shape[1:])
+    rows = range(*piece.rows.indices(shape[0])) if isinstance(piece.rows, slice) else piece.rows
+    if isinstance(piece.rows, slice):  # contiguous: one write
+        out.seek(start + rows.start * row_bytes)
+        out.write(values.tobytes())
+    else:  # rows the processor reordered (Q and K): each where it goes
+        for row, value in zip(rows, values):
+            out.seek(start + int(row) * row_bytes)
+            out.write(value.tobytes())
+    return len(values)
 
 
 def _count(shape: tuple[int, ...]) -> int:

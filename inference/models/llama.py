@@ -17,6 +17,7 @@ import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 from inference.kernels import cpu as cpu_kernels
 from inference.models.fused import FusedLlama
 from inference.models.loader import architecture_of
+from inference.models.memory import release_free_memory
 from inference.models.quant import QuantizedLinear, QuantizedWeight, Stacked
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -130,7 +131,12 @@ class LlamaRunner:
         self.embed = model.model.embed_tokens.weight
         self.final_norm = model.model.norm.weight
         self.lm_head = _weight(model.lm_head)
-        self.layers = [_Layer(layer) for layer in model.model.layers]
+        self.layers = []
+        for layer in model.model.layers:
+            self.layers.append(_Layer(layer))
+            # The layer's separate weights, now copied into its fused ones, were freed into the heap
+            # below glibc's mmap threshold: without a trim, a float32 model kept ~1 GB of them resident.
+            release_free_memory()
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         positions = torch.arange(max_context, device=self.device)[None]

@@ -2,7 +2,9 @@
 
 Owns: resolving `EngineConfig.source` (a bundled model, a Hugging Face folder, a `.gguf`
 file converted once into the data dir, or a hub id already in the local HF cache; nothing
-is ever downloaded here: a bundled model that needs a download is prepared beforehand),
+is ever downloaded here: a bundled model that needs a download is prepared beforehand), where
+the weights come from (a GGUF source's from the GGUF itself, one tensor at a time; a folder's
+through transformers),
 choosing device and dtype, and turning every way a load can fail into one `ModelLoadError`
 that names the model and what is wrong.
 Must not know: generation, sampling, chat rendering, Django.
@@ -27,11 +29,16 @@ from inference.models.bundled import (
     ensure_converted,
     gguf_path_of,
     say,
+    tensor_progress,
 )
+from inference.models.gguf_load import empty_model, fill_from_gguf
+from inference.models.memory import release_free_memory
 from inference.models.precision import (
     QUANTIZED_BITS,
+    LayerQuantizer,
     QuantizationReport,
     activation_dtype,
+    dtype_name,
     load_dtype,
     quantize_model,
     resolve_precision,
@@ -83,8 +90,12 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         except SourceError as error:
             raise ModelLoadError(str(error)) from error
     tokenizer = _load_tokenizer(folder, config.trust_remote_code, progress)
-    model = _load_weights(folder, load_dtype(precision, device), device, config.trust_remote_code, progress)
-    quantization = _quantize(model, precision, dtype, config, progress)
+    gguf_path = gguf_source(config)
+    if gguf_path is not None:  # the file's own tensors, one at a time (not the folder's float32 copy)
+        model, quantization = _load_gguf_weights(gguf_path, folder, precision, device, config, progress)
+    else:
+        model = _load_weights(folder, load_dtype(precision, device), device, config.trust_remote_code, progress)
+        quantization = _quantize(model, precision, dtype, config, progress)
     _check_tokenizer_size(folder, tokenizer, model)
     chat_template = _chat_template(tokenizer)
     loaded = LoadedModel(
@@ -101,6 +112,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         quantization=quantization,
         image_processor=_load_image_processor(folder, model, progress),
     )
+    release_free_memory()  # the load's temporaries (bands, float32 copies) sat between the weights
     say(progress, f"{name} ready on {device} in {precision}")
     return loaded
 
@@ -262,6 +274,47 @@ def _load_weights(
     except Exception as error:
         raise ModelLoadError(f"cannot load the model from {folder}: {_summary(error)}") from error
     return model.eval()
+
+
+def _load_gguf_weights(
+    gguf_path: Path,
+    folder: Path,
+    precision: str,
+    device: torch.device,
+    config: EngineConfig,
+    progress: Progress | None,
+) -> tuple[Any, QuantizationReport | None]:
+    """The model of the converted `folder`'s config with the weights read from `gguf_path` one
+    tensor at a time (`gguf_load`), int8 / int4 layers quantized as each is read: the peak is
+    the served model plus one piece or one layer. Loading the folder's float32 copy mapped all of
+    it while the bfloat16 copy was made, and quantized a whole float32 model."""
+    from transformers import AutoConfig, GenerationConfig
+
+    weights_dtype, dtype = load_dtype(precision, device), activation_dtype(precision, device)
+    say(
+        progress,
+        f"loading the weights from {gguf_path.name} one tensor at a time ({dtype_name(weights_dtype)}, {device})",
+    )
+    try:
+        model_config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        model = empty_model(model_config, weights_dtype, _model_class(folder))
+    except Exception as error:
+        raise ModelLoadError(f"cannot load the model from {gguf_path}: {_summary(error)}") from error
+    quantizer = None
+    if precision in QUANTIZED_BITS:
+        say(progress, f"quantizing each linear layer to {precision} as it is read")
+        try:
+            quantizer = LayerQuantizer(model, precision, dtype, device, gguf_path)
+        except ValueError as error:
+            raise ModelLoadError(f"cannot serve {config.source} in {precision}: {error}") from error
+    try:
+        on_module = quantizer.module_ready if quantizer is not None else None
+        fill_from_gguf(model, gguf_path, device, tensor_progress(progress), on_module)
+        if (folder / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as error:
+        raise ModelLoadError(f"cannot load the model from {gguf_path}: {_summary(error)}") from error
+    return model, quantizer.finish() if quantizer is not None else None
 
 
 def _chat_template(tokenizer: Any) -> str | None:

@@ -7,8 +7,10 @@ anew; a switch to another model waits until the current one's requests have fini
 frees its memory before loading the next; every load announced ("loading", then "ready" with its
 time, or "error": `model_state`) and when it finished (`loaded_at`: a generation created before
 that, queued while the worker loaded or waiting in its task, counts the wait in its time to first
-token). `inference.engine` (torch) is imported only when a
-model is first loaded, so importing this module stays cheap.
+token); memory given back: a dropped model's loop threads end (they held its engine), and the
+freed heap goes back to the OS (`release_free_memory`) after every unload and every load.
+`inference.engine` (torch) is imported only when a model is first loaded, so importing this
+module stays cheap.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from django.conf import settings
 from playground.coord import cancel
 from playground.models import LanguageModel
 from playground.worker import model_state
+from playground.worker.memory_release import ReleaseAfterLongPrompts
 from playground.worker.observer import WorkerObserver
 from playground.worker.serve_loop import ServeLoop
 
@@ -43,8 +46,9 @@ _loaded_at: dict[int, float] = {}  # id(engine) -> when its load finished (time.
 
 
 def get_engine(model: LanguageModel) -> Engine:
-    """The engine for `model`, loading it (and dropping the previous one) when needed."""
-    global _loaded
+    """The engine for `model`, loading it (and dropping the previous one, and a precision
+    comparison of another model) when needed."""
+    global _loaded, _comparison
     config = replace(
         model.to_engine_config(),
         max_num_seqs=settings.PLAYGROUND_WORKER_SLOTS,
@@ -58,10 +62,12 @@ def get_engine(model: LanguageModel) -> Engine:
             return _loaded[1]
         if _loaded is not None:
             _wait_until_idle(_loaded[1])
-            _loops.pop(id(_loaded[1]), None)
+            _close_loop(_loaded[1])
+        if _comparison is not None and _comparison[0][0] != model.pk:  # only that model's inspections read it
+            _comparison = None
         _loaded = None
         _loaded_at.clear()
-        gc.collect()  # free the previous model's memory before loading the next
+        _give_back_memory()  # the previous model's, before the next one's load needs it
         from inference.engine import Engine
 
         logger.info("loading model %r (%s)", model.name, config)
@@ -72,6 +78,7 @@ def get_engine(model: LanguageModel) -> Engine:
         except Exception as exc:
             model_state.failed(model.pk, model.name, f"{type(exc).__name__}: {exc}")
             raise
+        _give_back_memory()  # the load's temporaries (the runner's fused copies replaced the weights)
         _loaded_at[id(engine)] = time.time()
         model_state.ready(model.pk, model.name, (time.monotonic() - started) * 1000)
         _loaded = (key, engine)
@@ -112,7 +119,7 @@ def comparison_model(model: LanguageModel, precision: str) -> Any:
     with _lock:
         if _comparison is None or _comparison[0] != key:
             _comparison = None
-            gc.collect()
+            _give_back_memory()
             logger.info("loading model %r in %s for a precision comparison", model.name, precision)
             _comparison = (key, load_model(config))
         return _comparison[1]
@@ -123,8 +130,25 @@ def loop_for(engine: Engine) -> ServeLoop:
     with _lock:
         loop = _loops.get(id(engine))
         if loop is None or loop.engine is not engine:
-            loop = _loops[id(engine)] = ServeLoop(engine, cancel.cancelled_among, WorkerObserver())
+            observer = ReleaseAfterLongPrompts(WorkerObserver())  # memory back after long prompts
+            loop = _loops[id(engine)] = ServeLoop(engine, cancel.cancelled_among, observer)
         return loop
+
+
+def _close_loop(engine: Engine) -> None:
+    """Ends `engine`'s loop threads, which held it (and its weights and KV pool) for ever."""
+    loop = _loops.pop(id(engine), None)
+    if loop is not None:
+        loop.close()
+
+
+def _give_back_memory() -> None:
+    """Frees what nothing references any more (a dropped model, its cycles) and returns the
+    freed heap to the OS: without the trim glibc kept it, and RSS stayed at its high-water mark."""
+    from inference.models.memory import release_free_memory
+
+    gc.collect()
+    release_free_memory()
 
 
 def _wait_until_idle(engine: Engine) -> None:
@@ -133,4 +157,12 @@ def _wait_until_idle(engine: Engine) -> None:
     while loop is not None and loop.num_requests and time.monotonic() < deadline:
         time.sleep(0.1)
     if loop is not None and loop.num_requests:
-        raise RuntimeError("this worker is busy with another model; try again when its requests have finished")
+        raise WorkerBusy(
+            f"this worker serves {engine.info.name} to {loop.num_requests} request(s) and waited "
+            f"{SWITCH_TIMEOUT_S:.0f} s for them to finish before it could load another model; try again later"
+        )
+
+
+class WorkerBusy(RuntimeError):
+    """A model switch found the current model's requests still running after SWITCH_TIMEOUT_S:
+    the server is busy, nothing is wrong with either model."""

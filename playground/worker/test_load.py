@@ -4,7 +4,8 @@ store what happened on the model's record.
 Owns: the report (load time, memory, runner, dtype, parameters, stop ids, a one-line greedy
 answer) or the exact error, written to `LanguageModel.test_load_*`, with the loader's progress
 (conversion bar included) stored while it runs. The engine loaded here is private to the test
-and freed afterwards: the worker's generation engine (`engines`) is left as it is.
+and freed afterwards, its memory returned to the OS: the worker's generation engine (`engines`)
+is left as it is.
 Must not know: the admin's HTML, sockets.
 """
 
@@ -50,7 +51,7 @@ def run_test_load(model_id: int, worker: str) -> None:
         )
         return
     finally:
-        gc.collect()
+        _give_back_memory()
     result.update(worker=worker, progress=progress.lines[-20:])
     _update(model_id, test_load_status=LoadReportStatus.OK, test_load_result=result, test_load_at=timezone.now())
 
@@ -119,6 +120,15 @@ class _ProgressWriter:
         if now - self._written_at >= _PROGRESS_EVERY_S:
             self._written_at = now
             _update(self.model_id, test_load_result={"worker": self.worker, "progress": self.lines[-20:]})
+
+
+def _give_back_memory() -> None:
+    """The test's engine is gone: free it and return the freed heap to the OS (a test load of a
+    model the worker does not serve otherwise left its whole size in the worker's RSS)."""
+    from inference.models.memory import release_free_memory
+
+    gc.collect()
+    release_free_memory()
 
 
 def _update(model_id: int, **fields: Any) -> None:

@@ -171,8 +171,10 @@ def test_hub_id_loads_from_the_local_cache_only(
 def test_gguf_source_is_converted_once_into_the_data_dir(
     tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tests.engine.tiny_gguf import write_tiny_gguf
+
     gguf = tmp_path / "My-Model.Q8_0.gguf"
-    gguf.write_bytes(b"GGUF" + bytes(100))
+    write_tiny_gguf(gguf)  # the weights are read from it; the (faked) conversion gives config and tokenizer
     conversions: list[Path] = []
 
     def fake_convert(gguf_path, out_dir, progress=None):  # the real one is tested in test_bundled
