@@ -16,6 +16,7 @@ for `PLAYGROUND_WORKER_STALL_S` go quiet). Must not know: what the keys mean (`l
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 CHILD_PATH = Path(__file__).with_name("beacon_child.py")
 PULSE_INTERVAL_S = 1.0
+ACK_TIMEOUT_S = 2.0  # a drop's wait for the child's word before this process deletes the key itself
 
 
 class Beacon:
@@ -45,6 +47,8 @@ class Beacon:
         self.kept: dict[str, dict[str, Any]] = {}  # key -> its beat command (sent again to a new child)
         self.lock = threading.Lock()
         self.child: subprocess.Popen[bytes] | None = None
+        self.acks: dict[int, threading.Event] = {}  # drops waiting for the child's word
+        self.ack_ids = itertools.count(1)
         self.pulse = threading.Thread(target=self._pulse_forever, name="beacon-pulse", daemon=True)
         self.pulse.start()
 
@@ -59,14 +63,22 @@ class Beacon:
             self._send(command)
 
     def drop(self, key: str, hold_s: float | None = None) -> None:
-        """Stops beating `key`: it is deleted, or left to live `hold_s` more."""
-        command: dict[str, Any] = {"op": "drop", "key": key}
-        if hold_s is not None:
-            command["hold_ms"] = int(hold_s * 1000)
+        """Stops beating `key`: it is deleted, or left to live `hold_s` more, when this returns
+        (the child says so; without its word within ACK_TIMEOUT_S this process does it)."""
+        done = threading.Event()
         with self.lock:
+            ack = next(self.ack_ids)
+            self.acks[ack] = done
+            command: dict[str, Any] = {"op": "drop", "key": key, "ack": ack}
+            if hold_s is not None:
+                command["hold_ms"] = int(hold_s * 1000)
             self.kept.pop(key, None)
             self._send(command)
-        with contextlib.suppress(redis.RedisError):  # gone (or held) now, not at the child's next read
+        if done.wait(ACK_TIMEOUT_S):
+            return
+        with self.lock:
+            self.acks.pop(ack, None)
+        with contextlib.suppress(redis.RedisError):
             if hold_s is None:
                 store.client().delete(key)
             else:
@@ -103,13 +115,24 @@ class Beacon:
         self.child = subprocess.Popen(
             [sys.executable, str(CHILD_PATH), self.redis_url, str(self.interval_s), str(self.stall_s)],
             stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             close_fds=True,
         )
+        threading.Thread(target=self._read_acks, args=(self.child,), name="beacon-acks", daemon=True).start()
         assert self.child.stdin is not None
         for command in self.kept.values():  # a new child knows nothing yet
             self.child.stdin.write(json.dumps(command).encode() + b"\n")
         self.child.stdin.flush()
         return self.child
+
+    def _read_acks(self, child: subprocess.Popen[bytes]) -> None:
+        """Sets each drop's event as the child reports it done (until that child ends)."""
+        assert child.stdout is not None
+        for line in child.stdout:
+            with self.lock:
+                done = self.acks.pop(int(line), None)
+            if done is not None:
+                done.set()
 
     def _pulse_forever(self) -> None:
         while True:

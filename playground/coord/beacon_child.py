@@ -8,8 +8,9 @@ beats: the kernel schedules it as a process of its own.
 
 The pipe carries one JSON object a line:
 - `{"op": "beat", "key": K, "ttl_ms": T, "value": V}`: keep K = V alive (SET PX T every interval);
-- `{"op": "drop", "key": K}`: stop, and delete K; with `"hold_ms": H`: stop, leaving K for H ms
-  (the prefill worker's handoff to its decode worker);
+- `{"op": "drop", "key": K, "ack": N}`: stop, and delete K; with `"hold_ms": H`: stop, leaving K
+  for H ms (the prefill worker's handoff to its decode worker); then N is written back, a line on
+  standard output, once no beat of K can come any more;
 - `{"op": "pulse"}`: the worker process still runs Python (sent every second by one of its threads).
 
 Two rules make a lost verdict true and quick: the end of the pipe (the worker process is gone,
@@ -49,6 +50,10 @@ class Keys:
             self.kept.pop(key, None)
             hold_ms = command.get("hold_ms")
             self.guarded(lambda: self.client.set(key, 1, px=int(hold_ms)) if hold_ms else self.client.delete(key))
+            # The worker waits for this: no beat of the key can follow it (a delete made by the
+            # worker itself could be undone by a beat already on its way).
+            sys.stdout.write(f"{command.get('ack', 0)}\n")
+            sys.stdout.flush()
 
     def delete_all(self) -> None:
         kept, self.kept = list(self.kept), {}

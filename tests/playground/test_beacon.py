@@ -104,3 +104,14 @@ def test_a_beacon_whose_child_died_starts_another_that_keeps_every_key(settings:
         assert store.client().exists("test:beacon:a", "test:beacon:b") == 2
     finally:
         beat.stop()
+
+
+def test_a_stopped_key_is_gone_when_stop_returns_even_beaten_every_10_ms(settings: Any) -> None:
+    """The beacon deletes a dropped key and says so before `stop` returns: a delete made by the
+    worker itself was undone by a beat already on its way (CI saw a stopped worker still listed)."""
+    settings.PLAYGROUND_HEARTBEAT_INTERVAL_S = 0.01
+    r = store.client()
+    for attempt in range(200):
+        beat = liveness.Heartbeat(["test:beacon:stopped"], 5.0).start()
+        beat.stop()
+        assert not r.exists("test:beacon:stopped"), attempt
