@@ -60,10 +60,6 @@ class Heartbeat:
         self.ttl_s = ttl_s
         self.is_beating = False
 
-    @property
-    def key(self) -> str:
-        return self.keys[0]
-
     def start(self) -> Heartbeat:
         """The keys exist when this returns."""
         self.beacon = beacon.get()
