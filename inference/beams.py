@@ -19,10 +19,13 @@ import torch
 from inference.core.scheduler import Scheduler
 from inference.core.sequence import Sequence
 from inference.events import BeamStep, Event, Finished, Prefilled
-from inference.requests import Vocabulary
+from inference.requests import Request, Vocabulary
 from inference.sampling.beam import BeamSearchState, StepResult
+from inference.sampling.sampler import Row
 from inference.sampling_params import SamplingParams
 from inference.text.tokenization import text_deltas
+from inference.vision.images import PromptImage
+from inference.vision.spans import ImageSpan
 
 
 @dataclass
@@ -41,6 +44,9 @@ class BeamRequest:
     num_steps: int = 0
     rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> its logits row of this step
     is_cancelled: bool = False
+    images: tuple[PromptImage, ...] = ()  # a beam search takes text prompts only
+    image_spans: tuple[ImageSpan, ...] = ()
+    forks: list[Request] = field(default_factory=list)  # none: parallel choices are sampled requests'
 
     @classmethod
     def new(
@@ -58,10 +64,29 @@ class BeamRequest:
     def seq(self) -> Sequence:
         return self.members[0]
 
-    def take_row(self, seq: Sequence, logits: torch.Tensor) -> bool:
+    # ---- in the batch (`inference.batch_request.BatchRequest`) ------------------------------
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return self.members
+
+    def sampling_rows(self) -> list[tuple[Request, Row]]:
+        return []  # the search reads the raw logits rows (`take_logits`)
+
+    def take_logits(self, seq: Sequence, logits: torch.Tensor) -> bool:
         """Keeps `seq`'s row; True when every beam has one (the search can advance)."""
         self.rows[seq.seq_id] = logits
         return all(m.seq_id in self.rows for m in self.members)
+
+    def kv_bytes(self, bytes_per_token: int, block_size: int) -> int:
+        """The distinct blocks the beams hold (they share their common prefix)."""
+        if not self.params.use_kv_cache:
+            return 0
+        return len({block for seq in self.members for block in seq.block_table}) * block_size * bytes_per_token
+
+    def end(self, reason: str, vocab: Vocabulary, kv_bytes: int, error: str | None = None) -> Finished:
+        """Ends it before its own end (`cancelled` or `error`): the best sequences so far."""
+        return replace(self.finished(vocab, kv_bytes), finish_reason=reason, error=error)
 
     def advance(self, scheduler: Scheduler, kv_bytes: int) -> tuple[list[Event], bool]:
         """One search step over the collected rows: its records, and whether the search ended.

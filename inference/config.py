@@ -14,7 +14,7 @@ from pathlib import Path
 from inference.bundled_models import SMOLLM2, check_bundled_source
 
 BUNDLED_MODEL = SMOLLM2.source  # "bundled": SmolLM2-135M-Instruct; the others are "bundled:<name>" (bundled_models)
-VALID_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")  # the weight precision
+VALID_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4", "gguf")  # the weight precision
 VALID_DEVICES = ("auto", "cpu", "cuda")
 MAX_NUM_ALTERNATIVES = 50
 

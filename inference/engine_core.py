@@ -4,10 +4,12 @@ Owns: the step loop (cancellations -> schedule -> handed-over KV loaded -> forke
 -> one forward pass for every scheduled chunk -> one sampling call for every row -> each
 request's records), the requests in flight by id, parallel sampling (a prompt prefilled once,
 then forked), per-request failure (a request whose row cannot be sampled, or whose records
-fail, ends alone with an error; the rest of the batch goes on), and the record of each step
-for the live view (`BatchStep`). Every request takes this one path: greedy, sampled, beam
-search, no-KV-cache, images, PD prefill and decode, every architecture.
-Must not know: Django, Celery, sockets.
+fail, ends alone with an error; the rest of the batch goes on). Every request takes this one
+path: greedy, sampled, beam search, no-KV-cache, images, PD prefill and decode, every
+architecture, through one contract (`inference.batch_request.BatchRequest`: a sampled request
+and a beam search end alike). The record of each step for the live view and the stats are
+`inference.core.batch_stats`'; the inspection passes `inference.introspect.passes`'.
+Must not know: Django, Celery, sockets, a request's kind.
 """
 
 from __future__ import annotations
@@ -17,19 +19,20 @@ import logging
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
 import torch
 
+from inference.batch_request import BatchRequest
 from inference.beams import BeamRequest
 from inference.config import EngineConfig
+from inference.core.batch_stats import BatchStep, batch_stats, batch_step, prefix_cache_stats
 from inference.core.block_manager import BlockManager
 from inference.core.pacer import StepPacer
-from inference.core.scheduler import Chunk, Scheduler, SchedulerOutput
+from inference.core.scheduler import Chunk, Scheduler
 from inference.core.sequence import Sequence
-from inference.events import Event, Prefilled
+from inference.events import Event, Step
 from inference.introspect.passes import InspectionPasses
 from inference.kv.transfer import HandedOff, Handoff
 from inference.models.runner import ModelRunner, StepOutput
@@ -42,39 +45,20 @@ from inference.vision.spans import ImageSpan
 
 logger = logging.getLogger(__name__)
 
-AnyRequest = Request | BeamRequest
-
-
-@dataclass(frozen=True)
-class BatchStep:
-    """What one step of the batch did: who shared it, how, and the KV pool after it."""
-
-    index: int
-    step_ms: float
-    num_batched_tokens: int
-    max_num_batched_tokens: int
-    token_budget: int  # this step's: the maximum, or fewer to keep the step near max_step_ms
-    chunks: tuple[dict[str, Any], ...]  # {request_id, kind: prefill|decode, start, num_tokens, samples}
-    num_running: int
-    num_waiting: int
-    preempted_ids: tuple[int, ...]
-    num_preemptions: int  # since the engine started
-    blocks: dict[str, int | float]  # BlockManager.stats()
-    type: str = "batch_step"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+__all__ = ["BatchStep", "EngineCore"]
 
 
 class EngineCore:
+    """The batch's requests by id (`add`, `cancel`) and its step; what the last step did is `last_step`."""
+
     def __init__(self, runner: ModelRunner, vocab: Vocabulary, config: EngineConfig, vision: VisionSpec | None):
         self.runner, self.vocab, self.vision = runner, vocab, vision
         self.block_manager = BlockManager(runner.pool.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.pacer = StepPacer(config.max_step_ms, config.max_num_batched_tokens)
         self.passes = InspectionPasses(runner, self.block_manager, config.max_num_batched_tokens)
-        self.requests: dict[int, AnyRequest] = {}
-        self.owners: dict[int, AnyRequest] = {}  # seq_id -> the request it computes for
+        self.requests: dict[int, BatchRequest] = {}
+        self.owners: dict[int, BatchRequest] = {}  # seq_id -> the request it computes for
         self._ids = itertools.count()
         self.num_steps = 0
         self.last_step: BatchStep | None = None
@@ -121,20 +105,17 @@ class EngineCore:
         return self._queue(request, request.seq)
 
     def _new_request(self, prompt_ids, params, seed, images, image_spans) -> Request:
-        device = self.runner.device
-        return Request.new(
-            next(self._ids), prompt_ids, params, self.vocab, device, seed=seed, images=images, image_spans=image_spans
-        )
+        args = (next(self._ids), prompt_ids, params, self.vocab, self.runner.device)
+        return Request.new(*args, seed=seed, images=images, image_spans=image_spans)
 
-    def _queue(self, request: AnyRequest, seq: Sequence) -> int:
+    def _queue(self, request: BatchRequest, seq: Sequence) -> int:
         self.scheduler.add(seq)  # refuses a prompt that could never fit the pool
         self.requests[request.request_id] = request
         self.owners[seq.seq_id] = request
         return request.request_id
 
     def cancel(self, request_id: int) -> bool:
-        request = self.requests.get(request_id)
-        if request is not None:
+        if (request := self.requests.get(request_id)) is not None:
             request.is_cancelled = True
         return request is not None
 
@@ -151,45 +132,32 @@ class EngineCore:
         for request in list(self.requests.values()):
             self._forget(request)
 
-    def kv_bytes(self, seq: Sequence) -> int:
-        """The KV the sequence keeps: none without a KV cache (each step's is thrown away)."""
-        return seq.num_computed_tokens * self.runner.bytes_per_token if seq.params.use_kv_cache else 0
-
     def stats(self) -> dict[str, Any]:
         """The batch and its KV pool now: for the live view and the metrics."""
-        scheduler = self.scheduler
-        return {
-            "num_running": len(scheduler.running),
-            "num_waiting": len(scheduler.waiting),
-            "num_steps": self.num_steps,
-            "num_preemptions": scheduler.num_preemptions,
-            "blocks": self.block_manager.stats(),
-            "prefix_cache": self.prefix_cache_stats(),
-        }
+        return batch_stats(self.scheduler, self.num_steps, self.runner.bytes_per_token)
 
     def prefix_cache_stats(self) -> dict[str, Any]:
-        """The prefix cache: the KV blocks every request shares by hash."""
-        bm = self.block_manager
-        num_hashed, num_lookups = len(bm.hash_to_block), bm.num_hits + bm.num_misses
-        bytes_per_block = bm.block_size * self.runner.bytes_per_token
-        return {
-            "kind": "blocks",
-            "hits": bm.num_hits,
-            "misses": bm.num_misses,
-            "hit_rate": bm.num_hits / num_lookups if num_lookups else 0.0,
-            "num_entries": num_hashed,
-            "num_stored_tokens": num_hashed * bm.block_size,
-            "num_bytes": num_hashed * bytes_per_block,
-            "max_bytes": bm.num_blocks * bytes_per_block,
-            "num_evictions": bm.num_evictions,
-            "num_cached_tokens": bm.num_hit_tokens,
-        }
+        return prefix_cache_stats(self.block_manager, self.runner.bytes_per_token)
+
+    def _pixel_values(self, chunks: list[Chunk]) -> torch.Tensor | None:
+        """The pixels of the images whose tokens the chunks compute, in their order."""
+        images = [image for c in chunks for image in _images_in(c, self.owners[c.seq.seq_id])]
+        return self.vision.pixel_values(images, self.runner.pool.dtype, self.runner.device) if images else None
+
+    def _kv_bytes(self, request: BatchRequest) -> int:
+        return request.kv_bytes(self.runner.bytes_per_token, self.block_manager.block_size)
 
     # ---- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[tuple[int, Event]]:
         """One scheduler step: cancellations, then one forward pass for every scheduled chunk."""
         events = self._cancelled()
+        for seq in self.scheduler.stuck()[:1]:  # else it would wait for ever, and everyone behind it
+            stuck = _RequestFailed(
+                "the request cannot start on this worker: its sequences together need more KV blocks "
+                "or batch places than there are (a preempted beam search recomputes each beam's copy)"
+            )
+            events += self._fail([self.owners[seq.seq_id]], stuck)
         out = self.scheduler.schedule(self.pacer.token_budget())
         for seq in out.imported:
             owner = self.owners[seq.seq_id]
@@ -210,67 +178,34 @@ class EngineCore:
         self.pacer.observe(out.num_batched_tokens, forward_ms, is_prefill)
         self.scheduler.update(out)
         events += self._sample(out.chunks, output, started, forward_ms)
-        self._record(out, started)
+        self.num_steps += 1
+        step_ms = (time.perf_counter() - started) * 1000
+        self.last_step = batch_step(self.num_steps, step_ms, out, self.scheduler, self._request_id_of)
         return events
-
-    def _pixel_values(self, chunks: list[Chunk]) -> torch.Tensor | None:
-        """The pixels of the images whose tokens the chunks compute, in their order."""
-        images = []
-        for chunk in chunks:
-            request = self.owners[chunk.seq.seq_id]
-            for image, span in zip(getattr(request, "images", ()), getattr(request, "image_spans", ())):
-                if chunk.start <= span.start < chunk.start + chunk.num_tokens:
-                    images.append(image)
-        if not images:
-            return None
-        return self.vision.pixel_values(images, self.runner.pool.dtype, self.runner.device)
 
     def _sample(
         self, chunks: list[Chunk], output: StepOutput, started: float, forward_ms: float
     ) -> list[tuple[int, Event]]:
         """Every sampling row of the step in one call; then each request's records."""
         sampled: list[tuple[Request, Row, int]] = []  # (request, its row, logits row)
-        beams: list[tuple[BeamRequest, Sequence, int]] = []
+        stepped: list[tuple[BatchRequest, Sequence, int]] = []
         for index, chunk in enumerate(c for c in chunks if c.is_last):
             request = self.owners[chunk.seq.seq_id]
-            if isinstance(request, BeamRequest):
-                beams.append((request, chunk.seq, index))
-                continue
             request.prefill_started_at = request.prefill_started_at or started
-            sampled.append((request, request.row(), index))
-            # Forks sample their first token from the leader's row (after it, which forks them).
-            sampled += [(fork, fork.row(), index) for fork in request.forks]
+            sampled += [(r, row, index) for r, row in request.sampling_rows()]
+            stepped.append((request, chunk.seq, index))
         events: list[tuple[int, Event]] = []
         if sampled:
-            samples = self._sample_rows(output.logits, sampled)
+            samples = _sample_rows(output.logits, sampled)
             latency_ms = (time.perf_counter() - started) * 1000  # the step's pass and its sampling
             for (request, row, index), sample in zip(sampled, samples):
                 if request.request_id in self.requests:
                     take = partial(self._take, request, row, sample, latency_ms, output.routing[index])
                     events += self._guarded(request, take)
-        for request, seq, index in beams:
-            request.prefill_started_at = request.prefill_started_at or started
-            if request.take_row(seq, output.logits[index]):
+        for request, seq, index in stepped:  # a beam search advances on its beams' raw rows
+            if request.take_logits(seq, output.logits[index]):
                 events += self._guarded(request, partial(self._advance_beams, request))
         return events
-
-    def _sample_rows(self, logits: torch.Tensor, sampled: list[tuple[Request, Row, int]]) -> list[RowSample]:
-        rows = [row for _, row, _ in sampled]
-        indices = [i for _, _, i in sampled]
-        # Each logits row sampled once, in order (no forks): the rows themselves, not a copy.
-        is_whole = indices == list(range(len(logits)))
-        try:
-            return sample_rows(logits if is_whole else logits[torch.tensor(indices, device=logits.device)], rows)
-        except Exception:  # one row's settings broke the batch call: sample each alone
-            logger.exception("sampling the step's rows together failed; sampling each alone")
-            return [self._sample_alone(logits[i], row) for _, row, i in sampled]
-
-    @staticmethod
-    def _sample_alone(logits: torch.Tensor, row: Row) -> RowSample:
-        try:
-            return sample_rows(logits[None], [row])[0]
-        except Exception as exc:
-            return RowSample(-1, 0.0, 0.0, 0, 0.0, (), None, error=f"sampling failed: {type(exc).__name__}: {exc}")
 
     def _take(self, request: Request, row: Row, sample: RowSample, latency_ms: float, routing) -> list[Event]:
         """One sampled row's records: Prefilled (first token), the Step, then maybe the end."""
@@ -279,7 +214,7 @@ class EngineCore:
         events: list[Event] = []
         seq = request.seq
         if request.first_token_at is None:
-            request.prefilled = self._prefilled(request)
+            request.prefilled = request.prefilled_record(self._kv_bytes(request))
             events.append(request.prefilled)
             for fork in request.forks:  # share the prompt's blocks before the leader's token lands
                 self.scheduler.fork(seq, fork.seq)
@@ -287,47 +222,33 @@ class EngineCore:
                 self.owners[fork.seq.seq_id] = fork
                 fork.prefill_started_at = request.prefill_started_at
             seq.num_slots, request.forks = 1, []
-        step = request.take(row, sample, self.vocab, latency_ms, self.kv_bytes(seq), routing)
+        step = request.take(row, sample, self.vocab, latency_ms, self._kv_bytes(request), routing)
         if request.prefill_only:
             handoff = request.handoff_of(self.runner.export(seq.block_table, len(request.prompt_ids)), step)
             self._forget(request)
             return [*events, step, HandedOff(handoff)]
+        return self._end_or_go_on(request, step, events)
+
+    def _end_or_go_on(self, request: Request, step: Step, events: list[Event]) -> list[Event]:
+        """`events`, the step, and the request's end if the step ended it."""
         reason = request.finish_reason(step, self.vocab)
         if reason is None:
-            if not request.params.use_kv_cache:
-                self.scheduler.recompute(seq)  # no KV cache: the next step computes every token again
+            if not request.params.use_kv_cache:  # (never a handoff's: PD hands over KV caches only)
+                self.scheduler.recompute(request.seq)  # no KV cache: the next step computes every token again
             return [*events, step]
-        finished = request.finish(reason, self.kv_bytes(seq))
+        finished = request.finish(reason, self._kv_bytes(request))
         self._forget(request)
         return [*events, request.with_tail(step), finished]
 
-    def _prefilled(self, request: Request) -> Prefilled:
-        seq, now = request.seq, time.perf_counter()
-        return Prefilled(
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            num_prefilled_tokens=seq.num_prompt_tokens - seq.num_cached_tokens,
-            prefill_ms=(now - (request.prefill_started_at or now)) * 1000,
-            kv_cache_bytes=self.kv_bytes(seq),
-            queue_ms=((seq.first_scheduled_at or now) - request.arrived_at) * 1000,
-        )
-
     def _advance_beams(self, request: BeamRequest) -> list[Event]:
-        events, is_done = request.advance(self.scheduler, self._beam_kv_bytes(request))
-        for seq in request.members:
+        events, is_done = request.advance(self.scheduler, self._kv_bytes(request))
+        for seq in request.seqs:  # the search re-forked them
             self.owners[seq.seq_id] = request
         if not is_done:
             return events
-        finished = request.finished(self.vocab, self._beam_kv_bytes(request))
+        finished = request.finished(self.vocab, self._kv_bytes(request))
         self._forget(request)
         return [*events, finished]
-
-    def _beam_kv_bytes(self, request: BeamRequest) -> int:
-        """The distinct blocks the beams hold (they share their common prefix)."""
-        if not request.params.use_kv_cache:
-            return 0
-        blocks = {block for seq in request.members for block in seq.block_table}
-        return len(blocks) * self.block_manager.block_size * self.runner.bytes_per_token
 
     def _import(self, request: Request) -> list[Event]:
         """Loads a handoff's KV into the blocks it was just given; then its Prefilled record and
@@ -336,13 +257,7 @@ class EngineCore:
         self.runner.load(seq.block_table, handoff.layers)
         self.block_manager.mark_computed(seq)  # its full blocks become shareable like any others
         request.handoff = None  # the KV is in the pool now: keep one copy
-        step = handoff.first_step
-        reason = request.finish_reason(step, self.vocab)
-        if reason is None:
-            return [request.prefilled, step]
-        finished = request.finish(reason, self.kv_bytes(seq))
-        self._forget(request)
-        return [request.prefilled, request.with_tail(step), finished]
+        return self._end_or_go_on(request, handoff.first_step, [request.prefilled])
 
     # ---- ends ---------------------------------------------------------------------------------
 
@@ -350,15 +265,10 @@ class EngineCore:
         events: list[tuple[int, Event]] = []
         for request in [r for r in self.requests.values() if r.is_cancelled and r.request_id in self.requests]:
             for ending in self._forget(request):
-                if isinstance(ending, BeamRequest):
-                    finished = ending.finished(self.vocab, self._beam_kv_bytes(ending))
-                else:
-                    ending.release_tail()  # no step carries it: the Finished text does
-                    finished = ending.finish("cancelled", self.kv_bytes(ending.seq))
-                events.append((ending.request_id, finished))
+                events.append((ending.request_id, ending.end("cancelled", self.vocab, self._kv_bytes(ending))))
         return events
 
-    def _guarded(self, request: AnyRequest, records: Callable[[], list[Event]]) -> list[tuple[int, Event]]:
+    def _guarded(self, request: BatchRequest, records: Callable[[], list[Event]]) -> list[tuple[int, Event]]:
         """`records()`, the request's records, tagged with its id; a failure ends that request alone."""
         try:
             return [(request.request_id, e) for e in records()]
@@ -374,57 +284,52 @@ class EngineCore:
             if request.request_id not in self.requests:
                 continue
             for ending in self._forget(request):
-                finished = (
-                    ending.finished(self.vocab, 0) if isinstance(ending, BeamRequest) else ending.finish("error", 0)
-                )
-                events.append((ending.request_id, replace(finished, finish_reason="error", error=message)))
+                events.append((ending.request_id, ending.end("error", self.vocab, 0, error=message)))
         return events
 
-    def _forget(self, request: AnyRequest) -> list[AnyRequest]:
+    def _forget(self, request: BatchRequest) -> list[BatchRequest]:
         """Lets go of the request's blocks and forgets it; what ends with it: itself, and the
         forks it had not started yet (they end with their leader)."""
-        seqs = list(request.members) if isinstance(request, BeamRequest) else [request.seq]
-        for seq in seqs:
+        for seq in list(request.seqs):
             self.scheduler.finish(seq)
             self.owners.pop(seq.seq_id, None)
         self.requests.pop(request.request_id, None)
-        forks = request.forks if isinstance(request, Request) else []
-        for fork in forks:
+        for fork in request.forks:
             self.requests.pop(fork.request_id, None)
-        return [request, *forks]
-
-    def _record(self, out: SchedulerOutput, started: float) -> None:
-        self.num_steps += 1
-        self.last_step = BatchStep(
-            index=self.num_steps,
-            step_ms=(time.perf_counter() - started) * 1000,
-            num_batched_tokens=out.num_batched_tokens,
-            max_num_batched_tokens=self.scheduler.max_num_batched_tokens,
-            token_budget=self.scheduler.step_budget,
-            chunks=tuple(
-                {
-                    "request_id": self._request_id_of(c.seq),
-                    "kind": c.kind,
-                    "start": c.start,
-                    "num_tokens": c.num_tokens,
-                    "samples": c.is_last,
-                }
-                for c in out.chunks
-            ),
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            preempted_ids=tuple(self._request_id_of(s) for s in out.preempted),
-            num_preemptions=self.scheduler.num_preemptions,
-            blocks=self.block_manager.stats(),
-        )
+        return [request, *request.forks]
 
     def _request_id_of(self, seq: Sequence) -> int:
-        owner = self.owners.get(seq.seq_id)
-        return owner.request_id if owner is not None else seq.seq_id
+        return self.owners[seq.seq_id].request_id if seq.seq_id in self.owners else seq.seq_id
 
 
 class _RequestFailed(RuntimeError):
     """A request that cannot go on (its message is the user's)."""
+
+
+def _sample_rows(logits: torch.Tensor, sampled: list[tuple[Request, Row, int]]) -> list[RowSample]:
+    """Every row in one call; each alone if that fails (one row's settings must not fail the batch)."""
+    rows = [row for _, row, _ in sampled]
+    indices = [i for _, _, i in sampled]
+    # Each logits row sampled once, in order (no forks): the rows themselves, not a copy.
+    is_whole = indices == list(range(len(logits)))
+    try:
+        return sample_rows(logits if is_whole else logits[torch.tensor(indices, device=logits.device)], rows)
+    except Exception:
+        logger.exception("sampling the step's rows together failed; sampling each alone")
+        return [_sample_alone(logits[i], row) for _, row, i in sampled]
+
+
+def _sample_alone(logits: torch.Tensor, row: Row) -> RowSample:
+    try:
+        return sample_rows(logits[None], [row])[0]
+    except Exception as exc:
+        return RowSample(-1, 0.0, 0.0, 0, 0.0, (), None, error=f"sampling failed: {type(exc).__name__}: {exc}")
+
+
+def _images_in(chunk: Chunk, request: BatchRequest) -> list[PromptImage]:
+    """The images whose first token the chunk computes."""
+    spans = zip(request.images, request.image_spans)
+    return [image for image, span in spans if chunk.start <= span.start < chunk.start + chunk.num_tokens]
 
 
 def _choice_seeds(params: SamplingParams, num_choices: int) -> list[int | None]:

@@ -52,6 +52,9 @@ class Step:
     `is_reasoning`: generated inside a `<think>` block (`inference.sampling.thinking`'s rule);
     `is_forced`: the thinking budget chose the token (`</think>` or a piece of it), not the
     sampler; the model still ran and the distributions are the ones it gave.
+    `masked_prob` (a request with a grammar; None without): the mass of the raw distribution the
+    grammar removed; `top_masked`: which of `top_raw` it removed (the rest of that mass lies
+    beyond the listed alternatives).
     `moe_routing` (mixture-of-experts models only; None on a dense model): each MoE layer's
     choice in the forward pass that produced this token, for the position it was predicted
     from: {"layer", "experts" (descending weight), "weights", "groups"}
@@ -76,6 +79,7 @@ class Step:
     is_forced: bool = False
     moe_routing: tuple[dict[str, Any], ...] | None = None
     masked_prob: float | None = None  # the raw distribution's mass the request's grammar removed; None: no grammar
+    top_masked: tuple[Alternative, ...] = ()  # the alternatives of `top_raw` the grammar removed (raw probabilities)
     type: str = "step"
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,6 +89,7 @@ class Step:
         d["token_bytes"] = self.token_bytes.hex()
         d["top_raw"] = tuple(dict(a.__dict__) for a in self.top_raw)
         d["top_processed"] = tuple(dict(a.__dict__) for a in self.top_processed)
+        d["top_masked"] = tuple(dict(a.__dict__) for a in self.top_masked)
         if self.moe_routing is not None:
             d["moe_routing"] = tuple(_copied(choice) for choice in self.moe_routing)
         return d

@@ -123,6 +123,18 @@ class Request:
 
     # ---- each step -------------------------------------------------------------------------
 
+    def prefilled_record(self, kv_bytes: int) -> Prefilled:
+        """Its `Prefilled` record, as its first token is taken."""
+        seq, now = self.seq, time.perf_counter()
+        return Prefilled(
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            num_prefilled_tokens=seq.num_prompt_tokens - seq.num_cached_tokens,
+            prefill_ms=(now - (self.prefill_started_at or now)) * 1000,
+            kv_cache_bytes=kv_bytes,
+            queue_ms=((seq.first_scheduled_at or now) - self.arrived_at) * 1000,
+        )
+
     def row(self) -> Row:
         """This step's sampling row: the thinking budget may force its token (it is sampled all
         the same, so the random stream stays the one the same seed gives)."""
@@ -167,6 +179,7 @@ class Request:
             is_forced=is_forced,
             moe_routing=routing,
             masked_prob=sample.masked_prob,
+            top_masked=vocab.alternatives(sample.top_masked) if sample.top_masked else (),
         )
 
     def _append(self, token_id: int) -> None:
@@ -196,6 +209,31 @@ class Request:
         tail = "" if self.stopper.is_stopped else self.stopper.feed(self.detokenizer.flush()) + self.stopper.flush()
         self.text += tail
         return tail
+
+    # ---- in the batch (`inference.batch_request.BatchRequest`) ------------------------------
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [self.seq]
+
+    def sampling_rows(self) -> list[tuple[Request, Row]]:
+        """This step's rows: its own, then its forks' (they sample their first token from the
+        leader's logits row; the leader forks them once its own token is taken)."""
+        return [(self, self.row()), *((fork, fork.row()) for fork in self.forks)]
+
+    def take_logits(self, seq: Sequence, logits: torch.Tensor) -> bool:
+        return False  # its token comes from its sampled row
+
+    def kv_bytes(self, bytes_per_token: int, block_size: int) -> int:
+        """The KV it keeps: none without a KV cache (each step's is thrown away)."""
+        return self.seq.num_computed_tokens * bytes_per_token if self.params.use_kv_cache else 0
+
+    def end(self, reason: str, vocab: Vocabulary, kv_bytes: int, error: str | None = None) -> Finished:
+        """Ends it before its own end: `cancelled` (the text held back is released: no step
+        carries it, the `Finished` text does) or `error`."""
+        if reason == "cancelled":
+            self.release_tail()
+        return self.finish(reason, kv_bytes, error)
 
     # ---- the end ---------------------------------------------------------------------------
 

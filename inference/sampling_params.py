@@ -117,6 +117,16 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0.0
 
+    @staticmethod
+    def resolve_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+        """`overrides` of a preset's settings as they apply, by the one rule every client follows:
+        a `temperature` asks for sampling even under a greedy preset (as in the OpenAI API;
+        temperature 0 is still greedy), unless `greedy` is overridden too. So `greedy` is in the
+        result whenever the client chose how to decode."""
+        if "temperature" in overrides and "greedy" not in overrides:
+            return {**overrides, "greedy": False}
+        return overrides
+
     @property
     def is_beam_search(self) -> bool:
         return self.num_beams > 1

@@ -138,10 +138,11 @@ class LanguageModel(DefaultFlagModel):
         choices=[(d, d) for d in VALID_DTYPES],
         help_text=_(
             "float32/bfloat16/float16, or weight-only int8 (per channel) / int4 (groups of 32; from a GGUF: "
-            "its Q4_0/Q4_1/Q4_K blocks exactly, its other quantized types in 8 bits) with bfloat16 activations. "
+            "its Q4_0/Q4_1/Q4_K blocks exactly, its other quantized types in 8 bits) with bfloat16 activations, "
+            "or gguf (a GGUF file's every tensor in its own format, Q4_0 to Q6_K read as stored, on the CPU). "
             "Fewer bytes per weight: faster decode (it is memory-bound), at a small cost in accuracy (the benchmark "
-            "reports the KL divergence). auto: the worker's PLAYGROUND_DTYPE, which by default is bfloat16 on GPUs "
-            "and on CPUs with bfloat16 units, float32 on other CPUs."
+            "reports the KL divergence). auto: the worker's PLAYGROUND_DTYPE, which by default is gguf for a GGUF "
+            "model on a CPU, else bfloat16 on GPUs and on CPUs with bfloat16 units, float32 on other CPUs."
         ),
     )
     device = models.CharField(
@@ -327,7 +328,7 @@ class SamplingPreset(DefaultFlagModel):
     def to_sampling_params(self, **overrides: Any) -> SamplingParams:
         """The single preset -> `SamplingParams` conversion; `overrides` win (ValueError if invalid)."""
         data = {name: getattr(self, name) for name in SAMPLING_FIELDS}
-        data.update(overrides)
+        data.update(SamplingParams.resolve_overrides(overrides))
         return SamplingParams.from_dict(data)
 
     def clean(self) -> None:
@@ -467,6 +468,15 @@ class Generation(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in self.ACTIVE_STATUSES
+
+    @property
+    def opens_reasoning(self) -> bool:
+        """Whether the prompt leaves a `<think>` open (the answer begins inside it), as the prompt's
+        record says (`protocol.prompt_record`); a row saved before the record said it reads the
+        rule from its prompt text."""
+        if "opens_reasoning" in self.prompt:
+            return bool(self.prompt["opens_reasoning"])
+        return protocol.prompt_record(self.prompt_text, [], [])["opens_reasoning"]
 
     def answer_message_id(self) -> int | None:
         return self.messages.filter(role=Message.Role.ASSISTANT).values_list("id", flat=True).first()

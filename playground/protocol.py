@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
+from inference.text.reasoning import prompt_opens_reasoning
 from playground import encoded_json
 
 STEPS_JSON = "steps_json"  # a steps event's records, as JSON text, between the worker and the web process
@@ -207,9 +208,12 @@ def prompt_record(
     """`tokens` are `inference.text.tokenization.TokenInfo.to_dict()`s: {id, piece, bytes (hex), ...};
     `images` the blocks of image tokens among them (`image_block`); `dropped_reasoning`: the
     messages whose reasoning the template left out (`RenderedPrompt`); `num_dropped_messages`:
-    the oldest messages of a chat left out because it no longer fits the limits."""
+    the oldest messages of a chat left out because it no longer fits the limits; `opens_reasoning`:
+    the prompt leaves a `<think>` open, so the answer begins inside it (R1's template; the one
+    place the rule is applied, the row keeps it with the prompt)."""
     return {
         "text": text,
+        "opens_reasoning": prompt_opens_reasoning(text),
         "spans": spans,
         "tokens": tokens,
         "images": images or [],

@@ -84,8 +84,6 @@ PLAYGROUND_MAX_IMAGE_PIXELS = env_int("PLAYGROUND_MAX_IMAGE_PIXELS", 4096 * 4096
 PLAYGROUND_MAX_MESSAGE_BYTES = env_int(
     "PLAYGROUND_MAX_MESSAGE_BYTES", 512 * 1024 + PLAYGROUND_MAX_IMAGES * PLAYGROUND_MAX_IMAGE_BYTES * 4 // 3 + 4096
 )
-# KV reuse across turns and branches, per worker process (0 disables it): the radix cache of
-# the requests that run alone (beam search, other architectures).
 # Continuous batching, per worker process: how many generations share its engine's steps (also
 # the Celery thread pool's size), and the paged KV pool they share (its full blocks are the
 # prefix cache of the batched requests).
@@ -292,7 +290,7 @@ STORAGES = {
 # collectstatic never ran (scripts/run.py started without `make run`, the tests), rather than 404s.
 WHITENOISE_USE_FINDERS = WHITENOISE_AUTOREFRESH = DEBUG or not STATIC_ROOT.is_dir()
 
-CSRF_FAILURE_VIEW = "playground.web.api.csrf_failure"
+CSRF_FAILURE_VIEW = "playground.web.endpoints.csrf_failure"
 # Every response (see playground/web/middleware.py): nothing inline, nothing from elsewhere;
 # images from this origin or data: URLs only (model output never loads one: markdown.js).
 PLAYGROUND_CSP = os.environ.get(

@@ -108,14 +108,14 @@ def _forget_logged_queries(**kwargs: Any) -> None:
 @shared_task(bind=True, name=task_names.RUN_TEST_LOAD)
 def run_test_load(self: Any, model_id: int) -> None:
     """The admin's "test load": loads the model on a worker and stores the report on its record."""
-    from playground.worker import test_load
+    from playground.worker import load_report
 
-    test_load.run_test_load(model_id, worker=_worker_name(self))
+    load_report.run_test_load(model_id, worker=_worker_name(self))
 
 
 @shared_task(name=task_names.INSPECT_GENERATION)
 def inspect_generation(generation_id: int, request: dict[str, Any], reply_channel: str) -> None:
     """An inspection of a finished generation (docs/inside.md); the answer goes to `reply_channel`."""
-    from playground.worker import inspect
+    from playground.worker import inspections
 
-    inspect.run_inspection(generation_id, request, reply_channel)
+    inspections.run_inspection(generation_id, request, reply_channel)

@@ -1,5 +1,7 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import path
+from django.views.generic import RedirectView
 from django.views.i18n import JavaScriptCatalog
 
 from playground.web import api, architecture, export, inspect_api, language, metrics, pages
@@ -17,6 +19,8 @@ urlpatterns = [
     # it with <script src>, so the strict CSP (no inline script) holds.
     path("jsi18n/", JavaScriptCatalog.as_view(packages=["playground"]), name="javascript-catalog"),
     path("metrics", metrics.metrics, name="metrics"),
+    # Browsers ask for /favicon.ico where a page names no icon (the admin's did not: a 404 on each).
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.ico")), name="favicon"),
     path("admin/", admin.site.urls),
     path("api/models/", api.model_list, name="api-models"),
     path("api/presets/", api.preset_list, name="api-presets"),

@@ -10,7 +10,9 @@ time to first token), `pd` (colocated vs disaggregated prefill/decode), `determi
 request cold, warm, batched and chunked: identical tokens and logprobs, and what that costs),
 `quality` (every bundled model x precision x preset answering English and Chinese questions,
 judged, with its speed), `structured` (a JSON Schema's cost per token, compile time and valid
-rate on the default model). The last line printed is `key=value` pairs.
+rate on the default model), `fuzz` (a differential fuzz of the served path: random mixes of
+requests and inspections on one engine, each compared bitwise with itself alone and cold).
+The last line printed is `key=value` pairs.
 Ratios, not absolute numbers, are the point: both sides run in the same process,
 interleaved, best of N, so machine noise hits both.
 """
@@ -34,6 +36,7 @@ MODES = (
     "quality",
     "overload",
     "structured",
+    "fuzz",
 )
 
 

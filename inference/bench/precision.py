@@ -1,7 +1,7 @@
 """Every weight precision side by side, and llama.cpp when it is installed:
 `python -m inference.bench [precision] [--quick]`.
 
-For each precision (float32, bfloat16, int8, int4 on a CPU): decode tok/s with the top-20
+For each precision (float32, bfloat16, int8, int4, and gguf for a GGUF model, on a CPU): decode tok/s with the top-20
 distribution reported every step, prefill tok/s, weight bytes read per decode token, the fraction
 of the memory-bandwidth bound that is, and the quality cost: KL divergence of the next-token
 distribution against float32 and greedy agreement, teacher-forced over fixed prompts. With
@@ -12,7 +12,11 @@ ids and threads, with and without a top-20 distribution computed per token, inte
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -23,7 +27,7 @@ from inference.config import EngineConfig
 from inference.engine import Engine
 from inference.introspect.device_limits import read_bandwidth
 from inference.models.loader import ModelLoadError, gguf_source
-from inference.models.precision import decode_read_bytes
+from inference.models.precision import decode_read_bytes, resolve_precision
 from inference.sampling_params import SamplingParams
 
 QUALITY_PROMPTS = (
@@ -83,14 +87,46 @@ def quality(cases: list[QualityCase], engine: Engine) -> tuple[float, float]:
     return float(torch.cat(kls).mean()), float(torch.cat(agree).float().mean())
 
 
-def default_precisions(device: str) -> list[str]:
-    return ["bfloat16", "int8"] if device.startswith("cuda") else ["float32", "bfloat16", "int8", "int4"]
+def default_precisions(device: str, has_gguf: bool) -> list[str]:
+    if device.startswith("cuda"):
+        return ["bfloat16", "int8"]
+    return ["float32", "bfloat16", "int8", "int4"] + (["gguf"] if has_gguf else [])
+
+
+# Loads the model as a user's worker does (`auto`), in a fresh process: its time and peak memory.
+_LOAD_PROBE = """
+import json, resource, sys, time
+import torch, transformers  # noqa: F401 (what every worker imports before a load)
+from inference.config import EngineConfig
+from inference.models.loader import load_model
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+loaded = load_model(EngineConfig(source=sys.argv[1], dtype="auto", device=sys.argv[2]))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"load_s": time.perf_counter() - start, "precision": loaded.precision,
+                  "peak_rss_mb": peak / 1024, "base_rss_mb": base / 1024}))
+"""
+
+
+def measure_default_load(model: str, device: str) -> dict:
+    """{load_s, precision, peak_rss_mb, base_rss_mb} of `auto`'s load in a process of its own."""
+    result = subprocess.run(
+        [sys.executable, "-c", _LOAD_PROBE, model, device], capture_output=True, text=True, timeout=900
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"loading {model} failed: {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main_precision(args: argparse.Namespace) -> dict:
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     device = "cpu" if device == "auto" else device
-    precisions = args.precision.split(",") if args.precision else default_precisions(device)
+    gguf = gguf_source(EngineConfig(source=args.model))
+    precisions = args.precision.split(",") if args.precision else default_precisions(device, gguf is not None)
+    default = resolve_precision("auto", torch.device(device), gguf)
+    if default not in precisions:
+        precisions.append(default)
+    load = measure_default_load(args.model, device)
     num_tokens, repeats = (32, 2) if args.quick else (128, 3)
     bandwidth = read_bandwidth(512 << 20 if device == "cpu" else 1 << 30, device=device)
     engines = {}
@@ -105,7 +141,6 @@ def main_precision(args: argparse.Namespace) -> dict:
     long_ids = (first.prompts.encode("The lighthouse stood on the rocks above the harbour. ") * args.prompt_len)[
         : args.prompt_len
     ]
-    gguf = gguf_source(EngineConfig(source=args.model))
     llama = LlamaCppBench.open(gguf, torch.get_num_threads()) if device == "cpu" else None
     print(f"model={first.loaded.name}  device={device}  threads={torch.get_num_threads()}")
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s")
@@ -125,9 +160,30 @@ def main_precision(args: argparse.Namespace) -> dict:
             cpp["decode_top20"].append(llama.decode_tok_s(chat_ids, num_tokens, top_k=20))
             cpp["prefill"].append(llama.prefill_tok_s(long_ids))
     results = table(engines, reference, rows, bandwidth, quality_cases(reference, args.quality_tokens))
+    results.update(default_results(results, default, load, gguf))
     if llama is not None:
-        results.update(compare_llamacpp(results, cpp))
+        results.update(compare_llamacpp(results, cpp, default))
     return results
+
+
+def default_results(results: dict, default: str, load: dict, gguf: Path | None) -> dict:
+    """What a user gets (`auto`): its precision's figures, and its load in a fresh process."""
+    out = {
+        "default_precision": default,
+        "decode_tok_s_default": results[f"decode_tok_s_{default}"],
+        "prefill_tok_s_default": results[f"prefill_tok_s_{default}"],
+        "kl_default": results[f"kl_{default}"],
+        "load_s_default": load["load_s"],
+        "load_peak_rss_mb_default": load["peak_rss_mb"],
+    }
+    if gguf is not None:
+        file_mb = gguf.stat().st_size / 2**20
+        out["load_rss_over_file_default"] = load["peak_rss_mb"] / file_mb
+    print(
+        f"default (auto) = {default}: loaded in {load['load_s']:.1f} s, peak RSS {load['peak_rss_mb']:.0f} MB "
+        f"(torch and transformers alone: {load['base_rss_mb']:.0f} MB)"
+    )
+    return out
 
 
 def table(engines: dict, reference: Engine, rows: dict, bandwidth: float, cases: list[QualityCase]) -> dict:
@@ -168,7 +224,7 @@ def _served_as(report) -> str:
     return ", ".join(parts)
 
 
-def compare_llamacpp(results: dict, cpp: dict[str, list[float]]) -> dict:
+def compare_llamacpp(results: dict, cpp: dict[str, list[float]], default: str) -> dict:
     decode, decode_top20, prefill = max(cpp["decode"]), max(cpp["decode_top20"]), max(cpp["prefill"])
     print(
         f"llama.cpp (same GGUF, same prompt ids): decode {decode:.1f} tok/s, with a top-20 distribution "
@@ -181,10 +237,16 @@ def compare_llamacpp(results: dict, cpp: dict[str, list[float]]) -> dict:
         "decode_vs_llamacpp": results["decode_tok_s_best"] / decode,
         "decode_vs_llamacpp_top20": results["decode_tok_s_best"] / decode_top20,
         "prefill_vs_llamacpp": results["prefill_tok_s_best"] / prefill,
+        "decode_vs_llamacpp_default": results[f"decode_tok_s_{default}"] / decode,
+        "prefill_vs_llamacpp_default": results[f"prefill_tok_s_{default}"] / prefill,
     }
     print(
         f"ours ({results['best_precision']}, top-20 on) vs llama.cpp: decode {out['decode_vs_llamacpp']:.2f}x "
         f"(its top-20 off), {out['decode_vs_llamacpp_top20']:.2f}x (on); prefill {out['prefill_vs_llamacpp']:.2f}x"
+    )
+    print(
+        f"default ({default}) vs llama.cpp: decode {out['decode_vs_llamacpp_default']:.2f}x (its top-20 off), "
+        f"prefill {out['prefill_vs_llamacpp_default']:.2f}x"
     )
     return out
 

@@ -35,6 +35,7 @@ from inference.bundled_models import BUNDLED_MODELS, bundled_model
 from inference.config import EngineConfig
 from inference.engine import Engine
 from inference.events import Finished
+from inference.models.loader import gguf_source
 from inference.models.precision import resolve_precision
 from inference.sampling_params import SamplingParams
 
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.preset or []:
         if name not in known_presets:
             raise ValueError(f"--preset={name!r} is not a shipped preset ({', '.join(known_presets)})")
-    precisions = args.precision.split(",") if args.precision else ["float32", "bfloat16", "int8", "int4"]
+    precisions = args.precision.split(",") if args.precision else ["float32", "bfloat16", "int8", "int4", "gguf"]
     questions = pick_questions(args.quick)
     num_en = sum(q.language == "en" for q in questions)
     print(
@@ -291,7 +292,7 @@ def summary(rows: list[dict]) -> dict:
     """The default's numbers (as `make run` starts: its model, precision resolved on this machine,
     preset), and the best cell per language."""
     source, dtype, preset = default_choice()
-    precision = resolve_precision(dtype, torch.device("cpu"))
+    precision = resolve_precision(dtype, torch.device("cpu"), gguf_source(EngineConfig(source=source)))
     default = next((r for r in rows if (r["source"], r["precision"], r["preset"]) == (source, precision, preset)), None)
     results: dict = {}
     if default is not None:

@@ -39,7 +39,10 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU order
         self.hash_to_block: dict[int, int] = {}
-        self.num_hashed: dict[int, int] = {}  # seq_id -> how many of its leading blocks are hashed
+        # seq_id -> (how many of its leading blocks are hashed, the chain hash of the last of them).
+        # The chain is kept here, not read back from the last block: a block that duplicates one
+        # already cached stays unhashed, and a chain resumed from it began again from no parent.
+        self.hashed: dict[int, tuple[int, int | None]] = {}
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
         self.num_hits = 0  # admissions that reused at least one cached block
@@ -110,9 +113,21 @@ class BlockManager:
         return hits
 
     def can_allocate(self, seq: Sequence) -> bool:
-        hits = self._prefix_hits(seq) if seq.uses_prefix_cache and not seq.num_imported_tokens else []
-        num_hits_in_use = sum(1 for i in hits if self.blocks[i].ref_count > 0)
-        return seq.num_blocks_needed(self.block_size) - num_hits_in_use <= self.num_free_blocks
+        return self.can_allocate_together([seq])
+
+    def can_allocate_together(self, seqs: list[Sequence]) -> bool:
+        """Whether all of `seqs` fit at once, a cached block several of them reuse counted once
+        (a preempted beam search's beams share their prompt's: counted once per beam, three
+        beams of a long prompt could never come back into a small pool). Allocating them one
+        after another takes exactly this many free blocks: a block one of them evicts is counted
+        as another's hit here and as the evictor's fresh block there, never both."""
+        cached: set[int] = set()  # free blocks taken back as hits
+        num_fresh = 0
+        for seq in seqs:
+            hits = self._prefix_hits(seq) if seq.uses_prefix_cache and not seq.num_imported_tokens else []
+            cached.update(i for i in hits if self.blocks[i].ref_count == 0)
+            num_fresh += seq.num_blocks_needed(self.block_size) - len(hits)
+        return num_fresh + len(cached) <= self.num_free_blocks
 
     def allocate(self, seq: Sequence) -> None:
         """Blocks for all of the sequence's tokens; a cached prefix is shared, not recomputed."""
@@ -130,7 +145,7 @@ class BlockManager:
         self._grow(seq, seq.num_blocks_needed(self.block_size))
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_computed_tokens = max(seq.num_computed_tokens, seq.num_imported_tokens)
-        self.num_hashed[seq.seq_id] = len(hits)
+        self.hashed[seq.seq_id] = (len(hits), self.blocks[hits[-1]].hash if hits else None)
         if seq.num_imported_tokens:
             return  # not a prefix-cache lookup
         self.num_queried_tokens += seq.num_tokens
@@ -180,7 +195,7 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
-        self.num_hashed[child.seq_id] = self.num_hashed.get(parent.seq_id, 0)
+        self.hashed[child.seq_id] = self.hashed.get(parent.seq_id, (0, None))
 
     def _grow(self, seq: Sequence, num_blocks: int) -> None:
         while len(seq.block_table) < num_blocks:
@@ -201,8 +216,7 @@ class BlockManager:
         """After a step: hash the blocks that are now full and computed, so later requests may share them."""
         if not seq.uses_prefix_cache:
             return
-        done = self.num_hashed.get(seq.seq_id, 0)
-        parent = self.blocks[seq.block_table[done - 1]].hash if done else None
+        done, parent = self.hashed.get(seq.seq_id, (0, None))
         while (done + 1) * self.block_size <= seq.num_computed_tokens:
             block = self.blocks[seq.block_table[done]]
             tokens = seq.key_ids(done * self.block_size, (done + 1) * self.block_size)
@@ -211,7 +225,7 @@ class BlockManager:
                 block.hash, block.token_ids = h, tokens
                 self.hash_to_block[h] = block.block_id
             parent, done = h, done + 1
-        self.num_hashed[seq.seq_id] = done
+        self.hashed[seq.seq_id] = (done, parent)
 
     # ---- release -------------------------------------------------------------------------
 
@@ -227,4 +241,4 @@ class BlockManager:
                 self.num_cached_free_blocks += block.hash is not None
         seq.block_table = []
         seq.num_computed_tokens = 0
-        self.num_hashed.pop(seq.seq_id, None)
+        self.hashed.pop(seq.seq_id, None)

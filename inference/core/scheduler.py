@@ -129,6 +129,18 @@ class Scheduler:
                 self._admit(seq, out, self._budget(out))
         return out
 
+    def stuck(self) -> list[Sequence]:
+        """The head of the queue's group when it can never start: nothing runs, every block is
+        free, and it still is not admitted (a preempted beam search whose beams each recompute
+        their own copy of the prompt, more blocks than the pool; more places than `max_num_seqs`).
+        Admission is in arrival order, so it would hold everyone behind it for ever: the caller
+        ends it. [] otherwise."""
+        bm = self.block_manager
+        if self.running or not self.waiting or bm.num_free_blocks < bm.num_blocks:
+            return []
+        head = self.waiting[0]
+        return [] if self._admissible(head) else _waiting_members(head)
+
     def _budget(self, out: SchedulerOutput) -> int:
         """Tokens left this step (a preempted chunk gives its share back)."""
         return self.step_budget - out.num_batched_tokens
@@ -198,10 +210,7 @@ class Scheduler:
         members = _waiting_members(head)
         if not self._fits_slots(members):
             return []
-        needed = sum(m.num_blocks_needed(self.block_manager.block_size) for m in members)
-        if len(members) > 1 and needed > self.block_manager.num_free_blocks:
-            return []
-        return members if all(self.block_manager.can_allocate(m) for m in members) else []
+        return members if self.block_manager.can_allocate_together(members) else []
 
     def _admit(self, seq: Sequence, out: SchedulerOutput, limit: int) -> None:
         self.waiting.remove(seq)
@@ -219,9 +228,13 @@ class Scheduler:
         while not self.block_manager.can_append(seq, num_tokens):
             victims = [m for m in self.running[-1].members() if m.status == SequenceStatus.RUNNING]
             for victim in victims:
-                self._preempt(victim)
+                # A handoff admitted in this step has not had its KV loaded yet: it keeps it to load
+                # when it comes back (else the step loaded it into no blocks, and its first token,
+                # which only the load emits, was lost).
+                self._preempt(victim, is_loaded=victim not in out.imported)
             out.preempted += victims
             out.chunks = [c for c in out.chunks if c.seq not in victims]
+            out.imported = [other for other in out.imported if other not in victims]
             if seq in victims:
                 return False
         self.block_manager.append_slots(seq, num_tokens)
@@ -240,12 +253,13 @@ class Scheduler:
         """Drops the sequence's KV (no-KV-cache mode): its next step computes every token again."""
         self.block_manager.deallocate(seq)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: Sequence, is_loaded: bool = True) -> None:
         self.running.remove(seq)
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
-        seq.num_imported_tokens = 0  # its handed-over KV is gone with its blocks: recompute it
+        if is_loaded:
+            seq.num_imported_tokens = 0  # its handed-over KV is gone with its blocks: recompute it
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 

@@ -84,6 +84,10 @@ class InspectionPasses:
         if num_blocks > self.block_manager.num_free_blocks:
             raise ValueError("the KV pool has no room for this replay now: try again when the batch is smaller")
         self.block_manager.allocate(seq)
+        # The `num_more` tokens' blocks are taken now, not when they are written: `pace()` steps
+        # the batch between chunks, and its requests would take the free blocks checked above
+        # (teacher forcing then found the free list empty half-way, a KeyError).
+        self.block_manager.append_slots(seq, seq.num_tokens + num_more)
         try:
             yield seq
         finally:

@@ -31,9 +31,19 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = tuple(
-    HERE / name for name in ("cpu_kernels.c", "matmul.c", "matmul_amx.c", "matmul_avx512bf16.c", "threads.c")
+    HERE / name
+    for name in (
+        "cpu_kernels.c",
+        "matmul.c",
+        "matmul_amx.c",
+        "matmul_avx512bf16.c",
+        "matmul_blocks.c",
+        "matmul_blocks_amx.c",
+        "threads.c",
+    )
 )
-HEADERS = (HERE / "simd.h", HERE / "threads.h")
+BLOCK_SOURCES = tuple(HERE / name for name in ("matmul_blocks.c", "matmul_blocks_amx.c", "threads.c"))
+HEADERS = (HERE / "simd.h", HERE / "threads.h", HERE / "blocks.h")
 # -O3 and the host's vector units. No -fassociative-math and no implicit fused multiply-adds
 # (-ffp-contract=off): every float sum is added in the order the source writes (simd.h), the
 # same for every row whatever shares its call: that is the forward pass's batch invariance.
@@ -53,12 +63,20 @@ SIGNATURES = {
     "pg_count_greater": (_P, _I, _F),
     "pg_read_outs": (_P, _P, _I, _I, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _C),
     "pg_argmax": (_P, _I, _I, _P, _C),
+    "pg_matmul_blocks": (_P, _C, _I, _I, _C, _P, _I, _P, _C, _P, _I, _C, _C),
+    "pg_dequantize_blocks": (_C, _P, _I, _I, _P),
+    "pg_block_row_bytes": (_C, _I),
+    "pg_blocks_amx": (_C,),
 }
 RESTYPES = {
     "pg_entropy": ctypes.c_float,
     "pg_count_greater": ctypes.c_int64,
     "pg_amx": ctypes.c_int,
     "pg_avx512bf16": ctypes.c_int,
+    "pg_matmul_blocks": ctypes.c_int,
+    "pg_dequantize_blocks": ctypes.c_int,
+    "pg_block_row_bytes": ctypes.c_int64,
+    "pg_blocks_amx": ctypes.c_int,
 }
 
 
@@ -79,13 +97,16 @@ def cpu_flags() -> str:
     return next((line for line in lines if line.startswith(("flags", "Features"))), "")
 
 
-def build(sources: tuple[Path, ...] = SOURCES, out_dir: Path | None = None) -> Path:
-    """Compile `sources` into one shared library (once per sources, flags and compiler); return its path."""
+def build(sources: tuple[Path, ...] = SOURCES, out_dir: Path | None = None, march: str = "native") -> Path:
+    """Compile `sources` into one shared library (once per sources, flags and compiler); return its
+    path. `march` other than native builds another CPU's paths here (tests: the AVX2 path on an
+    AVX-512 machine, the plain C one anywhere)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
     # -march=native: the library is for this CPU, so its flags are part of the key too.
-    key_text = " ".join((compiler, *CFLAGS, *LDFLAGS, platform.machine(), cpu_flags()))
+    cflags = tuple(f"-march={march}" if flag == "-march=native" else flag for flag in CFLAGS)
+    key_text = " ".join((compiler, *cflags, *LDFLAGS, platform.machine(), cpu_flags()))
     text = b"".join(path.read_bytes() for path in (*sources, *HEADERS))
     key = hashlib.sha256(text + key_text.encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
@@ -95,8 +116,8 @@ def build(sources: tuple[Path, ...] = SOURCES, out_dir: Path | None = None) -> P
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         built = Path(tmp) / target.name
-        cmd = [compiler, *CFLAGS, "-shared", "-fPIC", "-o", str(built), *map(str, sources), *LDFLAGS]
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        cmd = [compiler, *cflags, "-shared", "-fPIC", "-o", str(built), *map(str, sources), *LDFLAGS]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()[-2000:]}")
         os.replace(built, target)  # atomic: a racing process sees the whole library or none
@@ -270,6 +291,57 @@ class CpuKernels:
             _is_bf16(out),
             torch.get_num_threads(),
         )
+        return out
+
+    def matmul_blocks(
+        self,
+        x: torch.Tensor,
+        type_id: int,
+        blocks: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (M, K) @ w (N, K)^T (+ bias (N,)) where `blocks` (N, row bytes) uint8 holds each row of
+        w in the GGML block format `type_id` (Q4_0 ... Q6_K: `matmul_blocks.c`) -> out (M, N) in
+        x's dtype, or written into `out` (M, >= N, a column slice of a wider output allowed: its
+        row stride is kept)."""
+        x = x.contiguous()
+        rows, inner = x.shape
+        if out is None:
+            out = torch.empty(rows, blocks.shape[0], dtype=x.dtype)
+        status = self.lib.pg_matmul_blocks(
+            x.data_ptr(),
+            _is_bf16(x),
+            rows,
+            inner,
+            type_id,
+            blocks.data_ptr(),
+            blocks.shape[0],
+            _ptr(bias),
+            0 if bias is None else _is_bf16(bias),
+            out.data_ptr(),
+            out.stride(0),
+            _is_bf16(out),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise ValueError(f"GGML type {type_id} with K={inner} is not a block format the kernels read")
+        return out
+
+    def blocks_amx(self, on: bool | None = None) -> bool:
+        """Whether block products of 16 rows and more run on AMX-INT8 tiles here (the same numbers as
+        the vector path: `on` switches them for this process, for tests and benchmarks)."""
+        return bool(self.lib.pg_blocks_amx(-1 if on is None else int(on)))
+
+    def block_row_bytes(self, type_id: int, inner: int) -> int:
+        """Bytes of one row of `inner` weights in GGML block format `type_id`; -1 if not readable."""
+        return self.lib.pg_block_row_bytes(type_id, inner)
+
+    def dequantize_blocks(self, type_id: int, blocks: torch.Tensor, inner: int) -> torch.Tensor:
+        """(N, inner) float32: the exact values of `blocks` (N, row bytes) in format `type_id`."""
+        out = torch.empty(blocks.shape[0], inner)
+        if self.lib.pg_dequantize_blocks(type_id, blocks.data_ptr(), blocks.shape[0], inner, out.data_ptr()) != 0:
+            raise ValueError(f"GGML type {type_id} with K={inner} is not a block format the kernels read")
         return out
 
     def amx(self, on: bool | None = None) -> bool:

@@ -288,8 +288,8 @@ def _handoff(request: Any, layers: list[tuple[torch.Tensor, torch.Tensor]], rng_
     try:
         step = dict(request["first_step"])
         step["token_bytes"] = bytes.fromhex(step["token_bytes"])
-        for key in ("top_raw", "top_processed"):
-            step[key] = tuple(Alternative(**alternative) for alternative in step[key])
+        for key in ("top_raw", "top_processed", "top_masked"):
+            step[key] = tuple(Alternative(**alternative) for alternative in step.get(key, ()))
         return Handoff(
             prompt_ids=[int(i) for i in request["prompt_ids"]],
             params=SamplingParams.from_dict(request["params"]),

@@ -21,6 +21,7 @@ Must not know: the engine, requests, where converted folders live.
 from __future__ import annotations
 
 import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from inference.gguf_file import TensorInfo, read_header
-from inference.models.quant import Int4Weight
+from inference.models.quant import BLOCK_TYPES, BlockWeight, Int4Weight
 
 Q4_0, Q4_1, Q4_K = 2, 3, 12  # GGML type ids
 _BLOCK_BYTES = {Q4_0: 18, Q4_1: 20}
@@ -39,17 +40,21 @@ QK_K, Q4_K_BYTES = 256, 144  # a Q4_K super-block: 2 + 2 (d, dmin) + 12 (6-bit s
 
 @dataclass(frozen=True)
 class FileWeight:
-    """One 2-D weight of the file: its GGML type ("Q4_K", "Q6_K", "F16", ...) and, for the 4-bit
-    types above, the file's own blocks as an `Int4Weight` (None for every other type)."""
+    """One 2-D weight of the file: its GGML type ("Q4_K", "Q6_K", "F16", ...) and, when asked for,
+    the file's own blocks: as an `Int4Weight` for the 4-bit types above, as a `BlockWeight` (its
+    bytes, rows in transformers' order) for every type `quant.BLOCK_TYPES` names."""
 
     type_name: str
     int4: Int4Weight | None = None
+    blocks: BlockWeight | None = None
 
 
-def file_weights(gguf_path: Path, model: Any, dtype: torch.dtype, read_int4: bool = True) -> dict[str, FileWeight]:
+def file_weights(
+    gguf_path: Path, model: Any, dtype: torch.dtype, read_int4: bool = True, read_blocks: bool = False
+) -> dict[str, FileWeight]:
     """{transformers parameter name (e.g. 'model.layers.0.self_attn.q_proj.weight'): what the
     file holds for it} for every 2-D tensor of the file; Q4_0/Q4_1/Q4_K tensors come with their
-    blocks as an Int4Weight when `read_int4`."""
+    blocks as an Int4Weight when `read_int4`, every block type as a BlockWeight when `read_blocks`."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     header = read_header(gguf_path)
@@ -60,12 +65,14 @@ def file_weights(gguf_path: Path, model: Any, dtype: torch.dtype, read_int4: boo
         for tensor in header.tensors:
             if tensor.name not in name_map or len(tensor.shape) != 2:
                 continue
-            weight = None
+            weight = blocks = None
             if read_int4 and tensor.type_id in NATIVE_TYPES:
                 codes, scale, zero = read_q4_blocks(data, tensor)
                 order = _row_order(processor, tensor)
                 weight = Int4Weight.from_blocks(codes[order], scale[order].to(dtype), zero[order].to(dtype), 32)
-            found[name_map[tensor.name]] = FileWeight(tensor.type_name, weight)
+            if read_blocks and tensor.type_id in BLOCK_TYPES:
+                blocks = read_block_rows(file, tensor, _row_order(processor, tensor))
+            found[name_map[tensor.name]] = FileWeight(tensor.type_name, weight, blocks)
     return found
 
 
@@ -133,6 +140,19 @@ def read_q4_k_blocks(data: Any, tensor: TensorInfo) -> tuple[torch.Tensor, torch
     codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(n, k)  # (N, K)
     scale, zero = scale.reshape(n, -1), (8 * scale - minimum).reshape(n, -1)  # (N, K / 32)
     return torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(scale), torch.from_numpy(zero)
+
+
+def read_block_rows(file: Any, tensor: TensorInfo, order: torch.Tensor) -> BlockWeight:
+    """The tensor's bytes, row n of the result being transformers' row n (file row order[n]). Read,
+    not mapped: a mapped file's pages would count in the process's memory besides the copy."""
+    n, k = tensor.shape
+    data = bytearray(tensor.nbytes)
+    if os.preadv(file.fileno(), [data], tensor.offset) != tensor.nbytes:
+        raise ValueError(f"{tensor.name}: the file ends before its {tensor.nbytes} bytes")
+    rows = np.frombuffer(data, dtype=np.uint8).reshape(n, -1)  # (N, row bytes)
+    if not torch.equal(order, torch.arange(n)):
+        rows = rows[order.numpy()]
+    return BlockWeight(torch.from_numpy(rows), tensor.type_id, k)
 
 
 def _row_order(processor: Any, tensor: TensorInfo) -> torch.Tensor:

@@ -51,19 +51,28 @@ def fill_from_gguf(
     device: torch.device,
     on_tensor: TensorProgress | None = None,
     on_module: ModuleReady | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> None:
     """Fills `empty_model`'s parameters from `gguf_path` piece by piece, then ties the tied ones;
     `on_module` may replace a module as soon as it is complete (a quantized layer: its float32
-    weights are then freed before the next layer's are read). Eval mode, on `device`."""
+    weights are then freed before the next layer's are read). The weights in `skip` are left
+    empty (the caller serves them from the file's blocks). Eval mode, on `device`."""
     filling = _Filling(model, device, on_module)
-    for piece in GgufTensors(read_header(gguf_path), model).pieces(_trimming(on_tensor)):
+    for piece in GgufTensors(read_header(gguf_path), model).pieces(_trimming(on_tensor), skip):
         filling.add(piece, gguf_path)
         del piece  # its float32 values: one band, gone before the next is read
     model.tie_weights()
-    empty = [name for name, param in model.named_parameters() if param.device.type == "meta"]
+    empty = [name for name, param in model.named_parameters() if param.device.type == "meta" and name not in skip]
     if empty:
         raise GgufError(f"{gguf_path}: no tensor in the file for {', '.join(empty[:5])}")
-    model.to(device).eval()  # the buffers (the parameters are there already)
+    if not skip:
+        model.to(device).eval()  # the buffers (the parameters are there already)
+    else:  # the skipped weights are still on the meta device: only the buffers move
+        for module in model.modules():
+            for key, buffer in module._buffers.items():
+                if buffer is not None and buffer.device != device:
+                    module._buffers[key] = buffer.to(device)
+        model.eval()
 
 
 class _Filling:

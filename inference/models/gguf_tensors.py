@@ -57,12 +57,15 @@ class GgufTensors:
         self.shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
         self._last_reader = _last_readers(header.tensors, self.names)
 
-    def pieces(self, on_tensor: TensorProgress | None = None) -> Iterator[Piece]:
-        """Every piece of every parameter the file holds, in the file's order."""
+    def pieces(self, on_tensor: TensorProgress | None = None, skip: frozenset[str] = frozenset()) -> Iterator[Piece]:
+        """Every piece of every parameter the file holds, in the file's order, except the weights
+        named in `skip` (served from the file's own blocks: never dequantized)."""
         sink: dict[str, Any] = {"tensors": {}}  # where processors put what they merge or split
         plan = []  # (index in the file, tensor, its row order or None to read it whole)
         for index, tensor in enumerate(self.header.tensors):
             order = self._row_order(tensor)
+            if order is not None and self.names.get(tensor.name) in skip:
+                continue
             if order is None or tensor.name in self.names:  # else: rows that no parameter reads
                 plan.append((index, tensor, order))
         with open(self.header.path, "rb", buffering=0) as file:

@@ -63,7 +63,7 @@ class LoadedModel:
     chat_template: str | None  # the model's own; None when it ships without one
     max_context: int  # min(EngineConfig.max_context, the model's position limit)
     eos_token_ids: tuple[int, ...]
-    precision: str = ""  # the resolved weight precision: float32, bfloat16, float16, int8 or int4
+    precision: str = ""  # the resolved weight precision: float32, bfloat16, float16, int8, int4 or gguf
     quantization: QuantizationReport | None = None  # int8 / int4: what was quantized, from where
     image_processor: Any = None  # vision-language models: the checkpoint's image processor
 
@@ -78,9 +78,13 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     device = resolve_device(config.device)
-    precision = resolve_precision(config.dtype, device)
-    dtype = activation_dtype(precision, device)
     folder, source_name = resolve_source(config, progress)
+    gguf_path = gguf_source(config)
+    try:
+        precision = resolve_precision(config.dtype, device, gguf_path)
+    except ValueError as error:
+        raise ModelLoadError(f"cannot serve {config.source}: {error}") from error
+    dtype = activation_dtype(precision, device)
     name = config.name or source_name
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
@@ -90,7 +94,6 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         except SourceError as error:
             raise ModelLoadError(str(error)) from error
     tokenizer = _load_tokenizer(folder, config.trust_remote_code, progress)
-    gguf_path = gguf_source(config)
     if gguf_path is not None:  # the file's own tensors, one at a time (not the folder's float32 copy)
         model, quantization = _load_gguf_weights(gguf_path, folder, precision, device, config, progress)
     else:
@@ -309,7 +312,8 @@ def _load_gguf_weights(
             raise ModelLoadError(f"cannot serve {config.source} in {precision}: {error}") from error
     try:
         on_module = quantizer.module_ready if quantizer is not None else None
-        fill_from_gguf(model, gguf_path, device, tensor_progress(progress), on_module)
+        skip = quantizer.served_from_file() if quantizer is not None else frozenset()
+        fill_from_gguf(model, gguf_path, device, tensor_progress(progress), on_module, skip)
         if (folder / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
     except Exception as error:

@@ -1,7 +1,7 @@
 """Weight precision: which one a model is served in, and putting it into effect.
 
-Owns: the precision names (`auto`, `float32`, `bfloat16`, `float16`, `int8`, `int4`), what `auto`
-means on this machine, the activation dtype each implies, and replacing a loaded transformers
+Owns: the precision names (`auto`, `float32`, `bfloat16`, `float16`, `int8`, `int4`, `gguf`), what
+`auto` means on this machine and model, the activation dtype each implies, and replacing a loaded transformers
 model's linear layers by `QuantizedLinear`s for int8 / int4, with the report of what each layer
 became. The embedding table and the norms stay in the activation dtype: a token reads one
 embedding row, not the table; an output layer tied to that table stays that one tensor (no
@@ -13,6 +13,11 @@ Q4_0 / Q4_1 / Q4_K blocks exactly (the file's own codes and scales), every other
 the file's exact values (no int4 kernel reads them exactly), float tensors in the activation
 dtype. Without a file, int4 quantizes the float weights (min/max per group of 32) and the output
 layer gets 8 bits, as Q4 GGUF files keep it at 6-8.
+
+gguf serves every tensor of a GGUF file in the file's own format (Q4_0 ... Q6_K as `BlockWeight`s:
+integer dot products on the file's bytes, the output layer included, as llama.cpp does), float
+tensors in the activation dtype, and is what `auto` picks for a GGUF model on a CPU whose kernels
+are built: it reads the fewest bytes per token with no weight re-quantized.
 Must not know: requests, the engine, Django.
 """
 
@@ -27,9 +32,10 @@ from typing import Any
 import torch
 
 from inference.config import VALID_DTYPES as PRECISIONS
-from inference.models.quant import INT4_GROUP_SIZE, Int8Weight, QuantizedLinear, quantize
+from inference.models.quant import BLOCK_TYPES, INT4_GROUP_SIZE, Int8Weight, QuantizedLinear, quantize
 
-QUANTIZED_BITS = {"int8": 8, "int4": 4}
+# gguf: 8 is for a file's quantized types the block kernels do not read (IQ*, Q2_K, ...)
+QUANTIZED_BITS = {"int8": 8, "int4": 4, "gguf": 8}
 # The output layer stays at 8 bits under int4 too (as Q4 GGUF files keep it at 6-8): its errors
 # land directly in the next-token distribution.
 HEAD_BITS = 8
@@ -49,23 +55,45 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """`auto` -> bfloat16 on CUDA (float16 without bf16 support) and on CPUs with bf16 units,
-    float32 on other CPUs. Any other name is returned as it is (after checking it)."""
+def resolve_precision(precision: str, device: torch.device, gguf_path: Path | None = None) -> str:
+    """`auto` -> gguf for a GGUF model on a CPU where the block kernels are built; else bfloat16 on
+    CUDA (float16 without bf16 support) and on CPUs with bf16 units, float32 on other CPUs. Any
+    other name is returned as it is (after checking it: gguf needs a GGUF file and a CPU)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is not one of {PRECISIONS}")
+    if precision == "gguf" and (gguf_path is None or device.type != "cpu"):
+        where = "a model from a GGUF file" if gguf_path is None else "the CPU"
+        raise ValueError(f"precision='gguf' (the file's own blocks) needs {where}")
     if precision != "auto":
         return precision
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if gguf_path is not None and serves_blocks(gguf_path):
+        return "gguf"
     return "bfloat16" if cpu_has_bf16() else "float32"
+
+
+def serves_blocks(gguf_path: Path) -> bool:
+    """Whether the block kernels are built here and read most of the file's weight matrices (the
+    embedding table aside: a token reads one row of it, and many files keep it in float)."""
+    from inference.gguf_file import read_header
+    from inference.kernels import cpu as cpu_kernels
+
+    if cpu_kernels.load() is None:
+        return False
+    matrices = [t for t in read_header(gguf_path).tensors if len(t.shape) == 2 and not t.name.startswith("token_embd")]
+    return 2 * sum(t.type_id in BLOCK_TYPES for t in matrices) > len(matrices)
 
 
 def activation_dtype(precision: str, device: torch.device) -> torch.dtype:
     """The dtype activations (and unquantized weights) run in. Quantized weights are read by
-    kernels that take bfloat16 activations (float16 on GPUs without bf16)."""
+    kernels that take bfloat16 activations (float16 on GPUs without bf16); gguf's quantize x to
+    int8 themselves, so the rest of the pass runs as `auto`'s float would (float32 on a CPU
+    without bf16 units, where bfloat16 is only converted, never multiplied)."""
     if precision in FLOAT_DTYPES:
         return FLOAT_DTYPES[precision]
+    if precision == "gguf" and device.type == "cpu":
+        return torch.bfloat16 if cpu_has_bf16() else torch.float32
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16
@@ -74,8 +102,8 @@ def activation_dtype(precision: str, device: torch.device) -> torch.dtype:
 def load_dtype(precision: str, device: torch.device) -> torch.dtype:
     """The dtype to load weights in: quantizing on a CPU starts from float32 (codes chosen from the
     exact weights); on a GPU from the activation dtype (memory)."""
-    if precision in QUANTIZED_BITS and device.type == "cpu":
-        return torch.float32
+    if precision in QUANTIZED_BITS and precision != "gguf" and device.type == "cpu":
+        return torch.float32  # (gguf's weights are the file's blocks: nothing is quantized from floats)
     return activation_dtype(precision, device)
 
 
@@ -84,7 +112,7 @@ class LayerGroup:
     """Linear layers that the file stores alike and that are served alike."""
 
     file_type: str  # their GGML type in the GGUF file ("Q4_K", "Q6_K", "F16"); "" without a file
-    served_as: str  # "int4", "int8", or the activation dtype ("bfloat16"): what the matmul reads
+    served_as: str  # "int4", "int8", "blocks" (the file's own), or the activation dtype ("bfloat16")
     is_exact: bool  # the served weights are the file's own codes and scales, not a re-quantization
     num_layers: int
     is_head: bool = False  # the output layer (one group of its own)
@@ -129,12 +157,18 @@ class LayerQuantizer:
         from inference.models.gguf_blocks import file_weights
 
         self.model, self.precision, self.dtype = model, precision, dtype
-        self.bits = QUANTIZED_BITS[precision]
-        if device.type != "cpu" and self.bits == 4:
-            raise ValueError("precision='int4' runs on the CPU kernel only: use 'int8' or 'bfloat16' on a GPU")
+        self.bits, self.is_blocks = QUANTIZED_BITS[precision], precision == "gguf"
+        if device.type != "cpu" and (self.bits == 4 or self.is_blocks):
+            raise ValueError(f"precision={precision!r} runs on the CPU kernels only: use 'int8' or 'bfloat16' on a GPU")
+        if self.is_blocks and gguf_path is None:
+            raise ValueError("precision='gguf' (the file's own blocks) needs a model from a GGUF file")
         if device.type != "cpu" and not _int8_kernel_works(device, dtype):
             raise ValueError(f"precision='int8': torch {torch.__version__} has no int8 weight kernel for {device}")
-        self.in_file = file_weights(gguf_path, model, dtype, read_int4=self.bits == 4) if gguf_path else {}
+        self.in_file = (
+            file_weights(gguf_path, model, dtype, read_int4=self.bits == 4, read_blocks=self.is_blocks)
+            if gguf_path
+            else {}
+        )
         head = model.get_output_embeddings()
         self.is_head_tied = _is_tied(model, head)
         linears = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
@@ -149,12 +183,18 @@ class LayerQuantizer:
 
     def _form(self, name: str, module: torch.nn.Linear) -> str:
         file_weight = self.in_file.get(f"{name}.weight")
+        if self.is_blocks and file_weight is not None and file_weight.blocks is not None:
+            return "blocks"  # the head too, tied or not: it reads the file's own output tensor
         form = _layer_form(
             self.bits, name == self.head_name, self.is_head_tied, file_weight.type_name if file_weight else ""
         )
         if form != "float" and not _fits_kernel(module, 4 if form == "int4" else 8):
             form = "float"  # a shape the kernel cannot take stays in the activation dtype
         return form
+
+    def served_from_file(self) -> frozenset[str]:
+        """The weights served as the file's blocks: a loader need not read them as floats."""
+        return frozenset(f"{name}.weight" for name, form in self.forms.items() if form == "blocks")
 
     def module_ready(self, name: str) -> None:
         """Module `name`'s own parameters are real: a linear layer takes its served form, anything
@@ -169,11 +209,14 @@ class LayerQuantizer:
 
     def _serve_linear(self, name: str, module: torch.nn.Linear) -> None:
         file_weight, form = self.in_file.get(f"{name}.weight"), self.forms[name]
-        is_exact = form == "int4" and file_weight is not None and file_weight.int4 is not None
-        if form in ("int4", "int8"):
-            weight = (
-                file_weight.int4 if is_exact else _quantize_rows(module.weight, 4 if form == "int4" else 8, self.dtype)
-            )
+        is_exact = form == "blocks" or (form == "int4" and file_weight is not None and file_weight.int4 is not None)
+        if form in ("int4", "int8", "blocks"):
+            if form == "blocks":
+                weight = file_weight.blocks
+            elif is_exact:
+                weight = file_weight.int4
+            else:
+                weight = _quantize_rows(module.weight, 4 if form == "int4" else 8, self.dtype)
             source = f"gguf:{file_weight.type_name}" if is_exact else "quantized"
             bias = None if module.bias is None else module.bias.detach().to(self.dtype)
             self.model.set_submodule(name, QuantizedLinear(weight, bias, source))
@@ -261,10 +304,13 @@ def _report(
         for (file_type, form, is_exact, is_head), num in groups.items()
     ]
     counted.sort(key=lambda g: (g.is_head, not g.is_exact, g.served_as, g.file_type))
-    num_quantized = sum(g.num_layers for g in counted if g.served_as in ("int4", "int8"))
+    num_quantized = sum(g.num_layers for g in counted if g.served_as in ("int4", "int8", "blocks"))
     exact = [g for g in counted if g.is_exact]
     head = next((g for g in counted if g.is_head), None)
     head_bits = {"int4": 4, "int8": 8}.get(head.served_as, 16) if head else HEAD_BITS
+    if head and head.served_as == "blocks":  # the file's own output tensor, untied from the table
+        head_bits = next(bits for name, bits in BLOCK_TYPES.values() if name == head.file_type)
+        is_head_tied = False
     return QuantizationReport(
         precision=precision,
         num_quantized=num_quantized,

@@ -196,11 +196,76 @@ class Int4Weight:
         return Int4Weight(packed, scale_zeros, parts[0].group_size, parts[0].layout)
 
 
+# GGML block formats the kernels read as the file stores them (matmul_blocks.c): type id -> (name,
+# bits of a weight's code). A row of K weights is K / 32 (K-quants: K / 256) whole blocks.
+BLOCK_TYPES = {2: ("Q4_0", 4), 3: ("Q4_1", 4), 6: ("Q5_0", 5), 7: ("Q5_1", 5), 8: ("Q8_0", 8)}
+BLOCK_TYPES |= {12: ("Q4_K", 4), 13: ("Q5_K", 5), 14: ("Q6_K", 6)}
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """A weight as a GGUF file stores it: each row's bytes in GGML block format `type_id` (Q4_0 ...
+    Q6_K), multiplied by integer dot products on those very bytes (`matmul_blocks.c`: x quantized
+    per 32 to int8, each block's exact integer sum scaled once), so decode reads the file's
+    4.5-8.5 bits per weight and nothing is re-quantized. CPU kernels only."""
+
+    blocks: torch.Tensor  # (N, row bytes) uint8
+    type_id: int
+    in_features: int
+
+    @property
+    def type_name(self) -> str:
+        return BLOCK_TYPES[self.type_id][0]
+
+    @property
+    def bits(self) -> int:
+        return BLOCK_TYPES[self.type_id][1]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.blocks.shape[0], self.in_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes
+
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """(T, K) -> (T, N) in `out_dtype` (None: x's; float32 or bfloat16)."""
+        kernels = _kernels_for(x)
+        if kernels is None:  # the kernels switched off after loading: the same weights, through torch
+            return _to(x @ self.dequantize().to(x.dtype).t(), out_dtype)
+        out = torch.empty(x.shape[0], self.blocks.shape[0], dtype=out_dtype or x.dtype)
+        return kernels.matmul_blocks(x, self.type_id, self.blocks, None, out)
+
+    def dequantize(self) -> torch.Tensor:
+        """(N, K) float32: the file's exact values."""
+        kernels = cpu_kernels.load()
+        if kernels is not None:
+            return kernels.dequantize_blocks(self.type_id, self.blocks, self.in_features)
+        from gguf import GGMLQuantizationType, quants
+
+        values = quants.dequantize(self.blocks.numpy(), GGMLQuantizationType(self.type_id))
+        return torch.from_numpy(values.astype("float32")).reshape(self.shape)
+
+    def rows(self, start: int, end: int) -> BlockWeight:
+        return BlockWeight(self.blocks[start:end], self.type_id, self.in_features)  # a view: no copy
+
+    @staticmethod
+    def can_join(parts: list[BlockWeight]) -> bool:
+        return len({p.type_id for p in parts}) == 1
+
+    @staticmethod
+    def join(parts: list[BlockWeight]) -> BlockWeight:
+        if not BlockWeight.can_join(parts):
+            raise ValueError("block weights join only within one GGML type")
+        return BlockWeight(torch.cat([p.blocks for p in parts]), parts[0].type_id, parts[0].in_features)
+
+
 @dataclass(frozen=True)
 class Stacked:
     """Quantized weights that cannot be joined into one packed tensor, read one after the other."""
 
-    parts: tuple[Int8Weight | Int4Weight, ...]
+    parts: tuple[Int8Weight | Int4Weight | BlockWeight, ...]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -214,7 +279,7 @@ class Stacked:
         return torch.cat([p.matmul(x, out_dtype) for p in self.parts], dim=-1)  # (T, sum of N)
 
 
-QuantizedWeight = Int8Weight | Int4Weight | Stacked
+QuantizedWeight = Int8Weight | Int4Weight | BlockWeight | Stacked
 
 
 def quantize(weight: torch.Tensor, bits: int, dtype: torch.dtype) -> QuantizedWeight:

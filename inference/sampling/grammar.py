@@ -49,9 +49,11 @@ class GrammarMatcher:
     def __init__(self, spec: dict[str, Any], tokenizer: Any, vocab_size: int) -> None:
         self.tokenizer = ll_tokenizer(tokenizer, vocab_size)
         self.vocab_size = vocab_size
-        grammar = grammar_spec.to_llguidance(grammar_spec.canonical(spec))
+        grammar = grammar_spec.to_llguidance(grammar_spec.canonical(grammar_spec.without_prefix(spec)))
         self.matcher = llguidance.LLMatcher(self.tokenizer, grammar)
         self._raise_on_error()
+        for token_id in spec.get("prefix_ids", ()):  # tokens written under it before this request
+            self.advance(token_id)
 
     def fill_mask(self, bitmask: torch.Tensor) -> None:
         """Writes the allowed tokens of the next step into `bitmask` ((W,) int32, bit i%32 of word

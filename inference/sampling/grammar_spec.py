@@ -1,10 +1,15 @@
 """What a request's grammar is (`SamplingParams.grammar`), its bounds, and the llguidance grammar it
 compiles to. No torch, no tokenizer: the web checks a spec with it before anything is queued.
 
-Owns: the spec's three shapes, plain JSON so it travels in a `Generation` row's params:
+Owns: the spec's five shapes, plain JSON so it travels in a `Generation` row's params:
   {"type": "json_object"}                       any JSON object
   {"type": "json_schema", "schema": {...}}      an object or value matching a JSON Schema
   {"type": "tool_calls", "tools": [{"name": str, "parameters": {...}}, ...], "parallel": bool}
+  {"type": "regex", "pattern": str}             text the whole of which matches the regular expression
+  {"type": "choice", "choices": [str, ...]}     exactly one of the strings
+Any of them may add `"prefix_ids": [int, ...]`: tokens the grammar has already taken, before the
+request's first generated token (the explorer continues a path one request at a time: each request
+sends the path's tokens after the prompt, and the grammar goes on from them).
 A schema (`schema`, `parameters`) may also be given as its JSON text: the order of its properties,
 which is the order the answer writes them in, then survives any store (PostgreSQL's jsonb sorts keys).
       Qwen2.5's (Hermes') tool-call text: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
@@ -26,7 +31,8 @@ import llguidance
 MAX_SPEC_CHARS = 32_000  # the spec as compact JSON
 MAX_DEPTH = 16  # nested objects/lists in the spec (a schema 8 levels deep is ~16 here)
 MAX_TOOLS = 32
-TYPES = ("json_object", "json_schema", "tool_calls")
+MAX_CHOICES = 64
+TYPES = ("json_object", "json_schema", "tool_calls", "regex", "choice")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for a function's name
 # Compact separators: `{"a": 1}` as models write it; and no free whitespace, which a small model
 # could otherwise repeat until max_tokens.
@@ -47,14 +53,31 @@ def check(spec: Any) -> None:
     kind = spec.get("type")
     if kind not in TYPES:
         raise ValueError(f"grammar.type={kind!r} must be one of {', '.join(TYPES)}")
+    prefix_ids = spec.get("prefix_ids", [])
+    if not isinstance(prefix_ids, list) or not all(type(i) is int and i >= 0 for i in prefix_ids):
+        raise ValueError("grammar.prefix_ids must be a list of token ids (integers >= 0)")
+    spec = without_prefix(spec)
+    text = canonical(spec)
     if kind == "json_object":
         _only(spec, {"type"})
     elif kind == "json_schema":
         _only(spec, {"type", "schema"})
         _validated(_json_grammar(_schema(spec.get("schema"), "grammar.schema")), "grammar.schema")
+    elif kind == "regex":
+        _only(spec, {"type", "pattern"})
+        if not isinstance(spec.get("pattern"), str) or not spec["pattern"]:
+            raise ValueError("grammar.pattern must be a non-empty string (a regular expression)")
+        _validated(llguidance.LLMatcher.grammar_from_regex(spec["pattern"]), "grammar.pattern")
+    elif kind == "choice":
+        _check_choices(spec)
     else:
         _check_tools(spec)
     _validated(to_llguidance(text), "grammar")
+
+
+def without_prefix(spec: dict[str, Any]) -> dict[str, Any]:
+    """The grammar itself: `spec` without its `prefix_ids` (what is compiled and cached)."""
+    return {k: v for k, v in spec.items() if k != "prefix_ids"} if "prefix_ids" in spec else spec
 
 
 def canonical(spec: dict[str, Any]) -> str:
@@ -74,6 +97,13 @@ def to_llguidance(text: str) -> str:
         return _json_grammar({"type": "object"})
     if spec["type"] == "json_schema":
         return _json_grammar(_schema(spec["schema"], "grammar.schema"))
+    if spec["type"] == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(spec["pattern"])
+    if spec["type"] == "choice":
+        # Lark string literals take JSON's escapes: each choice is matched as its exact text.
+        return llguidance.LLMatcher.grammar_from_lark(
+            "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in spec["choices"])
+        )
     return llguidance.LLMatcher.grammar_from_lark(_tool_calls_lark(spec["tools"], bool(spec.get("parallel"))))
 
 
@@ -124,7 +154,16 @@ def _json_grammar(schema: dict[str, Any]) -> str:
 def _validated(grammar: str, part: str) -> None:
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise ValueError(f"{part} is not supported: {'; '.join(messages) or 'invalid grammar'}")
+        raise ValueError(f"{part} is not supported: {'; '.join(map(_one_line, messages)) or 'invalid grammar'}")
+
+
+def _one_line(message: str) -> str:
+    """A regex parse error's own line (llguidance adds the pattern with a caret under it), else
+    the message on one line."""
+    for line in message.splitlines():
+        if line.startswith("error: "):
+            return line.removeprefix("error: ")
+    return " ".join(message.split())
 
 
 def _check_tools(spec: dict[str, Any]) -> None:
@@ -141,6 +180,16 @@ def _check_tools(spec: dict[str, Any]) -> None:
             raise ValueError(f"grammar.tools[{i}].name={tool['name']!r} must be 1-64 letters, digits, _ . -")
         part = f"grammar.tools[{i}].parameters"
         _validated(_json_grammar(_schema(tool["parameters"], part)), part)
+
+
+def _check_choices(spec: dict[str, Any]) -> None:
+    _only(spec, {"type", "choices"})
+    choices = spec.get("choices")
+    if not isinstance(choices, list) or not 1 <= len(choices) <= MAX_CHOICES:
+        raise ValueError(f"grammar.choices must be a list of 1 to {MAX_CHOICES} strings")
+    for i, choice in enumerate(choices):
+        if not isinstance(choice, str) or not choice:
+            raise ValueError(f"grammar.choices[{i}]={choice!r} must be a non-empty string")
 
 
 def _only(spec: dict[str, Any], allowed: set[str]) -> None:

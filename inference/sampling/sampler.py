@@ -130,6 +130,7 @@ class RowSample:
     top_processed: tuple[tuple[int, float], ...] | None  # None: no processor, same as top_raw
     error: str | None = None  # the settings left nothing to sample (the row's request fails alone)
     masked_prob: float | None = None  # the raw distribution's mass the grammar removed (None: no grammar)
+    top_masked: tuple[tuple[int, float], ...] = ()  # the entries of `top_raw` the grammar removed
 
 
 def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[RowSample]:
@@ -174,7 +175,22 @@ def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[RowSample]:
     samples = _read_outs(logits, raw_logprobs, logprobs, token_ids, rows)
     if not masked_indices:
         return samples
-    return [replace(sample, masked_prob=p) if p is not None else sample for sample, p in zip(samples, masked_probs)]
+    for i in masked_indices:
+        samples[i] = replace(
+            samples[i], masked_prob=masked_probs[i], top_masked=_removed(masked[i], samples[i].top_raw)
+        )
+    return samples
+
+
+def _removed(masked_row: torch.Tensor, top_raw: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+    """The entries of a row's `top_raw` that its grammar removed (-inf in its masked logits (V,)):
+    the most likely removed tokens among the listed ones, read at k ids (a top-k over the removed
+    tokens of a 151k row would cost as much as the mask itself)."""
+    if not top_raw:
+        return ()
+    ids = [token_id for token_id, _ in top_raw]
+    is_removed = torch.isneginf(masked_row[torch.tensor(ids, device=masked_row.device)]).tolist()
+    return tuple(alt for alt, removed in zip(top_raw, is_removed) if removed)
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:

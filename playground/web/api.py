@@ -2,80 +2,28 @@
 
 Owns: request parsing and the JSON shapes of the records; every record is looked up through
 the request's owner (`owners.request_owner`: the browser session's, never a value the client
-sends). Errors answer `{"error": {"code", "message"}}` with a 4xx status. Mutations go through
-Django's CSRF middleware (header `X-CSRFToken`).
+sends). Errors answer `{"error": {"code", "message"}}` with a 4xx status (`endpoints`).
+Mutations go through Django's CSRF middleware (header `X-CSRFToken`).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.translation import gettext
-from django.views.csrf import csrf_failure as html_csrf_failure
 
-from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
+from inference.text.reasoning import segments_for_browser
 from playground import limits
 from playground.coord import cancel, liveness
 from playground.model_choice import default_model, summary, unavailable_reason
 from playground.models import Conversation, Generation, LanguageModel, Message, SamplingPreset
 from playground.protocol import CommandError, get_field, prompt_record, without_server_paths
 from playground.web import owners, request_body
+from playground.web.architecture import accepts_images
+from playground.web.endpoints import endpoint, owned_by
+from playground.web.model_template import model_default_system_prompt
 from playground.web.submit import owned_conversation, owned_generation, resolve_model, resolve_preset
-
-_STATUS_BY_CODE = {
-    "not_found": 404,
-    "no_session": 403,
-    "session_changed": 409,
-    "too_many_generations": 429,
-    "server_busy": 503,
-    "service_unavailable": 503,
-    **request_body.STATUS_BY_CODE,
-}
-
-View = Callable[..., HttpResponse]
-
-
-def error_response(code: str, message: str, status: int) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
-
-
-def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
-    """`CSRF_FAILURE_VIEW`: JSON for the API, Django's page elsewhere."""
-    if request.path.startswith("/api/"):
-        return error_response(
-            "csrf_failed",
-            f"CSRF check failed ({reason}): send the csrftoken cookie's value in the X-CSRFToken header",
-            403,
-        )
-    return html_csrf_failure(request, reason)
-
-
-def endpoint(*methods: str) -> Callable[[View], View]:
-    """Allows `methods` only and turns a `CommandError` into the JSON error answer."""
-
-    def decorate(view: View) -> View:
-        @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if request.method not in methods:
-                return error_response(
-                    "method_not_allowed", f"{request.method} is not allowed here; use {', '.join(methods)}", 405
-                )
-            try:
-                return view(request, *args, **kwargs)
-            except CommandError as exc:
-                return error_response(exc.code, exc.message, _STATUS_BY_CODE.get(exc.code, 400))
-
-        return wrapper
-
-    return decorate
-
-
-def owned_by(request: HttpRequest) -> str:
-    """The request's owner for a lookup by id: "" (which owns nothing) when it has none."""
-    return owners.request_owner(request) or ""
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
@@ -93,7 +41,7 @@ def message_json(message: Message) -> dict[str, Any]:
     segments = (
         segments_for_browser(
             message.content,
-            starts_in_reasoning=generation is not None and prompt_opens_reasoning(generation.prompt_text),
+            starts_in_reasoning=generation is not None and generation.opens_reasoning,
         )
         if message.role == Message.Role.ASSISTANT
         else []
@@ -163,10 +111,6 @@ def generation_json(generation: Generation) -> dict[str, Any]:
 
 @endpoint("GET")
 def model_list(request: HttpRequest) -> HttpResponse:
-    # imported here: model_template reads files through architecture, which imports this module
-    from playground.web.architecture import accepts_images
-    from playground.web.model_template import model_default_system_prompt
-
     rows = LanguageModel.objects.select_related("default_chat_template").filter(is_enabled=True)
     default = default_model().model
     return JsonResponse(

@@ -22,7 +22,7 @@ from inference.bundled_models import bundled_model
 from inference.gguf_file import GgufError, read_header
 from playground.models import LanguageModel
 from playground.protocol import CommandError
-from playground.web.api import endpoint
+from playground.web.endpoints import endpoint
 
 _CONFIG_BYTES = 1 << 20
 

@@ -25,7 +25,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import translation
 from django.utils.translation import gettext
 
-from inference.text.reasoning import prompt_opens_reasoning, segments_for_browser
+from inference.text.reasoning import segments_for_browser
 from playground import dispatch, protocol
 from playground.coord import model_states, recent_steps
 from playground.coord.store import OUTAGE_ERRORS, OUTAGE_MESSAGE
@@ -255,7 +255,7 @@ def _is_active(generation_id: int) -> bool:
 
 def _attached_event(generation: Generation, tail: list[dict[str, Any]], request_id: str | None) -> dict[str, Any]:
     text, steps = recent_steps.merged(generation.text, list(generation.steps), tail, is_running=generation.is_active)
-    starts_in_reasoning = prompt_opens_reasoning(generation.prompt_text)
+    starts_in_reasoning = generation.opens_reasoning
     return protocol.generation_attached(
         request_id,
         generation.pk,

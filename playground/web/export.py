@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from playground.coord import liveness
 from playground.models import Generation
 from playground.protocol import CommandError
-from playground.web.api import endpoint, owned_by
+from playground.web.endpoints import endpoint, owned_by
 from playground.web.submit import owned_generation
 
 FORMATS = ("json", "csv")

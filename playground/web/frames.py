@@ -19,7 +19,7 @@ from django.utils.translation import gettext
 
 from playground.protocol import CommandError
 
-MAX_DEPTH = 16  # the deepest real command is 3 levels (command -> overrides -> stop list)
+MAX_DEPTH = 16  # the pages send at most 4 levels (command -> overrides -> grammar -> choices; a schema goes as text)
 
 
 class FrameError(CommandError):

@@ -23,7 +23,7 @@ from playground.coord import liveness, worker_routing
 from playground.models import Generation
 from playground.protocol import CommandError
 from playground.web import request_body
-from playground.web.api import error_response, owned_by
+from playground.web.endpoints import error_response, owned_by
 from playground.web.submit import owned_generation
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from django.middleware.locale import LocaleMiddleware
 from django.utils import translation
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from playground.web.api import error_response
+from playground.web.endpoints import error_response
 
 SESSION_KEY = "language"
 # What the choice is read from in a form or query: Django's own set_language uses the same name.

@@ -24,7 +24,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, resolve
 
 from playground.web import request_body
-from playground.web.api import error_response
+from playground.web.endpoints import error_response
 from playground.web.openai_api.errors import ApiError
 
 logger = logging.getLogger(__name__)

@@ -24,6 +24,7 @@ from playground.images import parse_images
 from playground.model_choice import default_model, unavailable_reason
 from playground.models import ChatTemplate, Conversation, Generation, LanguageModel, Message, SamplingPreset
 from playground.protocol import CommandError, get_field, get_id_list
+from playground.web.architecture import accepts_images
 
 _TITLE_CHARS = 60
 # Regenerate under a greedy preset samples at this temperature: greedy would repeat the answer
@@ -117,15 +118,12 @@ def _choices(
     model = resolve_model(get_field(content, "model_id", int), conversation and conversation.model)
     preset = resolve_preset(get_field(content, "preset_id", int), conversation and conversation.preset)
     overrides = get_field(content, "overrides", dict, default={})
-    if "temperature" in overrides and "greedy" not in overrides:
-        # A temperature asks for sampling even under a greedy preset (the default one is greedy),
-        # as in the OpenAI API; temperature 0 is still greedy.
-        overrides = {**overrides, "greedy": False}
+    overrides = SamplingParams.resolve_overrides(overrides)  # the default preset is greedy
     try:
         params = preset.to_sampling_params(**overrides) if preset else SamplingParams.from_dict(overrides)
     except (TypeError, ValueError) as exc:
         raise CommandError("invalid_params", str(exc)) from exc
-    # "greedy" is in the overrides when the command asked for it, or set a temperature (above).
+    # "greedy" is in the overrides when the command asked for it, or set a temperature.
     if is_regenerate and params.is_greedy and params.num_beams == 1 and "greedy" not in overrides:
         params = replace(params, greedy=False, temperature=REGENERATE_TEMPERATURE)
     limits.check_params(params)
@@ -140,8 +138,6 @@ def _check_images(
 ) -> None:
     """A text-only model is refused images (the new ones, or earlier messages' in a chat)
     before anything is written: the worker would fail the generation after the rows exist."""
-    from playground.web.architecture import accepts_images  # it imports web.api, which imports this module
-
     has_images = bool(images)
     if not has_images and conversation is not None and conversation.pk is not None:
         earlier = conversation.active_messages().filter(images__0__isnull=False)

@@ -96,7 +96,7 @@ class WorkerMetrics:
         gauges.update(
             kv_blocks_total=blocks["num_blocks"],
             kv_blocks_used=blocks["num_used_blocks"],
-            kv_blocks_cached=stats["prefix_cache"]["num_entries"],
+            kv_blocks_cached=stats["prefix_cache"]["num_stored_blocks"],
             kv_block_size_tokens=blocks["block_size"],
         )
         counters = dict(self.counters)

@@ -125,13 +125,13 @@ class PrefillRun(GenerationRun):
             return outcome
         handoff = outcome.handoff
         prefill_end = _now_ms()
-        self.coalescer.flush()
+        self.records.flush()
         record = self._store(handoff, engine)
         record["timeline"] = {"prefill_start": prefill_start, "prefill_end": prefill_end, "handoff_stored": _now_ms()}
         # Everything the prefill worker writes, it writes now: from the enqueue on, the row is the decode worker's.
-        self._save(
-            text=self.text,
-            steps=EncodedList(self.step_texts),
+        self.row.save(
+            text=self.answer.text,
+            steps=EncodedList(self.records.texts),
             stats=record,
             prefill_worker=self.generation.worker,
             num_cached_tokens=handoff.prefilled.num_cached_tokens,
@@ -227,12 +227,12 @@ class DecodeRun(GenerationRun):
     ) -> None:
         super().__init__(generation, send)
         self.blob_key, self.blobs = blob_key, blobs
-        self.steps, self.text = list(generation.steps), generation.text  # the prefill worker's first token
+        self.answer.set_text(generation.text)  # the prefill worker's first token
         self.handoff_record = {**generation.stats, "decode_worker": generation.worker}
         self.handoff_record["timeline"] = {**self.handoff_record.get("timeline", {}), "decode_start": decode_start}
 
     def _generate(self, load_engine: LoadEngine) -> Finished:
-        self.answer_id = self.generation.answer_message_id()
+        self.row.answer_id = self.generation.answer_message_id()
         engine = self._load(load_engine)
         blob = self._fetch()
         t0 = time.perf_counter()
@@ -276,7 +276,8 @@ class DecodeRun(GenerationRun):
         if isinstance(event, Step) and event.index == 0:
             # The prefill worker streamed the first token; keep this copy, which may carry
             # text held back until the end when the answer is one token long.
-            self.step_texts[:1], self.text = [encoded_json.dumps(event.to_dict())], event.text_delta
+            self.records.texts[:1] = [encoded_json.dumps(event.to_dict())]
+            self.answer.set_text(event.text_delta)
             return
         super()._on_step(event)
 

@@ -6,7 +6,7 @@
 import { api, getJson } from "./api.js";
 import { createSide } from "./ab_side.js";
 import { createAlignment } from "./ab_view.js";
-import { $, bindSlider, h } from "./dom.js";
+import { $, bindSlider, h, wholeNamePicker } from "./dom.js";
 import { errorText, finishReasonLabel, fmtMs, fmtNum, fmtProb, isSeed, seedError, stepTexts, tokenLabel } from "./format.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { gettext, interpolate } from "./i18n.js";
@@ -119,6 +119,7 @@ function showError(error) {
 }
 
 async function init() {
+  wholeNamePicker($("#ab-model"));
   $("#ab-run").addEventListener("click", run);
   $("#ab-stop").addEventListener("click", () => Object.values(runs).forEach((r) => r?.handle.stop()));
   renderControls();

@@ -2,7 +2,7 @@
 // V2-Lite, the R1 distills), a context length and a dtype; show what /api/architectures/ computes
 // from the config. Owns: the controls, the card's tables and the KV comparison bars. No socket.
 import { getJson } from "./api.js";
-import { h, $ } from "./dom.js";
+import { h, $, wholeNamePicker } from "./dom.js";
 import { fmtSi } from "./format.js";
 import { gettext, interpolate } from "./i18n.js";
 
@@ -136,6 +136,7 @@ async function init() {
   if (conn) conn.hidden = true;  // this page has no socket
   const { models, references } = await getJson("/api/architectures/");
   const select = $("#arch-model");
+  wholeNamePicker(select);
   select.append(
     h("optgroup", { label: gettext("Registered models") }, models.map((m) => h("option", { value: `model:${m.id}` }, m.name))),
     h("optgroup", { label: gettext("Real configs (no weights)") }, references.map((r) => h("option", { value: `ref:${r.key}` }, r.name))),

@@ -8,7 +8,7 @@ import { ChatSettings, OverrideError } from "./chat_settings.js";
 import { isMissingSteps, mergeSteps, newAssistantMessage, renderMessage, scheduleUpdate, stepAt, streamedText,
   updateAssistant } from "./chat_messages.js";
 import { ConversationList } from "./conversations.js";
-import { $, h, wirePanelToggles } from "./dom.js";
+import { $, h, wholeNamePicker, wirePanelToggles } from "./dom.js";
 import { errorText } from "./format.js";
 import { renderIcons } from "./icons.js";
 import { promptView } from "./prompt_view.js";
@@ -37,6 +37,7 @@ const messagesEl = $("#messages");
 const messagesInner = $("#messages-inner");
 // The chosen model's note, and "loading…" on an answer that waits for its worker to load the model.
 const modelStatus = new ModelStatus($("#model-select"), { onTick: showModelLoading });
+wholeNamePicker($("#model-select"));
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")), onWorkerModel: (e) => modelStatus.onWorkerModel(e) });
 const settings = new ChatSettings(saveConversationSetting, modelStatus, (model) => attachments.setModel(model));
 const conversations = new ConversationList($("#conv-list"), {
@@ -49,7 +50,9 @@ new TokenPopover(messagesEl, (tok) => {
   const message = state.messages.find((m) => m.el?.contains(tok));
   // greedy's "sampled" column is all on the token it took (sampling.js asDrawn)
   return message ? asDrawn(stepAt(message.steps, Number(tok.dataset.step)), message.params) : null;
-}, (step) => (step.isBeam ? beamTokenDetails(step) : stepDetails(step)));
+}, (step) => (step.isBeam ? beamTokenDetails(step) : stepDetails(step)),
+// an answer's Regenerate, Copy, … stay clickable: the card keeps off them
+(tok) => tok.closest(".msg")?.querySelectorAll(".msg-foot .msg-actions") ?? []);
 
 const actions = {
   canEdit: (message) => !isBusy() && message.id !== null,

@@ -1,10 +1,11 @@
 // The chat page's settings panel: model, sampling preset, system prompt, the inline
 // overrides and the PD toggle. Owns: loading /api/models/ and /api/presets/, showing the
 // preset's values as placeholders, and turning filled-in fields into an `overrides` object
-// (empty = preset).
+// (empty = preset), the grammar included (grammar.js; never a preset's).
 import { getJson } from "./api.js";
 import { $, h } from "./dom.js";
 import { presetName } from "./format.js";
+import { grammarField } from "./grammar.js";
 import { gettext, interpolate } from "./i18n.js";
 
 // field id -> SamplingParams name, parser and bounds (the server validates again).
@@ -43,6 +44,7 @@ export class ChatSettings {
     this.presetSelect.addEventListener("change", () => { this.showPresetPlaceholders(); onChange({ preset_id: this.presetId }); });
     this.systemPrompt.addEventListener("change", () => onChange({ system_prompt: this.systemPrompt.value }));
     $("#reset-overrides").addEventListener("click", () => this.resetOverrides());
+    this.grammar = grammarField("ov");
     for (const id of Object.keys(OVERRIDE_FIELDS)) {
       $(`#${id}`).addEventListener("input", (e) => e.target.removeAttribute("aria-invalid"));
     }
@@ -132,6 +134,13 @@ export class ChatSettings {
       }
       overrides[spec.name] = value;
     }
+    try {
+      const grammar = this.grammar.spec();
+      if (grammar) overrides.grammar = grammar;
+    } catch (err) {
+      this.grammar.text.focus();
+      throw new OverrideError(err.message);
+    }
     return overrides;
   }
 
@@ -155,6 +164,7 @@ export class ChatSettings {
       input.value = "";
       input.removeAttribute("aria-invalid");
     }
+    this.grammar.set("", "");
   }
 }
 

@@ -52,3 +52,27 @@ export function wirePanelToggles() {
   document.querySelector(".scrim")?.addEventListener("click", closeAll);
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeAll(); });
 }
+
+/**
+ * A model picker that shows the chosen name whole. A native <select> cuts a name longer than its
+ * box ("Qwen2.5-Coder-0.5B-Instruct (bundl…" in a 320 px panel at 1280 px); here the select stays
+ * (keyboard, screen readers, its own list of options) but transparent, over a box that shows the
+ * chosen option's text and wraps it. The select's `.field` stacks the two in one grid cell
+ * (app.css `.picker-field`); notes placed after the select go below.
+ */
+export function wholeNamePicker(select) {
+  const shown = h("span", { class: "picker-text", "aria-hidden": "true" });
+  select.before(shown);
+  select.parentElement.classList.add("picker-field");
+  const update = () => { shown.textContent = select.selectedOptions[0]?.textContent ?? ""; };
+  // the pages also set .value in code (opening a conversation, a link's model), which fires no event
+  for (const name of ["value", "selectedIndex"]) {
+    const own = Object.getOwnPropertyDescriptor(HTMLSelectElement.prototype, name);
+    Object.defineProperty(select, name, {
+      configurable: true, get: () => own.get.call(select), set: (value) => { own.set.call(select, value); update(); },
+    });
+  }
+  select.addEventListener("change", update);
+  new MutationObserver(update).observe(select, { childList: true, subtree: true, characterData: true });
+  update();
+}

@@ -4,9 +4,10 @@
 import { getJson } from "./api.js";
 import { createBeamCharts, updateBeamCharts } from "./beam_charts.js";
 import { beamTree } from "./beam_tree.js";
-import { $, bindSlider, h } from "./dom.js";
+import { $, bindSlider, h, wholeNamePicker } from "./dom.js";
 import { createDistributionChart, createStepCharts, updateDistributionChart, updateStepCharts } from "./explorer_charts.js";
 import { flatNote } from "./flat_note.js";
+import { grammarField, maskView } from "./grammar.js";
 import { SETTING_FORMATS, errorText, fmtBytes, fmtMs, fmtNum, fmtProb, isSeed, numSteps, phaseLabel, seedError, tokenLabel, visiblePiece } from "./format.js";
 import { pipelineStrip } from "./pipeline_strip.js";
 import { createInside } from "./inside.js";
@@ -40,6 +41,7 @@ const state = {
 };
 
 const modelStatus = new ModelStatus($("#ex-model"));
+wholeNamePicker($("#ex-model"));
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")), onWorkerModel: (e) => modelStatus.onWorkerModel(e) });
 const sliderOutputs = [];  // each slider's "show its value" function: one slider can change another's text
 // Temperature 0 is greedy: the filters after it then choose nothing, and say so.
@@ -58,6 +60,8 @@ const sliders = {
 const attachments = new ImageAttachments({ form: $(".explorer-controls"), input: $("#ex-text"), tray: $("#ex-image-tray"),
   button: $("#ex-attach"), onError: (message) => showError({ message }),
   onChange: () => { if (state.steps.length || state.prompt) reset(); } });
+// A new grammar starts a new path: each request's grammar goes on from the path's tokens (`prefix_ids`).
+const grammar = grammarField("ex", () => { if (state.steps.length || state.prompt) reset(); });
 const distChart = createDistributionChart($("#dist-chart"), (alt) => branch(state.selected, alt));
 const inside = createInside({
   root: $("#ex-inside"),
@@ -117,6 +121,15 @@ function request(maxNewTokens) {
     overrides.seed = Number(seed);
   }
   if (numBeams > 1) Object.assign(overrides, { num_beams: numBeams, num_return_sequences: numBeams });
+  let spec;
+  try {
+    spec = grammar.spec();
+  } catch (err) {
+    showError({ message: err.message });
+    return;
+  }
+  // The path so far was written under this grammar (a new one resets it): it goes on from there.
+  if (spec) overrides.grammar = { ...spec, prefix_ids: state.steps.map((s) => s.token_id) };
   const base = state.steps.length;
   if (numBeams > 1) { state.beamSteps = []; state.beamSequences = []; renderBeams(); }
   hideError();
@@ -197,6 +210,10 @@ function branch(index, alt) {
   if (index === null || isBusy()) return;
   const step = state.steps[index];
   if (alt.token_id === step.token_id && index === state.steps.length - 1) return;
+  if (step.top_masked?.some((a) => a.token_id === alt.token_id)) {
+    showError({ message: interpolate(gettext("The grammar removed “%(piece)s” at this step: the path cannot take it."), { piece: alt.piece }) });
+    return;
+  }
   const processed = step.top_processed.find((a) => a.token_id === alt.token_id);
   state.steps = state.steps.slice(0, index);
   state.steps.push({
@@ -343,6 +360,7 @@ function renderDistribution() {
   $("#ex-step-label").textContent = step ? interpolate(gettext("step %(step)s · %(phase)s"), { step: step.index, phase: phaseLabel(step.phase) })
     : gettext("no step yet");
   $("#ex-step-info").replaceChildren(...(step ? stepBadges(step) : []));
+  $("#ex-mask").replaceChildren(...[step ? maskView(step) : null].filter(Boolean));
   renderAlternatives(step, processed);
   $("#ex-flat").replaceChildren(...[step ? flatNote(step, processed) : null].filter(Boolean));
 }
@@ -354,11 +372,14 @@ function renderDistribution() {
  * listed tokens are enough (sampling.js isPreviewExact); else pending until a worker answers.
  */
 function processedFor(step) {
-  const exact = inside.exactFor();
+  // A grammar's step: the distribution it was drawn from is the only exact one (neither the
+  // browser's preview nor a worker's recomputation knows the grammar's mask).
+  const exact = step.masked_prob != null ? null : inside.exactFor();
   if (exact) return Object.assign(exact, { isExact: true });
   const settings = samplingParams();
-  if (sameSettings(step.settings, settings)) {
+  if (sameSettings(step.settings, settings) || step.masked_prob != null) {
     const drawn = new Map(step.top_processed.map((a) => [a.token_id, a.prob]));
+    for (const removed of step.top_masked ?? []) drawn.set(removed.token_id, 0);  // the grammar's: exactly 0
     // Fewer listed than asked for: the filters kept only these; otherwise the rest are below the last.
     const below = step.top_processed.length < step.top_raw.length ? 0 : step.top_processed.at(-1)?.prob ?? 0;
     return Object.assign(drawn, { isExact: true, below });
@@ -399,12 +420,16 @@ function renderAlternatives(step, processed) {
       title: processed.isPending ? gettext("a worker recomputes the distribution under these settings from the step's full scores")
         : gettext("the distribution a token is drawn from under these settings") },
     processed.isPending ? processed.pendingText : gettext("processed")));
+  const masked = new Set((step.top_masked ?? []).map((a) => a.token_id));
   const rows = step.top_raw.map((alt, i) => {
     const known = processed.get(alt.token_id);
     const prob = known ?? processed.below ?? 0;
-    const classes = [alt.token_id === step.token_id ? "chosen" : "", prob === 0 && !processed.isPending ? "filtered" : ""].join(" ");
-    return h("button", { type: "button", role: "listitem", class: `alt-row ${classes}`, dataset: { tokenId: alt.token_id },
-      title: interpolate(gettext("take “%(piece)s” (id %(id)s) here and continue"), { piece: alt.piece, id: alt.token_id }),
+    const isMasked = masked.has(alt.token_id);
+    const classes = [alt.token_id === step.token_id ? "chosen" : "", prob === 0 && !processed.isPending ? "filtered" : "",
+      isMasked ? "masked" : ""].join(" ");
+    return h("button", { type: "button", role: "listitem", class: `alt-row ${classes}`, dataset: { tokenId: alt.token_id, masked: isMasked },
+      title: isMasked ? interpolate(gettext("the grammar removed “%(piece)s” (id %(id)s) at this step"), { piece: alt.piece, id: alt.token_id })
+        : interpolate(gettext("take “%(piece)s” (id %(id)s) here and continue"), { piece: alt.piece, id: alt.token_id }),
       onclick: () => branch(step.index, alt) },
       h("span", { class: "muted" }, i + 1), h("span", { class: "piece" }, visiblePiece(alt.piece)),
       h("span", { class: "num" }, fmtProb(alt.prob)),
@@ -464,6 +489,7 @@ function applyUrlSettings(settings) {
   tick("#ex-kv-cache", settings.kv_cache);
   tick("#ex-prefix-cache", settings.prefix_cache);
   tick("#ex-pd", settings.pd);
+  if (settings.grammar_kind) grammar.set(settings.grammar_kind, settings.grammar);
   for (const show of sliderOutputs) show();
 }
 

@@ -1,5 +1,6 @@
 // The explorer's settings in its URL, so another page (the lesson) can link into it with the
-// same settings: /explorer/?text=...&chat=1&temperature=0.3&top_k=5&run=32&kv_cache=0&pd=1.
+// same settings: /explorer/?text=...&chat=1&temperature=0.3&top_k=5&run=32&kv_cache=0&pd=1
+// (&grammar_kind=choice&grammar=yes%0Ano: the grammar field's kind and text, static/js/grammar.js).
 // Owns: the query's names and their checks, both ways. Must not know the explorer's DOM.
 
 // name in the query -> [kind, min, max] (values outside are ignored, not clamped silently)
@@ -14,6 +15,7 @@ const NUMBERS = {
   model: ["int", 1, Number.MAX_SAFE_INTEGER],
 };
 const FLAGS = ["chat", "kv_cache", "prefix_cache", "pd"];
+const GRAMMAR_KINDS = ["json_schema", "regex", "choice"];
 
 /** "/explorer/?..." for `settings` ({text, chat, temperature, top_k, ..., run, kv_cache, pd}). */
 export function explorerUrl(settings) {
@@ -24,6 +26,10 @@ export function explorerUrl(settings) {
   }
   for (const name of FLAGS) {
     if (settings[name] !== undefined) query.set(name, settings[name] ? "1" : "0");
+  }
+  if (GRAMMAR_KINDS.includes(settings.grammar_kind) && settings.grammar) {
+    query.set("grammar_kind", settings.grammar_kind);
+    query.set("grammar", settings.grammar);
   }
   return `/explorer/?${query}`;
 }
@@ -42,6 +48,10 @@ export function readExplorerUrl(search) {
   }
   for (const name of FLAGS) {
     if (query.get(name) === "1" || query.get(name) === "0") settings[name] = query.get(name) === "1";
+  }
+  if (GRAMMAR_KINDS.includes(query.get("grammar_kind")) && query.get("grammar")) {
+    settings.grammar_kind = query.get("grammar_kind");
+    settings.grammar = query.get("grammar");
   }
   return settings;
 }

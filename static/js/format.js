@@ -65,11 +65,12 @@ export function visiblePiece(piece) {
 
 /**
  * A token's piece for display; a piece holding U+FFFD is part of a multi-byte character (its
- * bytes alone are no valid UTF-8), so its bytes are shown instead: "<0xE2 0x80>".
+ * bytes alone are no valid UTF-8), so its bytes are shown instead: "<0xE2 0x80>", or, where they
+ * are not at hand (an alternative lists no bytes), "<part of a character>", never "�".
  */
-export function tokenLabel(piece, hexBytes) {
-  if (!piece.includes("\ufffd") || !hexBytes) return visiblePiece(piece);
-  return `<${byteList(hexBytes)}>`;
+export function tokenLabel(piece, hexBytes = "") {
+  if (!piece.includes("\ufffd")) return visiblePiece(piece);
+  return `<${hexBytes ? byteList(hexBytes) : gettext("part of a character")}>`;
 }
 
 /** "f09f" -> "0xF0 0x9F" */
@@ -149,7 +150,7 @@ export function errorText(error) {
 /** The weight precision a model is served in, as the engine's model info reports it:
  * "bfloat16", or, per group of linear layers (file type → served form, counted), e.g.
  * "int4 weights: 12 Q4_K → int4 (the file's blocks), 132 Q5_0 → int8, 12 Q6_K → int8, 12 Q8_0 → int8,
- * head Q8_0 → int8 · bfloat16 activations". */
+ * head Q8_0 → int8 · bfloat16 activations", or under gguf "132 Q5_0 as the file stores it, ...". */
 export function precisionLabel(info) {
   const q = info.quantization;
   if (!q) return info.precision || info.dtype;
@@ -157,6 +158,7 @@ export function precisionLabel(info) {
     const what = g.is_head
       ? (g.file_type ? interpolate(gettext("head %(type)s"), { type: g.file_type }) : pgettext("output layer", "head"))
       : `${g.num_layers} ${g.file_type || gettext("layers")}`;
+    if (g.served_as === "blocks") return `${what} ${gettext("as the file stores it")}`;  // precision gguf
     const form = g.is_head && q.is_head_tied ? interpolate(gettext("%(form)s, tied to the embeddings"), { form: g.served_as }) : g.served_as;
     return `${what} → ${form}${g.is_exact ? ` ${gettext("(the file's blocks)")}` : ""}`;
   });

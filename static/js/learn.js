@@ -4,6 +4,7 @@
 import { getJson } from "./api.js";
 import { $ } from "./dom.js";
 import { gettext, interpolate } from "./i18n.js";
+import { setupConstrained } from "./learn_constrained.js";
 import { setupDeepseek } from "./learn_deepseek.js";
 import { setupKv } from "./learn_kv.js";
 import { setupPhases } from "./learn_phases.js";
@@ -21,6 +22,7 @@ setupKv(runner);
 setupPhases(runner);
 setupRoles(runner);
 setupSampling(runner);
+setupConstrained(runner);
 setupDeepseek(runner);
 
 async function showModel() {

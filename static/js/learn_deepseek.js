@@ -1,11 +1,11 @@
-// Lesson section 6, DeepSeek: V3's architecture card from its real config (MoE experts per
+// Lesson section 7, DeepSeek: V3's architecture card from its real config (MoE experts per
 // token, MLA's latent KV Cache against the expanded one), an R1-style reasoning run with a
 // thinking budget on the default model, and, when the random-weights demos are registered,
 // the V3 demo's measured latent cache and expert routing and the VL demo's image tokens.
 // Owns: that sequence and finding the demos (by their architecture cards, not their names).
 import { getJson } from "./api.js";
 import { $, h } from "./dom.js";
-import { fmtBytes, fmtCount, visiblePiece } from "./format.js";
+import { fmtBytes, fmtCount, stepTexts, visiblePiece } from "./format.js";
 import { gettext, interpolate } from "./i18n.js";
 import { explanation, failure, measure, numbers, progress, runSection } from "./learn_view.js";
 
@@ -91,8 +91,12 @@ async function reasoning(runner) {
   const stats = run.finished.stats;
   const numForced = run.steps.filter((s) => s.is_forced).length;
   const numAnswer = answerTokens(run.steps, stats.finish_reason).length;
-  const piece = (s) => h("span", { class: s.is_forced ? "learn-forced" : s.is_reasoning ? "learn-thinking" : "learn-answer-tok",
-    title: s.is_forced ? gettext("forced by the thinking budget") : undefined }, s.text_delta || visiblePiece(s.piece));
+  // each token's share of the text (a character over several tokens shows at its last, one the end
+  // cut not at all); a token with no text of its own (a special one) shows its piece
+  const { texts } = stepTexts(run.steps, stats.finish_reason);
+  const piece = (s, i) => h("span", { class: s.is_forced ? "learn-forced" : s.is_reasoning ? "learn-thinking" : "learn-answer-tok",
+    title: s.is_forced ? gettext("forced by the thinking budget") : undefined },
+  texts[i] || (s.piece.includes("\ufffd") ? "" : visiblePiece(s.piece)));
   return block("r1", interpolate(gettext("R1's reasoning, on %(model)s with a thinking budget of %(n)s tokens"), { model: run.started.model.name, n: budget }),
     numbers([
       measure("num_reasoning_tokens", gettext("thinking tokens"), String(stats.num_reasoning_tokens), stats.num_reasoning_tokens),

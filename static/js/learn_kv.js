@@ -9,6 +9,10 @@ import { gettext, interpolate } from "./i18n.js";
 import { measure, numbers, progress, runSection } from "./learn_view.js";
 
 const TAIL = 8;  // "the last steps" average over this many
+// A line whose last steps are within this factor of its first step "stayed about flat": the
+// verdict says what the measured lines did (a no-cache line was once flat where a fixed
+// sentence said it climbed), and a busy CPU's step times wander by about this much.
+const FLAT = 1.15;
 
 export function setupKv(runner) {
   const section = $("#learn-kv");
@@ -65,11 +69,18 @@ function setSeries(chart, index, steps) {
 }
 
 const mean = (values) => values.reduce((sum, v) => sum + v, 0) / Math.max(1, values.length);
+const decodeMs = (run) => run.steps.filter((s) => s.phase === "decode").map((s) => s.latency_ms);
 
-function runNumbers(run, prefix, label) {
-  const decode = run.steps.filter((s) => s.phase === "decode").map((s) => s.latency_ms);
+/** A run's first decode step, the mean of its last TAIL, and last ÷ first (null without a first). */
+function lineEnds(run) {
+  const decode = decodeMs(run);
   const first = decode[0] ?? null;
   const last = mean(decode.slice(-TAIL));
+  return { decode, first, last, growth: first ? last / first : null };
+}
+
+function runNumbers(run, prefix, label) {
+  const { decode, first, last } = lineEnds(run);
   return [
     h("p", { class: "learn-sub" }, label),
     numbers([
@@ -98,8 +109,36 @@ function summary(cached, uncached) {
         gettext("keys and values of every layer for one token, measured by the worker")),
       measure("same_tokens", gettext("same tokens both ways"), isSame ? gettext("yes") : gettext("no"), isSame ? 1 : 0),
     ]),
-    h("p", { class: "learn-verdict" }, interpolate(gettext("The cache held %(bytes)s for %(n)s tokens (%(per)s each). Without it nothing is stored and every step recomputes all of them, which is why its line climbs while the cached one stays flat."),
+    h("p", { class: "learn-verdict" }, interpolate(gettext("The cache held %(bytes)s for %(n)s tokens (%(per)s each). Without it nothing is stored and every step recomputes all of them."),
       { bytes: fmtBytes(lastKv), n: numCachedTokens, per: fmtBytes(model.kv_bytes_per_token) }),
+    " ", trends(cached, uncached),
     " ", isSame ? gettext("Both runs wrote the same tokens: the cache changes the cost, not the result.")
       : gettext("The two runs wrote different tokens: the two computations round differently, and a near tie between two tokens can tip either way.")));
+}
+
+/**
+ * What the two measured lines did, first decode step to the mean of the last ones (each sentence
+ * carries data-line and data-trend: rose, fell or flat), and how they compare on average.
+ */
+function trends(cached, uncached) {
+  const [withCache, without] = [lineEnds(cached), lineEnds(uncached)];
+  if (withCache.growth === null || without.growth === null) return "";
+  const said = (line, growth, sentences) => {
+    const trend = growth >= FLAT ? "rose" : growth <= 1 / FLAT ? "fell" : "flat";
+    return h("span", { dataset: { line, trend } }, interpolate(sentences[trend], { x: growth.toFixed(1) }));
+  };
+  return [
+    said("uncached", without.growth, {
+      rose: gettext("Without the cache the step time rose %(x)s× from the first decode step to the last ones;"),
+      fell: gettext("Without the cache the step time fell to %(x)s× the first decode step's by the last ones;"),
+      flat: gettext("Without the cache the step time stayed about flat (%(x)s× from the first decode step to the last ones);"),
+    }), " ",
+    said("cached", withCache.growth, {
+      rose: gettext("with it, it rose %(x)s×."),
+      fell: gettext("with it, it fell to %(x)s×."),
+      flat: gettext("with it, it stayed about flat (%(x)s×)."),
+    }), " ",
+    interpolate(gettext("On average a step without the cache took %(ratio)s× as long as one with it."),
+      { ratio: (mean(without.decode) / mean(withCache.decode)).toFixed(1) }),
+  ];
 }

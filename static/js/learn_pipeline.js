@@ -3,7 +3,7 @@
 // Owns: the path of picked tokens and drawing one step. Requests go through LessonRunner.
 import { $, h } from "./dom.js";
 import { explorerUrl } from "./explorer_url.js";
-import { fmtMs, fmtProb, visiblePiece } from "./format.js";
+import { fmtMs, fmtProb, tokenLabel } from "./format.js";
 import { gettext, interpolate } from "./i18n.js";
 import { measure, numbers, progress, runSection } from "./learn_view.js";
 import { pipelineStrip } from "./pipeline_strip.js";
@@ -59,11 +59,11 @@ function draw(run, text, path, onPick) {
     h("div", { class: "learn-dist", role: "list" }, first.top_raw.slice(0, NUM_SHOWN).map((alt, i) =>
       h("button", { type: "button", role: "listitem", class: `learn-dist-row${i === 0 ? " top" : ""}`,
         dataset: { tokenId: alt.token_id, prob: alt.prob }, onclick: () => onPick({ token_id: alt.token_id, piece: alt.piece }) },
-      h("span", { class: "muted" }, String(i + 1)), h("span", { class: "piece" }, visiblePiece(alt.piece)),
+      h("span", { class: "muted" }, String(i + 1)), h("span", { class: "piece" }, tokenLabel(alt.piece)),
       h("span", { class: "learn-bar" }, h("span", { style: `width: ${(alt.prob * 100).toFixed(1)}%` })),
       h("span", { class: "num" }, fmtProb(alt.prob))))),
     h("p", { class: "learn-sub" }, gettext("The text so far")),
     h("p", { class: "learn-path" }, h("span", {}, text),
-      path.map((picked) => h("span", { class: "learn-picked" }, picked.piece))),
+      path.map((picked) => h("span", { class: "learn-picked" }, picked.piece.includes("\ufffd") ? tokenLabel(picked.piece) : picked.piece))),
   ];
 }

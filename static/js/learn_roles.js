@@ -6,7 +6,7 @@ import { $, h } from "./dom.js";
 import { explorerUrl } from "./explorer_url.js";
 import { finishReasonLabel } from "./format.js";
 import { gettext, interpolate, ngettext } from "./i18n.js";
-import { measure, numbers, progress, runSection } from "./learn_view.js";
+import { measure, numbers, progress, runSection, shownText } from "./learn_view.js";
 import { promptText } from "./prompt_view.js";
 
 export function setupRoles(runner) {
@@ -49,11 +49,12 @@ function userTurn(prompt, message) {
 }
 
 function column(kind, title, note, run) {
+  const { text, cut } = shownText(run);
   return h("div", { class: "learn-column", dataset: { kind } },
     h("p", { class: "learn-sub" }, title), h("p", { class: "muted small" }, note),
     promptText(run.started.prompt),
     h("p", { class: "learn-sub" }, gettext("The model's answer")),
-    h("p", { class: "learn-answer", dataset: { generationId: run.generationId } }, run.finished.text || "∅"),
+    h("p", { class: "learn-answer", dataset: { generationId: run.generationId } }, text || "∅", cut),
     h("p", { class: "muted small" }, interpolate(ngettext("%(n)s token · stopped by %(reason)s", "%(n)s tokens · stopped by %(reason)s",
       run.finished.stats.num_generated_tokens), { n: run.finished.stats.num_generated_tokens, reason: finishReasonLabel(run.finished.finish_reason) })));
 }

@@ -4,9 +4,9 @@
 // Owns: the strategies and that table. Requests go through LessonRunner (two at a time).
 import { $, h } from "./dom.js";
 import { explorerUrl } from "./explorer_url.js";
-import { fmtProb, visiblePiece } from "./format.js";
+import { fmtProb, tokenLabel } from "./format.js";
 import { gettext, interpolate } from "./i18n.js";
-import { measure, numbers, progress, runSection } from "./learn_view.js";
+import { measure, numbers, progress, runSection, shownText } from "./learn_view.js";
 
 const NUM_SHOWN = 5;  // tokens of the first step's distribution shown per strategy
 const NUM_ALTERNATIVES = 10;
@@ -56,7 +56,7 @@ export function setupSampling(runner) {
 function distribution(alternatives, kind) {
   return h("div", { class: "learn-dist compact", dataset: { kind } }, alternatives.map((alt) =>
     h("div", { class: "learn-dist-row", dataset: { tokenId: alt.token_id, prob: alt.prob } },
-      h("span", { class: "piece" }, visiblePiece(alt.piece)),
+      h("span", { class: "piece" }, tokenLabel(alt.piece)),
       h("span", { class: "learn-bar" }, h("span", { style: `width: ${(alt.prob * 100).toFixed(1)}%` })),
       h("span", { class: "num" }, fmtProb(alt.prob)))));
 }
@@ -74,10 +74,16 @@ function strategyRow({ strategy, runs }, text, numTokens) {
       : gettext("no draw: always the most likely token"))
       : [distribution(kept.slice(0, NUM_SHOWN), "processed"),
         h("span", { class: "muted small" }, interpolate(gettext("%(n)s of the model's top %(top)s can still be drawn"), { n: kept.length, top: NUM_ALTERNATIVES }))]),
-    h("td", {}, h("ol", { class: "learn-draws" }, runs.map((run) => h("li", { dataset: { generationId: run.generationId, seed: run.seed ?? "" } },
-      h("span", { class: "learn-draw" }, run.finished.text || "∅"),
-      run.seed === null ? null : h("span", { class: "muted small" }, " ", interpolate(gettext("seed %(seed)s"), { seed: run.seed })))))),
+    h("td", {}, h("ol", { class: "learn-draws" }, runs.map(drawItem))),
     h("td", { class: "num" }, distinctCell(strategy, numDistinct, runs.length)));
+}
+
+/** One run's text (a character its end cut left out), with its seed when it drew. */
+function drawItem(run) {
+  const { text, cut } = shownText(run);
+  return h("li", { dataset: { generationId: run.generationId, seed: run.seed ?? "" } },
+    h("span", { class: "learn-draw" }, text || "∅"), cut,
+    run.seed === null ? null : h("span", { class: "muted small" }, " ", interpolate(gettext("seed %(seed)s"), { seed: run.seed })));
 }
 
 /** How many of the draws differ; a strategy that draws nothing runs once ("1/1" said nothing). */

@@ -3,8 +3,8 @@
 // numbers as a list whose items carry the raw value (`data-measure`, `data-value`), and a
 // failure or an explanation in place of a result. Must not know requests or sections.
 import { h } from "./dom.js";
-import { errorText } from "./format.js";
-import { gettext } from "./i18n.js";
+import { cutCharacterBytes, errorText } from "./format.js";
+import { gettext, interpolate } from "./i18n.js";
 
 /** Marks `section` (an element with data-state) and disables its buttons while it runs. */
 export function setState(section, state) {
@@ -16,6 +16,20 @@ export function setState(section, state) {
 export function measure(name, label, text, value = null, title = undefined) {
   return h("div", { class: "learn-number", dataset: { measure: name, value: value ?? "" }, title },
     h("dt", {}, label), h("dd", {}, text));
+}
+
+/**
+ * A finished run's text as the chat shows it: a character its end cut (the token limit fell inside
+ * a multi-byte character) is left out, not shown as "�" (format.js cutCharacterBytes).
+ * -> {text, cut}: `cut` is a muted "…" whose title says which bytes, or null.
+ */
+export function shownText(run) {
+  // a beam search streams no steps: its text's own end tells
+  const cutBytes = cutCharacterBytes(run.steps.at(-1) ?? { text_delta: run.finished.text }, run.finished.finish_reason);
+  if (cutBytes === null) return { text: run.finished.text, cut: null };
+  const title = cutBytes ? interpolate(gettext("ended inside a character (%(bytes)s)"), { bytes: cutBytes })
+    : gettext("ended inside a character");
+  return { text: run.finished.text.replace(/\ufffd+$/, ""), cut: h("span", { class: "muted learn-cut", title }, "…") };
 }
 
 export function numbers(items) {

@@ -5,10 +5,11 @@ import { h } from "./dom.js";
 import { fmtProb, visiblePiece } from "./format.js";
 import { gettext, interpolate, ngettext } from "./i18n.js";
 
-export const PRECISIONS = ["float32", "bfloat16", "int8", "int4"];
+export const PRECISIONS = ["float32", "bfloat16", "int8", "int4", "gguf"];
 
 export const EXPLAIN = gettext("Decode reads every weight once per token, so storing weights in fewer bits (bfloat16: 2 bytes, "
-  + "int8: 1, int4: half a byte) makes it faster. The price is a slightly different model: here the same text is "
+  + "int8: 1, int4: half a byte; gguf: each tensor as its GGUF file stores it, 4.5 to 8.5 bits) makes it faster. "
+  + "The price is a slightly different model: here the same text is "
   + "read by both, and each step's next-token distributions are compared. KL divergence measures how different they "
   + "are, in nats (0: identical).");
 

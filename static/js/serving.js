@@ -87,11 +87,9 @@ export function prefixCacheLine(counters) {
       gettext("lookups that reused a cached prefix, over all lookups")],
     [interpolate(gettext("%(n)s tokens held"), { n: num(counters.num_stored_tokens) }), gettext("tokens whose KV the cache holds now")],
     [`${fmtBytes(counters.num_bytes)} / ${fmtBytes(counters.max_bytes)}`, gettext("memory used / the cache's budget")],
-    counters.kind === "blocks"
-      ? [interpolate(gettext("%(n)s blocks"), { n: num(counters.num_entries) }), gettext("full KV blocks kept by hash, shared by requests with the same prefix")]
-      : [interpolate(gettext("%(n)s nodes"), { n: num(counters.num_entries) }), gettext("nodes of the radix tree")],
-    [interpolate(gettext("%(n)s evicted"), { n: num(counters.num_evictions) }), counters.kind === "blocks"
-      ? gettext("cached blocks reused for other tokens (least recently freed first)") : gettext("leaves evicted to stay within the budget")],
+    // num_entries: the name a generation saved before the prefix cache's counters were renamed.
+    [interpolate(gettext("%(n)s blocks"), { n: num(counters.num_stored_blocks ?? counters.num_entries) }), gettext("full KV blocks kept by hash, shared by requests with the same prefix")],
+    [interpolate(gettext("%(n)s evicted"), { n: num(counters.num_evictions) }), gettext("cached blocks reused for other tokens (least recently freed first)")],
   ];
   if (counters.sliding_window) {
     parts.push([interpolate(gettext("%(n)s not cached (sliding window %(window)s)"), { n: num(counters.num_not_cached_sliding_window), window: counters.sliding_window }),

@@ -55,11 +55,15 @@ export function stepDetails(step) {
 /**
  * Hover (or tap) any `.tok[data-step]` inside `root` to see its step.
  * `findStep(tokenEl)` returns the step record for that element, or null; `details(step)` draws it.
+ * `keepClear(tokenEl)` lists the elements the card must not cover (an answer's buttons): it goes
+ * below the token, else above it, else below them, where it fits without covering them (below a
+ * one-line answer it covered Regenerate and Copy, and stayed as the pointer crossed it to them).
  */
 export class TokenPopover {
-  constructor(root, findStep, details = stepDetails) {
+  constructor(root, findStep, details = stepDetails, keepClear = () => []) {
     this.findStep = findStep;
     this.details = details;
+    this.keepClear = keepClear;
     this.el = h("div", { class: "popover", role: "tooltip", hidden: true, id: "token-popover" });
     document.body.append(this.el);
     this.anchor = null;
@@ -89,14 +93,21 @@ export class TokenPopover {
     tok.classList.add("active");
     this.el.replaceChildren(this.details(step));
     this.el.hidden = false;
-    this.place(tok.getBoundingClientRect());
+    this.place(tok.getBoundingClientRect(), [...this.keepClear(tok)].map((el) => el.getBoundingClientRect()));
   }
 
-  place(rect) {
+  /** Puts the card by the token's box `rect`, off the boxes in `clear` where it can be. */
+  place(rect, clear = []) {
     const { width, height } = this.el.getBoundingClientRect();
     const left = Math.min(Math.max(8, rect.left), window.innerWidth - width - 8);
+    const boxes = clear.filter((b) => b.width > 0 && b.height > 0);
+    const fits = (top) => top >= 8 && top + height <= window.innerHeight - 8;
+    const covers = (top) => boxes.some((b) => left < b.right && left + width > b.left && top < b.bottom && top + height > b.top);
     const below = rect.bottom + 6;
-    const top = below + height > window.innerHeight - 8 ? Math.max(8, rect.top - height - 6) : below;
+    const above = rect.top - height - 6;
+    const underClear = Math.max(below, ...boxes.map((b) => b.bottom + 6));
+    const top = [below, above, underClear].find((t) => fits(t) && !covers(t))
+      ?? (below + height > window.innerHeight - 8 ? Math.max(8, above) : below);
     this.el.style.left = `${left}px`;
     this.el.style.top = `${top}px`;
   }

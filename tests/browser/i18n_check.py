@@ -25,7 +25,8 @@ DATA_SELECTORS = ", ".join([
     ".msg-body", ".bubble", ".piece", ".chip", ".prompt-text", ".continuation", ".learn-answer", ".learn-draw",
     ".learn-trace", ".learn-path", ".learn-code", "code", "pre", ".mono", ".model-name", ".conv-title", "#chat-title",
     ".arch-name", ".pipe-meta", "#ex-model-label", ".beam-tree", ".beam-list", ".learn-routing", "textarea", "input",
-    "#model-select", "#ex-model", "#ab-model", "#arch-model", "#arch-dtype", "#lens-layer", ".sv-meta", ".sv-card-head",
+    "#model-select", "#ex-model", "#ab-model", "#arch-model", ".picker-text", "#arch-dtype", "#lens-layer", ".sv-meta",
+    ".sv-card-head",
     ".popover-head", ".alt-table td", ".inside-table td", ".attention-grid", ".moe-grid", "script", "style",
     "[data-i18n-data]",  # marked by a test: e.g. the admin's record values
     ".lang-switch button",  # each language named in itself: "English" stays English

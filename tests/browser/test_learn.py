@@ -20,13 +20,13 @@ from tests.conftest import run_prepare_step
 
 from .conftest import _new_page
 from .i18n_check import coverage_report, write_report
-from .ui import overflowing, runs
+from .ui import overflowing, runs, shown_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
-SECTIONS = ["pipeline", "kv", "phases", "roles", "sampling", "deepseek"]
+SECTIONS = ["pipeline", "kv", "phases", "roles", "sampling", "constrained", "deepseek"]
 BUTTON = {"pipeline": "#lp-run", "kv": "#lk-run", "phases": "#lf-run", "roles": "#lr-run", "sampling": "#ls-run",
-          "deepseek": "#ld-run"}  # fmt: skip
+          "constrained": "#lc-run", "deepseek": "#ld-run"}  # fmt: skip
 # The smallest settings each section offers: the walk checks what the page shows, not speed.
 SMALL = {"kv": {"#lk-tokens": "16"}, "phases": {"#lf-tokens": "16"}, "roles": {"#lr-tokens": "24"},
          "sampling": {"#ls-tokens": "8", "#ls-draws": "2"}, "deepseek": {"#ld-budget": "8"}}  # fmt: skip
@@ -38,6 +38,10 @@ LESSON_TITLES = {  # the lesson's own chapter titles (../shared/lesson/lesson-zh
     "sampling": "文本生成的采样策略",
 }
 PHONE = {"width": 390, "height": 844}
+FLAT = 1.15  # static/js/learn_kv.js: a line within this factor of its first step "stayed about flat"
+TAIL = 8  # static/js/learn_kv.js: "the last steps" average over this many
+# What a broken number leaves in a page's text (issue 48's done-when): none of them, anywhere.
+BROKEN = re.compile(r"\b(?:NaN|null|undefined)\b|\ufffd")
 CHARTS = "[...document.querySelectorAll('.learn-page canvas')]"
 # The lesson's width with each chart canvas at `widths` (its inline width), measured at once.
 LATE_CHARTS_WIDTH = f"""(widths) => {{
@@ -130,6 +134,17 @@ def check_kv(page, made: list[dict]) -> None:
     assert m["same_tokens"] == (1 if same else 0)
     chart = page.evaluate("() => Chart.getChart(document.getElementById('lk-chart')).data.datasets.map((d) => d.data)")
     assert chart == [decode, [s["latency_ms"] for s in uncached["steps"] if s["phase"] == "decode"]]
+    # What each line did is said from its own steps (a fixed "its line climbs" once stood under a
+    # flat no-cache line): rose, fell or stayed about flat, by last ÷ first.
+    verdict = page.locator("#lk-result .learn-verdict")
+    for line, run in (("cached", cached), ("uncached", uncached)):
+        steps = [s["latency_ms"] for s in run["steps"] if s["phase"] == "decode"]
+        growth = sum(steps[-TAIL:]) / len(steps[-TAIL:]) / steps[0]
+        assert m[f"{line}_growth"] == pytest.approx(growth)
+        trend = "rose" if growth >= FLAT else "fell" if growth <= 1 / FLAT else "flat"
+        sentence = verdict.locator(f'[data-line="{line}"]')
+        expect(sentence).to_have_attribute("data-trend", trend)
+        expect(sentence).to_contain_text(f"{growth:.1f}")
     query = parse_qs(urlparse(page.get_attribute("#lk-link", "href")).query)
     assert query["kv_cache"] == ["0"] and query["run"] == ["16"]
 
@@ -151,6 +166,12 @@ def check_phases(page, made: list[dict], roofline: dict) -> None:
         bound = "compute" if roofline[phase]["intensity"] >= roofline["device"]["ridge"] else "memory"
         expect(verdict.locator(f'[data-phase="{phase}"]')).to_have_attribute("data-bound", bound)
     assert roofline["prefill"]["intensity"] > 10 * roofline["decode"]["intensity"]
+    # no point above its roof (it showed prefill at 147%): answered and shown, at most 100% (a roof
+    # raised to a phase's own best is that phase's point, a rounding's width away)
+    shares = {phase: roofline[phase]["fraction_of_roof"] for phase in ("prefill", "decode")}
+    assert all(share <= 1 + 1e-9 for share in shares.values()), shares
+    shown = page.locator('#lf-result #rl-table [data-row="fraction"] td[data-phase]').all_inner_texts()
+    assert len(shown) == 2 and all(int(share.rstrip("%")) <= 100 for share in shown), shown
     pd_try = runs(page)[-1]
     assert pd_try["command"]["pd"] is True and pd_try["error"]["code"] == "no_worker_for_mode"
     expect(page.locator("#lf-pd .learn-explanation")).to_be_visible()  # an explanation, not an error
@@ -165,9 +186,15 @@ def check_roles(page, made: list[dict]) -> None:
     assert m["template_tokens"] == m["tagged_prompt_tokens"] - m["plain_prompt_tokens"] > 0
     tagged_box = page.locator('#lr-result [data-kind="tagged"]')
     expect(tagged_box.locator(".span-special").first).to_be_visible()
-    expect(tagged_box.locator(".learn-answer")).to_have_text(tagged["finished"]["text"] or "∅")
-    expect(page.locator('#lr-result [data-kind="plain"] .learn-answer')).to_have_text(plain["finished"]["text"] or "∅")
+    expect(tagged_box.locator(".learn-answer")).to_have_text(answer_shown(tagged))
+    expect(page.locator('#lr-result [data-kind="plain"] .learn-answer')).to_have_text(answer_shown(plain))
     assert tagged["command"]["text"] == plain["command"]["text"] == page.input_value("#lr-text")
+
+
+def answer_shown(run: dict) -> str:
+    """A run's text as the lesson shows it: a character its end cut left out, and "…" for it."""
+    text, is_cut = shown_text(run)
+    return (text or "∅") + ("…" if is_cut else "")
 
 
 def check_sampling(page, made: list[dict]) -> None:
@@ -179,7 +206,7 @@ def check_sampling(page, made: list[dict]) -> None:
         by_id = {r["queued"]["generation_id"]: r for r in made}
         texts = [by_id[i]["finished"]["text"] for i in ids]
         assert draws.locator(".learn-draw").evaluate_all("els => els.map((e) => e.textContent)") == [
-            t or "∅" for t in texts
+            shown_text(by_id[i])[0] or "∅" for i in ids
         ]
         if key in ("argmax", "beam"):  # one run, nothing drawn: no count of distinct texts ("1/1" said nothing)
             assert len(texts) == 1 and f"{key}_distinct" not in measures(page, "sampling")
@@ -192,6 +219,45 @@ def check_sampling(page, made: list[dict]) -> None:
             assert shown == pytest.approx([a["prob"] for a in step["top_processed"][:5]])
     overrides = [r["command"]["overrides"] for r in made]
     assert sorted({o["temperature"] for o in overrides if "temperature" in o}) == [0.3, 1, 1.5]
+
+
+def check_constrained(page, made: list[dict]) -> None:
+    """Section 6: the same question free and under the schema (greedy); every number is the
+    constrained run's, the strip has one column per step, its heights the steps' `masked_prob`."""
+    constrained = next(r for r in made if "grammar" in r["command"]["overrides"])
+    free = next(r for r in made if "grammar" not in r["command"]["overrides"])
+    grammar = constrained["command"]["overrides"]["grammar"]
+    assert grammar["type"] == "json_schema" and json.loads(grammar["schema"]) == json.loads(
+        page.input_value("#lc-schema")
+    )
+    assert free["command"]["text"] == constrained["command"]["text"] == page.input_value("#lc-question")
+    steps = constrained["steps"]
+    masses = [s["masked_prob"] for s in steps]
+    assert all(m is not None and 0 <= m <= 1 for m in masses)
+    assert all(s["masked_prob"] is None for s in free["steps"])
+    m = measures(page, "constrained")
+    assert m["num_steps"] == len(steps)
+    assert m["mean_masked_prob"] == pytest.approx(sum(masses) / len(masses))
+    assert m["max_masked_prob"] == pytest.approx(max(masses))
+    assert m["overruled_steps"] == sum(x > 0.5 for x in masses)
+    text = constrained["finished"]["text"]
+    if constrained["finished"]["finish_reason"] == "grammar":
+        json.loads(text)  # complete under the grammar: valid JSON
+        assert m["valid_json"] == 1
+    expect(page.locator("#lc-result [data-kind=constrained] .learn-answer")).to_have_text(answer_shown(constrained))
+    expect(page.locator("#lc-result [data-kind=free] .learn-answer")).to_have_text(answer_shown(free))
+    columns = page.locator("#lc-steps .mask-step")
+    expect(columns).to_have_count(len(steps))
+    shown = columns.evaluate_all("els => els.map((e) => Number(e.dataset.maskedProb))")
+    assert shown == pytest.approx(masses)
+    # the step that lost most is shown, with the removed tokens the step record lists
+    worst = masses.index(max(masses))
+    view = page.locator("#lc-result .mask-view")
+    assert float(view.get_attribute("data-masked-prob")) == pytest.approx(masses[worst])
+    removed = view.locator(".mask-tokens li").evaluate_all("els => els.map((e) => Number(e.dataset.tokenId))")
+    assert removed == [a["token_id"] for a in steps[worst]["top_masked"]]
+    query = parse_qs(urlparse(page.get_attribute("#lc-link", "href")).query)
+    assert query["grammar_kind"] == ["json_schema"] and query["chat"] == ["1"]
 
 
 def check_deepseek(page, made: list[dict], live_stack) -> None:
@@ -211,7 +277,7 @@ def check_deepseek(page, made: list[dict], live_stack) -> None:
 
 
 def check_reasoning(page, made: list[dict]) -> None:
-    """The R1-style run of section 6: the budget chosen, the counts from `stats`, the answer's
+    """The R1-style run of section 7: the budget chosen, the counts from `stats`, the answer's
     tokens (the end of turn it may end on is none), and why there is no answer when there is none."""
     m = measures(page, "deepseek")
     reasoning = next(r for r in made if "max_thinking_tokens" in r["command"]["overrides"])
@@ -230,7 +296,13 @@ def check_reasoning(page, made: list[dict]) -> None:
     expect(page.locator("#ld-result [data-no-answer]")).to_have_count(0 if answer else 1)
 
 
-CHECKS = {"pipeline": check_pipeline, "kv": check_kv, "roles": check_roles, "sampling": check_sampling}
+CHECKS = {
+    "pipeline": check_pipeline,
+    "kv": check_kv,
+    "roles": check_roles,
+    "sampling": check_sampling,
+    "constrained": check_constrained,
+}
 
 
 @pytest.mark.parametrize("lesson_page", ["en-US", "zh-CN"], ids=["en", "zh-hans"], indirect=True)
@@ -257,6 +329,9 @@ def test_walk_the_lesson(lesson_page, live_stack, deepseek_demos, screenshot_dir
         else:
             CHECKS[section](page, run_section(page, section))
         page.locator(f"#learn-{section}").screenshot(path=str(screenshot_dir / f"learn-{section}-{language}.png"))
+    text = page.locator("body").inner_text()
+    broken = [repr(text[max(0, m.start() - 30) : m.end() + 30]) for m in BROKEN.finditer(text)]
+    assert not broken, f"every section run, the page shows {broken}"
     if language == "zh-hans":
         report = coverage_report(page, "/learn/")
         write_report(report, "learn")

@@ -67,6 +67,22 @@ def fmt_prob(prob: float) -> str:
     return f"{prob * 100:.{0 if prob >= 0.995 or prob == 0 else 1}f}%"
 
 
+CUT_FINISHES = ("length", "context", "cancelled")  # static/js/format.js: the ends that may cut a character
+
+
+def shown_text(run: dict[str, Any]) -> tuple[str, bool]:
+    """Mirror of static/js/learn_view.js shownText (format.js cutCharacterBytes): a finished run's
+    text (of `runs`) less a character its end cut, and whether one was."""
+    last = run["steps"][-1] if run["steps"] else {"text_delta": run["finished"]["text"]}  # a beam search: its text
+    text = run["finished"]["text"]
+    is_cut = (
+        run["finished"]["finish_reason"] in CUT_FINISHES
+        and (last.get("text_delta") or "").endswith("\ufffd")
+        and not (last.get("token_bytes") or "").lower().endswith("efbfbd")
+    )
+    return (text.rstrip("\ufffd"), True) if is_cut else (text, False)
+
+
 def runs(page) -> list[dict[str, Any]]:
     """Every generating command the page sent, oldest first, with the events that answered it:
     {"command", "queued", "started", "prefilled", "steps", "finished", "error"} (None or [] when

@@ -1,7 +1,7 @@
 """The default model `make run` serves, Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, the bundled download),
 through our engine: it answers the lesson's and everyday questions in both languages (greedy,
 bfloat16, the default preset and precision on a CPU with bf16 units), and int4 serves each tensor
-type of its file as the report says; the lesson's R1 run (section 6) shows an answer at its default
+type of its file as the report says; the lesson's R1 run (section 7) shows an answer at its default
 thinking budget. Needs the prepared model (`python -m inference.models.bundled`,
 which `make test` and CI run first; here it is prepared if missing)."""
 

@@ -139,7 +139,12 @@ def test_sample_rows_masks_only_the_processed_distribution() -> None:
 def test_grammar_specs_are_checked_and_bounded() -> None:
     assert SamplingParams.from_dict(SamplingParams(grammar=JSON_SCHEMA).to_dict()).grammar == JSON_SCHEMA
     bad = [
-        ({"type": "regex"}, "grammar.type='regex'"),
+        ({"type": "regexp"}, "grammar.type='regexp'"),
+        ({"type": "regex"}, "grammar.pattern must be"),
+        ({"type": "regex", "pattern": "(ab"}, "grammar.pattern is not supported: unclosed group$"),
+        ({"type": "choice", "choices": []}, "grammar.choices must be"),
+        ({"type": "choice", "choices": ["a", ""]}, r"grammar.choices\[1\]=''"),
+        ({"type": "choice", "choices": ["a"], "pattern": "a"}, "unknown field"),
         ({"type": "json_schema", "schema": {"type": "strin"}}, "grammar.schema is not supported: Invalid type"),
         ({"type": "json_schema", "schema": {"$ref": "http://x/y"}}, "grammar.schema is not supported"),
         ({"type": "json_schema"}, "grammar.schema must be"),
@@ -164,6 +169,45 @@ def test_grammar_specs_are_checked_and_bounded() -> None:
         SamplingParams(grammar={"type": "json_schema", "schema": wide})
     with pytest.raises(ValueError, match="beam search"):
         SamplingParams(grammar=JSON_SCHEMA, num_beams=2)
+
+
+@pytest.mark.parametrize(
+    ("spec", "good", "bad"),
+    [
+        ({"type": "regex", "pattern": r"[0-9]{3}-[a-z]+"}, "123-abc", "12a"),
+        ({"type": "choice", "choices": ["yes", "no", 'say "hi"\\', "中文"]}, 'say "hi"\\', "maybe"),
+        ({"type": "choice", "choices": ["yes", "no", 'say "hi"\\', "中文"]}, "中文", "yes!"),
+    ],
+)
+def test_a_regex_or_a_list_of_choices_takes_only_its_text(spec: dict, good: str, bad: str) -> None:
+    tokenizer = make_tiny_tokenizer()  # one token per byte
+    grammar_spec.check(spec)
+    matcher = GrammarMatcher(spec, tokenizer, 260)
+    for byte in good.encode():
+        matcher.advance(byte)
+    assert matcher.is_accepting
+    wrong = GrammarMatcher(spec, tokenizer, 260)
+    with pytest.raises(ValueError, match="does not fit the grammar"):
+        for byte in bad.encode():
+            wrong.advance(byte)
+        # all of it fitted: only the end of sequence may be refused
+        wrong.advance(tokenizer.eos_token_id) if not wrong.is_accepting else wrong.advance(ord("!"))
+
+
+def test_a_choice_grammar_ends_the_answer_on_one_choice_and_reports_what_it_removed() -> None:
+    params = SamplingParams(max_new_tokens=40, seed=5, grammar={"type": "choice", "choices": ["red", "green"]})
+    [(steps, finished)] = _run(engine_for("llama"), [[72, 105]], [params])
+    assert finished.text in ("red", "green") and finished.finish_reason in ("grammar", "eos")
+    first = steps[0]
+    allowed = {ord("r"), ord("g")}
+    # Removed: each listed raw alternative but "r" and "g", with the raw probabilities.
+    assert [a.token_id for a in first.top_masked] == [a.token_id for a in first.top_raw if a.token_id not in allowed]
+    assert {a.prob for a in first.top_masked} <= {a.prob for a in first.top_raw}
+    listed = sum(a.prob for a in first.top_masked)
+    assert listed <= first.masked_prob + 1e-6 and first.masked_prob > 0.9
+    assert first.to_dict()["top_masked"][0]["token_id"] == first.top_masked[0].token_id
+    [(free_steps, _)] = _run(engine_for("llama"), [[72, 105]], [SamplingParams(max_new_tokens=2, seed=5)])
+    assert free_steps[0].top_masked == () and free_steps[0].masked_prob is None
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +265,19 @@ def test_a_grammar_request_handed_from_prefill_to_decode_continues_with_the_same
     assert isinstance(finished, Finished) and finished.token_ids == expected.token_ids
     assert finished.finish_reason == "grammar" and loaded.first_step.masked_prob is not None
     _valid(finished.text)
+
+
+def test_prefix_ids_are_taken_before_the_first_step() -> None:
+    """A path continued one request at a time: the grammar goes on from the tokens it already took."""
+    tokenizer = make_tiny_tokenizer()
+    spec = {"type": "choice", "choices": ["red", "rose"]}
+    matcher = GrammarMatcher({**spec, "prefix_ids": [ord("r"), ord("o")]}, tokenizer, 260)
+    masked = apply_masks(torch.zeros(1, 260), [matcher])
+    assert torch.isfinite(masked[0]).nonzero().flatten().tolist() == [ord("s")]  # only "rose" is left
+    with pytest.raises(ValueError, match="does not fit the grammar"):
+        GrammarMatcher({**spec, "prefix_ids": [ord("x")]}, tokenizer, 260)
+    grammar_spec.check({**spec, "prefix_ids": []})
+    for bad in ([-1], ["3"], 3, [True]):
+        with pytest.raises(ValueError, match="grammar.prefix_ids must be a list of token ids"):
+            grammar_spec.check({**spec, "prefix_ids": bad})
+    assert grammar_spec.to_llguidance(grammar_spec.canonical(grammar_spec.without_prefix({**spec, "prefix_ids": [1]})))

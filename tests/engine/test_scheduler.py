@@ -418,3 +418,72 @@ def test_the_pacer_without_a_goal_or_with_a_fast_model_keeps_the_whole_budget() 
     assert untimed.token_budget() == 512
     with pytest.raises(ValueError, match="max_step_ms=0"):
         StepPacer(max_step_ms=0, max_num_batched_tokens=512)
+
+
+def test_a_preempted_group_shares_its_cached_prompt_when_it_comes_back() -> None:
+    """Three beams of a 16-token prompt need 3 x 5 blocks when each recomputes its own copy: more
+    than the pool of 10, so they never came back and held everyone behind them. Their prompt's
+    blocks are cached: counted once, the group fits (4 shared + 3 x 1 of their own = 7)."""
+    s = Scheduler(BlockManager(num_blocks=10, block_size=4), max_num_seqs=8, max_num_batched_tokens=64)
+    primer = seq(17)
+    s.add(primer)
+    step(s)  # 17 tokens computed: 4 full blocks hashed
+    s.finish(primer)
+    group = [Sequence([*range(16), 100 + i], PARAMS) for i in range(3)]
+    for member in group:
+        member.group = group
+        s.add(member)
+    assert not s.stuck()
+    out = step(s)
+    assert {c.seq for c in out.chunks} == set(group)
+    assert all(m.num_cached_tokens == 16 for m in group)
+
+
+def test_a_group_that_can_never_start_is_named_stuck_not_left_waiting() -> None:
+    """Without the prefix cache the same group needs 15 blocks of 10: with nothing running and the
+    pool empty it can never start, so the engine ends it (`stuck`) instead of waiting for ever."""
+    s = Scheduler(BlockManager(num_blocks=10, block_size=4), max_num_seqs=8, max_num_batched_tokens=64)
+    group = [seq(17, use_prefix_cache=False) for _ in range(3)]
+    for member in group:
+        member.group = group
+        s.add(member)
+    behind = arrive(s, "", 4, first=60)
+    assert s.schedule().is_empty  # the head does not fit, and admission is in arrival order
+    assert s.stuck() == group
+    for member in list(group):  # (finishing a member takes it out of its group)
+        s.finish(member)
+    assert not s.stuck() and [c.seq for c in step(s).chunks] == [behind]
+
+
+def test_a_handoff_preempted_in_the_step_that_admitted_it_keeps_its_kv_to_load() -> None:
+    """A handed-over sequence admitted in a step's fair round, then preempted in the same step for
+    another client's no-KV recompute: its KV was never loaded, so it must still be loaded when it
+    comes back (it was dropped, and the step tried to load it into no blocks)."""
+    s = Scheduler(BlockManager(num_blocks=8, block_size=4), max_num_seqs=8, max_num_batched_tokens=64)
+    recomputing = [arrive(s, "x", 8, first=10 * i, use_kv_cache=False) for i in range(2)]
+    step(s)
+    for x in recomputing:
+        s.recompute(x)  # no KV cache: every step computes all of its tokens again
+    handed = Sequence(list(range(100, 112)), PARAMS, num_prompt_tokens=11)
+    handed.num_imported_tokens, handed.client = 11, "y"
+    s.add(handed)
+    out = s.schedule()
+    assert handed in out.preempted and handed not in out.imported  # nothing to load into
+    assert handed.status == SequenceStatus.WAITING and handed.num_imported_tokens == 11
+
+
+def test_a_block_behind_a_duplicate_is_keyed_by_its_whole_prefix() -> None:
+    """Two requests with one prompt prefill at once: the second's blocks duplicate the first's, so
+    they stay unhashed. Its next chunk's block was then hashed with no parent, as if it began a
+    prompt: a later prompt starting with those 4 tokens reused KV computed at positions 4-7 behind
+    other tokens (the explorer's "·is" at 98% after "The capital of France is")."""
+    s = Scheduler(BlockManager(num_blocks=20, block_size=4), max_num_seqs=8, max_num_batched_tokens=16)
+    first, second = seq(12), seq(12)
+    s.add(first)
+    s.add(second)
+    step(s)  # the first's 12 tokens, the second's first 4 (a duplicate of the first's block 0)
+    step(s)  # the second's next 8: its block 1 ([4, 5, 6, 7]) computed behind block 0
+    later = Sequence([4, 5, 6, 7, 99, 98], PARAMS)
+    assert s.block_manager._prefix_hits(later) == []
+    again = seq(13)
+    assert len(s.block_manager._prefix_hits(again)) == 3  # the same prefix still hits, whole

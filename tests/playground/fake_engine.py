@@ -139,7 +139,7 @@ class FakeEngine:
         return self.info.to_dict()
 
     def prefix_cache_stats(self) -> dict[str, Any]:
-        return {"hits": 0, "misses": 1, "hit_rate": 0.0, "num_entries": 0, "num_bytes": 0, "num_evictions": 0}
+        return {"hits": 0, "misses": 1, "hit_rate": 0.0, "num_stored_blocks": 0, "num_bytes": 0, "num_evictions": 0}
 
     def stats(self) -> dict[str, Any]:
         blocks = {"num_blocks": 1, "num_used_blocks": 0, "block_size": 1, "num_hit_tokens": 0, "num_queried_tokens": 0}

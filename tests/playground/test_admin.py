@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.contrib.staticfiles import finders
 from django.test import Client
 
 from playground.models import ChatTemplate, Generation, LanguageModel, SamplingPreset
@@ -161,3 +163,24 @@ def test_the_generation_list_shows_timings_rounded(staff_client: Client) -> None
     assert "2505.18" not in listing and "11.62" not in listing
     page = staff_client.get(f"/admin/playground/generation/{generation.pk}/change/").content.decode()
     assert "2400.5" in page and "2505.2" in page and "2505.18" not in page
+
+
+def test_every_admin_page_names_the_sites_icon(staff_client: Client) -> None:
+    """The admin named no icon, so the browser asked for /favicon.ico and got a 404 on each page."""
+    pages = [
+        Client().get("/admin/login/"),
+        staff_client.get("/admin/"),
+        staff_client.get("/admin/playground/generation/"),
+    ]
+    for page in pages:
+        assert page.status_code == 200
+        assert '<link rel="icon" href="/static/favicon.svg">' in page.content.decode()
+    assert finders.find("favicon.svg")
+
+
+def test_favicon_ico_is_the_sites_icon(client: Client) -> None:
+    """What a browser asks for by itself, any page: /favicon.ico leads to the vendored icon."""
+    response = client.get("/favicon.ico")
+    assert response.status_code == 302 and response["Location"] == "/static/favicon.ico"
+    icon = Path(finders.find("favicon.ico")).read_bytes()
+    assert icon[:4] == b"\x00\x00\x01\x00"  # an ICO file's header

@@ -15,7 +15,7 @@ from playground.models import ChatTemplate, Generation, Message
 from playground.protocol import is_terminal
 from playground.web import submit
 from playground.web.api import generation_json
-from playground.worker import generation, serve_loop
+from playground.worker import generation, row_writer, serve_loop
 from playground.worker.publisher import MAX_STEPS
 
 from .fake_engine import R1_CHATML, FakeEngine
@@ -82,8 +82,8 @@ def test_a_chat_generation_streams_coalesced_steps_then_finishes_once(owner: str
 def test_published_steps_wait_in_redis_until_the_row_holds_them(owner: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each step is in the recent-steps tail before it is published, until a save of the row has
     it: whenever a reloaded page reads tail then row, it gets every published step."""
-    monkeypatch.setattr(generation, "SAVE_PARTIAL_EVERY_S", 0.0)  # save the row at every step
-    monkeypatch.setattr(generation, "STEPS_SAVED_PER_S", float("inf"))  # its steps too
+    monkeypatch.setattr(row_writer, "SAVE_PARTIAL_EVERY_S", 0.0)  # save the row at every step
+    monkeypatch.setattr(row_writer, "STEPS_SAVED_PER_S", float("inf"))  # its steps too
     queued = queue_chat(owner, overrides={"max_new_tokens": 64})
     gaps: list[int] = []
 
@@ -112,8 +112,8 @@ def test_the_text_is_saved_at_its_interval_while_the_growing_steps_wait_in_redis
 ) -> None:
     """The steps list is rewritten whole at each save, so it is saved less often as it grows; the
     answer's text is not held back, and a reloaded page still gets every step (row + tail)."""
-    monkeypatch.setattr(generation, "SAVE_PARTIAL_EVERY_S", 0.0)
-    monkeypatch.setattr(generation, "STEPS_SAVED_PER_S", 1e-9)  # steps: only at the end
+    monkeypatch.setattr(row_writer, "SAVE_PARTIAL_EVERY_S", 0.0)
+    monkeypatch.setattr(row_writer, "STEPS_SAVED_PER_S", 1e-9)  # steps: only at the end
     queued = queue_chat(owner)
     seen: list[tuple[str, int, int]] = []  # (row text, row steps, merged steps) at each message
     snapshots: list[tuple[str, int]] = []  # what a page reloaded then gets: text, number of steps

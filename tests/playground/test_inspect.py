@@ -22,7 +22,7 @@ from inference.sampling_params import SamplingParams
 from playground import inspection
 from playground.models import Generation, LanguageModel
 from playground.web import inspect_api, submit
-from playground.worker import generation, inspect
+from playground.worker import generation, inspections
 from tests.engine.engines import engine_for
 from tests.playground.conftest import new_browser
 
@@ -61,7 +61,7 @@ def finished(
 def ask(row: Generation, engine: Engine = TINY, **request: Any) -> dict[str, Any]:
     replies: list[tuple[str, dict[str, Any]]] = []
     checked = inspection.parse(request, row.params)
-    inspect.run_inspection(
+    inspections.run_inspection(
         row.pk, checked, "chan", load_engine=lambda model: engine, reply=lambda c, m: replies.append((c, m))
     )
     [(channel, message)] = replies
@@ -180,7 +180,7 @@ def test_ab_kl_is_the_two_processed_distributions(owner: str) -> None:
         (x["piece"], y["piece"]) for x, y in zip(a.steps, b.steps)
     ]
     # Step 0 reads the text alone: the KL of the two processed distributions, computed here.
-    context, path = inspect.tokens_of(a)
+    context, path = inspections.tokens_of(a)
     logits = recompute(TINY.model, context, path).logits(0)[None]
     ids = torch.tensor([context])
     lp_a, lp_b = (
@@ -250,7 +250,7 @@ def worker_thread(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
         kwargs = {"load_engine": lambda model: TINY, "reply": reply}
         threading.Thread(
-            target=inspect.run_inspection, args=(generation_id, checked, reply_channel), kwargs=kwargs
+            target=inspections.run_inspection, args=(generation_id, checked, reply_channel), kwargs=kwargs
         ).start()
 
     monkeypatch.setattr(inspect_api, "send_task", send_task)

@@ -9,7 +9,7 @@ import torch
 from inference.introspect.ab import kl_divergence
 from inference.introspect.recompute import recompute, replay
 from playground import inspection
-from playground.worker import inspect
+from playground.worker import inspections
 from tests.engine.engines import engine_for
 from tests.playground.test_inspect import TINY, ask, finished
 
@@ -20,7 +20,7 @@ INT8 = engine_for("llama", precision="int8")  # the same seed: TINY's weights, q
 
 @pytest.fixture
 def int8_beside(monkeypatch) -> None:
-    monkeypatch.setattr(inspect, "comparison_model", lambda model, precision: INT8.loaded)
+    monkeypatch.setattr(inspections, "comparison_model", lambda model, precision: INT8.loaded)
 
 
 def test_each_step_under_both_precisions_with_the_kl_between_them(owner: str, int8_beside) -> None:

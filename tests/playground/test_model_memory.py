@@ -18,8 +18,8 @@ from inference.engine import Engine
 from inference.events import Finished
 from playground.models import LanguageModel, LoadReportStatus
 from playground.worker import engines, memory_release, model_state
+from playground.worker.load_report import run_test_load
 from playground.worker.memory_release import ReleaseAfterLongPrompts
-from playground.worker.test_load import run_test_load
 
 from .fake_engine import FakeEngine
 from .test_model_test_load import save_tiny_folder

@@ -13,7 +13,7 @@ from django.test import Client
 
 from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
 from playground.models import LanguageModel, LoadReportStatus, resolve_source
-from playground.worker.test_load import RAW_PROMPT, run_test_load
+from playground.worker.load_report import RAW_PROMPT, run_test_load
 from tests.engine.tiny_gguf import CHATML, write_tiny_gguf
 from tests.playground.sent_tasks import on_task
 

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inference.text.reasoning import prompt_opens_reasoning
 from playground import protocol
 from playground.web.openai_api.answer import Answer, Delta
 from playground.web.openai_api.errors import ApiError, from_event
@@ -118,7 +117,7 @@ class Choice:
         if kind == "generation.started":
             self.is_started = True
             self.prompt_text = event["prompt"]["text"]
-            self.answer.starts_in_reasoning = self.is_chat and prompt_opens_reasoning(self.prompt_text)
+            self.answer.starts_in_reasoning = self.is_chat and event["prompt"].get("opens_reasoning", False)
             return Item(self, "started")
         if kind == "generation.tokens":
             return Item(self, "tokens", self.answer.add(protocol.steps_of(event)))

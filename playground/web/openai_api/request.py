@@ -20,6 +20,7 @@ from django.conf import settings
 from django.http import HttpRequest
 
 from inference.sampling.grammar_spec import check as check_grammar
+from inference.sampling_params import SamplingParams
 from playground.web import request_body
 from playground.web.openai_api import tool_calls
 from playground.web.openai_api.errors import ApiError, from_command_error, invalid
@@ -192,8 +193,7 @@ def _sampling(fields: _Fields, overrides: dict[str, Any], *, scores: bool) -> No
         "max_thinking_tokens": fields.integer("max_thinking_tokens", 0),
     }
     overrides.update({name: value for name, value in values.items() if value is not None})
-    if values["temperature"] is not None:  # a temperature asks for sampling even under a greedy preset
-        overrides["greedy"] = False
+    overrides.update(SamplingParams.resolve_overrides(overrides))  # a temperature: sampled, whatever the preset
 
 
 def _response_format(value: dict[str, Any] | None) -> dict[str, Any] | None:

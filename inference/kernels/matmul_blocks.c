@@ -1,0 +1,361 @@
+/* Matrix products on a GGUF file's own blocks: out (M, N) = x (M, K) @ w (N, K)^T (+ bias), where
+ * each row of w is the file's bytes for that row (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K),
+ * read as the file stores them (inference/kernels/cpu.py wraps it; inference/models/quant.py's
+ * `BlockWeight` calls it). Formats: blocks.h; a prompt's rows on AMX-INT8 tiles: matmul_blocks_amx.c.
+ *
+ * Why: decode reads every weight once per token, so the bytes read set its speed; and a CPU
+ * multiplies 8-bit integers several times faster than it converts them to floats and multiplies
+ * those. So, as llama.cpp does, each row of x is quantized per unit of 32 to int8 with one float
+ * scale `dx` (x ~ dx * xq), each unit of the weight is unpacked to its integer codes q
+ * (w ~ sw * q + mn), and the product of a unit is sw * dx * sum(q * xq) + mn * dx * sum(xq): one
+ * exact integer dot product per unit, a few float operations per 32 weights.
+ *
+ * The order, whatever M is and whichever path runs (AVX2 `maddubs`, AVX-VNNI / AVX512-VNNI
+ * `dpbusd`, AMX-INT8 `tdpbssd`, or plain C), so a row's numbers are the same alone, batched, in a prompt or in a decode
+ * step, on every one of these paths:
+ *   - the integer sums are exact (|q| <= 128, |xq| <= 127, 32 terms), so how they are added up
+ *     does not matter;
+ *   - the units of a row go in groups of 8 (256 weights: a K-quant super-block), each group's
+ *     sums into an 8-lane float32 accumulator: acc[l] = fma(sum_l, sw_l * dx_l, acc[l]), then
+ *     (formats with a minimum) acc[l] = fma(mn_l, xs_l, acc[l]) with xs = dx * sum(xq). Q6_K's
+ *     scales cover 16 weights: its group is two such steps over half-units, lane l < 4 holding the
+ *     first half of unit l and lane l >= 4 the second half of unit l - 4 (the order the AVX2
+ *     horizontal adds produce), units 0-3 then 4-7;
+ *   - the lanes are added in one fixed tree (`hsum8`), then the bias, rounded once to out's dtype.
+ * Missing units of a row's last group count as sum 0 with scale 0.
+ * Must not know: models, layers, GGUF files (only the byte layout of their blocks).
+ */
+#include "blocks.h"
+
+/* Row m of x into q / d / s: d = max|x| / 127, q = round-half-even(x / d) (llama.cpp's Q8_0, with
+ * d kept in float32). */
+__attribute__((unused)) static void quantize_row(const void *x, int x_bf16, int64_t m, int64_t K, int8_t *q, float *d, float *s,
+                         int64_t units_padded) {
+    const int64_t units = K / UNIT;
+    for (int64_t u = 0; u < units_padded; u++) {
+        if (u >= units) {
+            d[u] = s[u] = 0.0f;
+            continue;
+        }
+        float v[UNIT], amax = 0.0f;
+        for (int i = 0; i < UNIT; i++) {
+            v[i] = x_at(x, x_bf16, m * K + u * UNIT + i);
+            float a = fabsf(v[i]);
+            amax = a > amax ? a : amax;
+        }
+        const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < UNIT; i++) {
+            int c = (int)nearbyintf(v[i] * inverse);
+            q[u * UNIT + i] = (int8_t)c;
+            sum += c;
+        }
+        d[u] = scale;
+        s[u] = scale * (float)sum;
+    }
+}
+
+#if defined(PGB_AVX2)
+/* quantize_row on 8 lanes: the same max, the same products, the same rounding (to nearest even). */
+static void quantize_row_avx2(const void *x, int x_bf16, int64_t m, int64_t K, int8_t *q, float *d, float *s,
+                              int64_t units_padded) {
+    const int64_t units = K / UNIT;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t u = 0; u < units_padded; u++) {
+        if (u >= units) {
+            d[u] = s[u] = 0.0f;
+            continue;
+        }
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            const int64_t at = m * K + u * UNIT + 8 * j;
+            if (x_bf16) {
+                __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + at));
+                v[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+            } else v[j] = _mm256_loadu_ps((const float *)x + at);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float scale = _mm_cvtss_f32(m4) / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+        const __m256 iv = _mm256_set1_ps(inverse);
+        __m256i c[4], sum = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            c[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            sum = _mm256_add_epi32(sum, c[j]);
+        }
+        // int32 -> int8 in order: packs interleave 128-bit lanes, the permute undoes it
+        __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+        p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + u * UNIT), p8);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        d[u] = scale;
+        s[u] = scale * (float)_mm_cvtsi128_si32(s4);
+    }
+}
+#define quantize_row quantize_row_avx2
+#endif
+
+/* ---- the float side, one lane at a time (every path's order) ---- */
+
+#if !defined(PGB_AVX2)
+/* Rows m .. m + MR - 1 of x times weight row n, in plain C. */
+static void tile(const Args *a, int64_t m, int MR, int64_t n) {
+    const int64_t units = a->K / UNIT, groups = (units + GROUP - 1) / GROUP;
+    const uint8_t *row = a->w + n * a->row_bytes;
+    const int type = a->type, minimum = has_min(type);
+    Acc acc[MR_MAX];
+    memset(acc, 0, sizeof(acc));
+    for (int64_t g = 0; g < groups; g++) {
+        const int count = units - g * GROUP < GROUP ? (int)(units - g * GROUP) : GROUP;
+        GroupScales s;
+        group_scales(type, row, g, count, &s);
+        for (int i = 0; i < MR; i++) {
+            int32_t first[8], second[8];
+            group_sums_c(type, row, g, count, a->x.q + (m + i) * a->K, first, second);
+            const float *dx = a->x.d + (m + i) * a->x.units_padded + g * GROUP;
+            const float *xs = a->x.s + (m + i) * a->x.units_padded + g * GROUP;
+            if (type == Q6_K) {
+                float d0[8], d1[8];
+                q6k_dx(dx, d0);
+                q6k_dx(dx + 4, d1);
+                acc_step(&acc[i], first, s.sw, d0);
+                acc_step(&acc[i], second, s.sw + 8, d1);
+            } else {
+                acc_step(&acc[i], first, s.sw, dx);
+                if (minimum) acc_min(&acc[i], s.mn, xs);
+            }
+        }
+    }
+    for (int i = 0; i < MR; i++) store(a, m + i, n, hsum8(&acc[i]));
+}
+
+static void run_rows(const Args *a, int64_t n_lo, int64_t n_hi) {
+    for (int64_t m = 0; m < a->M; m += MR_MAX) {
+        const int MR = a->M - m < MR_MAX ? (int)(a->M - m) : MR_MAX;
+        for (int64_t n = n_lo; n < n_hi; n++) tile(a, m, MR, n);
+    }
+}
+#else
+static inline uint16_t half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+static inline __m128i insert_half(__m128i v, const uint8_t *p, int lane) {
+    switch (lane) {  // the lane of _mm_insert_epi16 must be a constant
+        case 0: return _mm_insert_epi16(v, half_at(p), 0);
+        case 1: return _mm_insert_epi16(v, half_at(p), 1);
+        case 2: return _mm_insert_epi16(v, half_at(p), 2);
+        case 3: return _mm_insert_epi16(v, half_at(p), 3);
+        case 4: return _mm_insert_epi16(v, half_at(p), 4);
+        case 5: return _mm_insert_epi16(v, half_at(p), 5);
+        case 6: return _mm_insert_epi16(v, half_at(p), 6);
+        default: return _mm_insert_epi16(v, half_at(p), 7);
+    }
+}
+
+/* The fp16 at p, p + stride, ... p + 7 stride, as 8 lanes. */
+PG_INLINE __m128i half_lanes(const uint8_t *p, int stride) {
+    __m128i v = _mm_cvtsi32_si128(half_at(p));
+    v = _mm_insert_epi16(v, half_at(p + stride), 1);
+    v = _mm_insert_epi16(v, half_at(p + 2 * stride), 2);
+    v = _mm_insert_epi16(v, half_at(p + 3 * stride), 3);
+    v = _mm_insert_epi16(v, half_at(p + 4 * stride), 4);
+    v = _mm_insert_epi16(v, half_at(p + 5 * stride), 5);
+    v = _mm_insert_epi16(v, half_at(p + 6 * stride), 6);
+    return _mm_insert_epi16(v, half_at(p + 7 * stride), 7);
+}
+
+/* The scales of group g as vectors (the same floats as group_scales): sw (Q6_K: sw and sw2, its
+ * two steps) and, for formats with a minimum, mn. */
+PG_INLINE void group_scales_avx2(const int type, const uint8_t *row, int64_t g, int count, __m256 *sw, __m256 *sw2,
+                                 __m256 *mn) {
+    const int bytes = block_bytes(type);
+    if (type == Q6_K) {
+        const uint8_t *b = row + g * bytes;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(b + 208)));
+        const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+        __m128i sc = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(b + 192)), order);
+        *sw = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        *sw2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+        return;
+    }
+    if (type == Q4_K || type == Q5_K) {
+        const uint8_t *b = row + g * bytes;
+        int32_t sc[8], m[8];
+        for (int u = 0; u < GROUP; u++) scale_min_k4(u, b + 4, &sc[u], &m[u]);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)b));
+        const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(b + 2)));
+        *sw = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)sc)));
+        __m256 mins = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)m)));
+        *mn = _mm256_xor_ps(mins, _mm256_set1_ps(-0.0f));
+        return;
+    }
+    // the blocks' fp16 scales put into one vector in registers (a vector loaded from 2-byte
+    // stores just made stalls on the failed store forwarding: 40% of a decode matmul's time)
+    const uint8_t *b = row + g * GROUP * bytes;
+    __m128i d = _mm_setzero_si128(), m = _mm_setzero_si128();
+    if (count == GROUP) {
+        d = half_lanes(b, bytes);
+        if (has_min(type)) m = half_lanes(b + 2, bytes);
+    } else {
+        for (int u = 0; u < count; u++) {
+            d = insert_half(d, b + u * bytes, u);
+            if (has_min(type)) m = insert_half(m, b + u * bytes + 2, u);
+        }
+    }
+    *sw = _mm256_cvtph_ps(d);
+    if (has_min(type)) *mn = _mm256_cvtph_ps(m);
+}
+
+PG_INLINE float hsum8_avx2(__m256 v) {  // hsum8's tree
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Rows m .. m + MR - 1 of x times weight row n: every float step of `tile` above, 8 lanes at once. */
+PG_INLINE void tile_avx2(const Args *a, const int type, int64_t m, const int MR, int64_t n) {
+    const int64_t units = a->K / UNIT, groups = (units + GROUP - 1) / GROUP, up = a->x.units_padded;
+    const uint8_t *row = a->w + n * a->row_bytes;
+    __m256 acc[MR_MAX];
+    for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const int count = units - g * GROUP < GROUP ? (int)(units - g * GROUP) : GROUP;
+        __m256 sw, sw2 = _mm256_setzero_ps(), mn = _mm256_setzero_ps();
+        group_scales_avx2(type, row, g, count, &sw, &sw2, &mn);
+        __m256i first[MR_MAX], second[MR_MAX];
+        group_sums_avx2(type, row, g, count, a->x.q + m * a->K, a->K, MR, first, second);
+        for (int i = 0; i < MR; i++) {
+            const float *dx = a->x.d + (m + i) * up + g * GROUP;
+            if (type == Q6_K) {
+                __m256 d0 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(dx), _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3));
+                __m256 d1 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(dx), _mm256_setr_epi32(4, 5, 6, 7, 4, 5, 6, 7));
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first[i]), _mm256_mul_ps(sw, d0), acc[i]);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second[i]), _mm256_mul_ps(sw2, d1), acc[i]);
+                continue;
+            }
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first[i]), _mm256_mul_ps(sw, _mm256_loadu_ps(dx)), acc[i]);
+            if (has_min(type))
+                acc[i] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(a->x.s + (m + i) * up + g * GROUP), acc[i]);
+        }
+    }
+    for (int i = 0; i < MR; i++) store(a, m + i, n, hsum8_avx2(acc[i]));
+}
+
+PG_INLINE void run_rows_of(const Args *a, const int type, int64_t n_lo, int64_t n_hi) {
+    int64_t m = 0;
+    for (; m + MR_MAX <= a->M; m += MR_MAX)
+        for (int64_t n = n_lo; n < n_hi; n++) tile_avx2(a, type, m, MR_MAX, n);
+    for (int64_t n = n_lo; m < a->M && n < n_hi; n++) {  // the last rows: tiles of 4, 2 and 1
+        int64_t at = m;
+        if (MR_MAX > 4 && a->M - at >= 4) tile_avx2(a, type, at, 4, n), at += 4;
+        if (a->M - at >= 2) tile_avx2(a, type, at, 2, n), at += 2;
+        if (a->M - at >= 1) tile_avx2(a, type, at, 1, n);
+    }
+}
+
+static void run_rows(const Args *a, int64_t n_lo, int64_t n_hi) {
+    switch (a->type) {  // one copy of the loop per format, its branches folded away
+        case Q4_0: run_rows_of(a, Q4_0, n_lo, n_hi); break;
+        case Q4_1: run_rows_of(a, Q4_1, n_lo, n_hi); break;
+        case Q5_0: run_rows_of(a, Q5_0, n_lo, n_hi); break;
+        case Q5_1: run_rows_of(a, Q5_1, n_lo, n_hi); break;
+        case Q8_0: run_rows_of(a, Q8_0, n_lo, n_hi); break;
+        case Q4_K: run_rows_of(a, Q4_K, n_lo, n_hi); break;
+        case Q5_K: run_rows_of(a, Q5_K, n_lo, n_hi); break;
+        default: run_rows_of(a, Q6_K, n_lo, n_hi); break;
+    }
+}
+#endif
+
+static void run_task(void *ctx, int64_t task) {
+    const Args *a = (const Args *)ctx;
+    const int64_t n_lo = task * TASK_ROWS;
+    run_rows(a, n_lo, n_lo + TASK_ROWS < a->N ? n_lo + TASK_ROWS : a->N);
+}
+
+/* matmul_blocks_amx.c: a prompt's rows on AMX-INT8 tiles, with this file's numbers. */
+int pg_blocks_amx_takes(const Args *a);
+void pg_blocks_amx_run(const Args *a, int num_threads);
+
+/* The rows and outputs AMX left: rows [m_lo, M) of outputs [0, n_hi), and every row of [n_hi, N). */
+typedef struct {
+    const Args *a;
+    int64_t m_lo, n_hi;
+} Rest;
+
+static void run_rest_task(void *ctx, int64_t task) {
+    const Rest *r = (const Rest *)ctx;
+    Args rows = *r->a;
+    const int64_t n_lo = task * TASK_ROWS, n_end = n_lo + TASK_ROWS < r->a->N ? n_lo + TASK_ROWS : r->a->N;
+    // outputs below n_hi: only the rows AMX left; above: every row
+    const int64_t split = n_end <= r->n_hi ? n_end : (n_lo >= r->n_hi ? n_lo : r->n_hi);
+    if (split > n_lo && r->m_lo < rows.M) {
+        Args tail = rows;
+        tail.x.q += r->m_lo * rows.K, tail.x.d += r->m_lo * rows.x.units_padded;
+        tail.x.s += r->m_lo * rows.x.units_padded;
+        tail.M -= r->m_lo;
+        tail.out = (char *)rows.out + r->m_lo * rows.ldc * (rows.out_bf16 ? 2 : 4);
+        run_rows(&tail, n_lo, split);
+    }
+    if (n_end > split) run_rows(&rows, split, n_end);
+}
+
+int64_t pg_block_row_bytes(int type, int64_t K) { return row_bytes_of(type, K); }
+
+/* out[m * ldc + n] for n < N. Returns 0, or -1 when the type or K is not one this file reads. */
+int pg_matmul_blocks(const void *x, int x_bf16, int64_t M, int64_t K, int type, const void *w, int64_t N,
+                     const void *bias, int bias_bf16, void *out, int64_t ldc, int out_bf16, int num_threads) {
+    const int64_t row_bytes = row_bytes_of(type, K);
+    if (row_bytes < 0) return -1;
+    const int64_t units_padded = (K / UNIT + GROUP - 1) / GROUP * GROUP;
+    // x quantized into buffers of the calling thread (slot 2 / 3: matmul.c uses 0 and 1)
+    int8_t *q = (int8_t *)pg_scratch(2, (M * K + 3) / 4);
+    float *ds = pg_scratch(3, 2 * M * units_padded);
+    for (int64_t m = 0; m < M; m++)
+        quantize_row(x, x_bf16, m, K, q + m * K, ds + m * units_padded, ds + (M + m) * units_padded, units_padded);
+    Args a = {{q, ds, ds + M * units_padded, units_padded}, M, K, N, type, (const uint8_t *)w, row_bytes,
+              bias, bias_bf16, out, ldc, out_bf16};
+    if (M * N * K < 65536) num_threads = 1;
+    if (pg_blocks_amx_takes(&a)) {
+        pg_blocks_amx_run(&a, num_threads);
+        Rest rest = {&a, M / 16 * 16, N / 32 * 32};
+        if (rest.m_lo < M || rest.n_hi < N)
+            pg_parallel(num_threads, (N + TASK_ROWS - 1) / TASK_ROWS, run_rest_task, &rest);
+        return 0;
+    }
+    pg_parallel(num_threads, (N + TASK_ROWS - 1) / TASK_ROWS, run_task, &a);
+    return 0;
+}
+
+/* The weights of rows [0, N) as float32 (the file's exact values), for inspections and tests. */
+int pg_dequantize_blocks(int type, const void *w, int64_t N, int64_t K, float *out) {
+    const int64_t row_bytes = row_bytes_of(type, K);
+    if (row_bytes < 0) return -1;
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = (const uint8_t *)w + n * row_bytes;
+        for (int64_t g = 0; g < (K / UNIT + GROUP - 1) / GROUP; g++) {
+            const int count = K / UNIT - g * GROUP < GROUP ? (int)(K / UNIT - g * GROUP) : GROUP;
+            GroupScales s;
+            group_scales(type, row, g, count, &s);
+            for (int u = 0; u < count; u++) {
+                int8_t q[UNIT];
+                unit_codes(type, row, g * GROUP + u, q);
+                for (int i = 0; i < UNIT; i++) {
+                    float scale;
+                    if (type == Q6_K) scale = s.sw[(u / 4) * 8 + (i / 16) * 4 + u % 4];
+                    else scale = s.sw[u];
+                    out[n * K + (g * GROUP + u) * UNIT + i] = scale * (float)q[i] + s.mn[u];
+                }
+            }
+        }
+    }
+    return 0;
+}
