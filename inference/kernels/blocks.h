@@ -216,6 +216,9 @@ static inline void group_sums_c(int type, const uint8_t *row, int64_t g, int cou
 static inline __m256i bytes_from_bits_32(const uint8_t *p) {  // byte j: 0xFF where bit j is set
     uint32_t bits;
     memcpy(&bits, p, 4);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_movm_epi8((__mmask32)bits);  // the bits as a mask register: one instruction
+#endif
     const __m256i shuffle = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuffle);
     bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
