@@ -132,6 +132,7 @@ typedef struct {
     const int8_t *q;  // (M, K)
     const float *d;   // (M, units_padded): x ~ d * q
     const float *s;   // (M, units_padded): d * sum(q) of the unit
+    const int32_t *b;  // (M, units_padded): sum(q) of the unit
     int64_t units_padded;
 } QuantizedX;
 
@@ -282,9 +283,22 @@ static inline __m256i dot_u8_i8(__m256i a, __m256i b) {
 
 /* A group's sums for MR rows of x, as group_sums_c gives them. */
 /* Sums of units u and u + 1 for every row: their 8-lane dot products, horizontally added in pairs. */
+/* Signed codes multiplied as q + offset (unsigned) with the offset's share, offset * sum(xq), taken
+ * off each unit's sum afterwards: the same exact integer, two instructions less per unit and row
+ * than the sign trick. 0: the sign trick (Q6_K's scales cover half-units; Q8_0's codes + 128 would
+ * overflow `maddubs`' 16-bit pairs, so only with VNNI). */
+PG_INLINE int code_offset(const int type) {
+    if (type == Q4_0) return 8;
+    if (type == Q5_0) return 16;
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+    if (type == Q8_0) return 128;
+#endif
+    return 0;
+}
+
 PG_INLINE void unit_pair(const int type, const uint8_t *row, int64_t g, int count, int u, const int8_t *xq, int64_t K,
                          const int MR, __m256i pair[MR_MAX]) {
-    const int is_signed = !has_min(type);
+    const int offset = code_offset(type), is_signed = !has_min(type) && !offset;
     __m256i d[2][MR_MAX];
     for (int v = 0; v < 2; v++) {
         if (u + v >= count) {
@@ -292,6 +306,7 @@ PG_INLINE void unit_pair(const int type, const uint8_t *row, int64_t g, int coun
             continue;
         }
         __m256i q = unit_codes_avx2(type, row, g * GROUP + u + v);
+        if (offset) q = _mm256_add_epi8(q, _mm256_set1_epi8((char)offset));  // q + offset, as unsigned bytes
         __m256i a = is_signed ? _mm256_sign_epi8(q, q) : q;  // |q| (the unsigned side)
         for (int i = 0; i < MR; i++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g * GROUP + u + v) * UNIT));
@@ -304,7 +319,8 @@ PG_INLINE void unit_pair(const int type, const uint8_t *row, int64_t g, int coun
 /* A group's sums for MR rows of x, as group_sums_c gives them; reduced as they come, so a row
  * holds two or three vectors at a time (the registers are for more rows). */
 PG_INLINE void group_sums_avx2(const int type, const uint8_t *row, int64_t g, int count, const int8_t *xq,
-                               int64_t K, const int MR, __m256i first[MR_MAX], __m256i second[MR_MAX]) {
+                               int64_t K, const int32_t *xb, int64_t up, const int MR, __m256i first[MR_MAX],
+                               __m256i second[MR_MAX]) {
     __m256i h[2][MR_MAX];
     for (int half = 0; half < 2; half++) {  // units 0-3, then 4-7
         __m256i p0[MR_MAX], p1[MR_MAX];
@@ -322,6 +338,11 @@ PG_INLINE void group_sums_avx2(const int type, const uint8_t *row, int64_t g, in
         __m128i s0 = _mm_add_epi32(_mm256_castsi256_si128(h[0][i]), _mm256_extracti128_si256(h[0][i], 1));
         __m128i s1 = _mm_add_epi32(_mm256_castsi256_si128(h[1][i]), _mm256_extracti128_si256(h[1][i], 1));
         first[i] = _mm256_set_m128i(s1, s0);
+        if (code_offset(type)) {  // the offset's share: offset * sum(xq) of each unit (0 past the row's end)
+            __m256i share = _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)(xb + i * up + g * GROUP)),
+                                               _mm256_set1_epi32(code_offset(type)));
+            first[i] = _mm256_sub_epi32(first[i], share);
+        }
     }
 }
 #endif

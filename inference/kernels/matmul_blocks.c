@@ -29,12 +29,13 @@
 
 /* Row m of x into q / d / s: d = max|x| / 127, q = round-half-even(x / d) (llama.cpp's Q8_0, with
  * d kept in float32). */
-__attribute__((unused)) static void quantize_row(const void *x, int x_bf16, int64_t m, int64_t K, int8_t *q, float *d, float *s,
+__attribute__((unused)) static void quantize_row(const void *x, int x_bf16, int64_t m, int64_t K, int8_t *q, float *d, float *s, int32_t *b,
                          int64_t units_padded) {
     const int64_t units = K / UNIT;
     for (int64_t u = 0; u < units_padded; u++) {
         if (u >= units) {
             d[u] = s[u] = 0.0f;
+            b[u] = 0;
             continue;
         }
         float v[UNIT], amax = 0.0f;
@@ -52,18 +53,20 @@ __attribute__((unused)) static void quantize_row(const void *x, int x_bf16, int6
         }
         d[u] = scale;
         s[u] = scale * (float)sum;
+        b[u] = sum;
     }
 }
 
 #if defined(PGB_AVX2)
 /* quantize_row on 8 lanes: the same max, the same products, the same rounding (to nearest even). */
-static void quantize_row_avx2(const void *x, int x_bf16, int64_t m, int64_t K, int8_t *q, float *d, float *s,
+static void quantize_row_avx2(const void *x, int x_bf16, int64_t m, int64_t K, int8_t *q, float *d, float *s, int32_t *b,
                               int64_t units_padded) {
     const int64_t units = K / UNIT;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t u = 0; u < units_padded; u++) {
         if (u >= units) {
             d[u] = s[u] = 0.0f;
+            b[u] = 0;
             continue;
         }
         __m256 v[4], amax = _mm256_setzero_ps();
@@ -93,7 +96,8 @@ static void quantize_row_avx2(const void *x, int x_bf16, int64_t m, int64_t K, i
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
         d[u] = scale;
-        s[u] = scale * (float)_mm_cvtsi128_si32(s4);
+        b[u] = _mm_cvtsi128_si32(s4);
+        s[u] = scale * (float)b[u];
     }
 }
 #define quantize_row quantize_row_avx2
@@ -231,7 +235,7 @@ PG_INLINE void tile_avx2(const Args *a, const int type, int64_t m, const int MR,
         __m256 sw, sw2 = _mm256_setzero_ps(), mn = _mm256_setzero_ps();
         group_scales_avx2(type, row, g, count, &sw, &sw2, &mn);
         __m256i first[MR_MAX], second[MR_MAX];
-        group_sums_avx2(type, row, g, count, a->x.q + m * a->K, a->K, MR, first, second);
+        group_sums_avx2(type, row, g, count, a->x.q + m * a->K, a->K, a->x.b + m * up, up, MR, first, second);
         for (int i = 0; i < MR; i++) {
             const float *dx = a->x.d + (m + i) * up + g * GROUP;
             if (type == Q6_K) {
@@ -314,6 +318,7 @@ static void run_rest_task(void *ctx, int64_t task) {
         Args tail = rows;
         tail.x.q += r->m_lo * rows.K, tail.x.d += r->m_lo * rows.x.units_padded;
         tail.x.s += r->m_lo * rows.x.units_padded;
+        tail.x.b += r->m_lo * rows.x.units_padded;
         tail.M -= r->m_lo;
         tail.out = (char *)rows.out + r->m_lo * rows.ldc * (rows.out_bf16 ? 2 : 4);
         run_rows(&tail, n_lo, split);
@@ -331,10 +336,12 @@ int pg_matmul_blocks(const void *x, int x_bf16, int64_t M, int64_t K, int type, 
     const int64_t units_padded = (K / UNIT + GROUP - 1) / GROUP * GROUP;
     // x quantized into buffers of the calling thread (slot 2 / 3: matmul.c uses 0 and 1)
     int8_t *q = (int8_t *)pg_scratch(2, (M * K + 3) / 4);
-    float *ds = pg_scratch(3, 2 * M * units_padded);
+    float *ds = pg_scratch(3, 3 * M * units_padded);  // d, s, then b (int32)
+    int32_t *sums = (int32_t *)(ds + 2 * M * units_padded);
     for (int64_t m = 0; m < M; m++)
-        quantize_row(x, x_bf16, m, K, q + m * K, ds + m * units_padded, ds + (M + m) * units_padded, units_padded);
-    Args a = {{q, ds, ds + M * units_padded, units_padded}, M, K, N, type, (const uint8_t *)w, row_bytes,
+        quantize_row(x, x_bf16, m, K, q + m * K, ds + m * units_padded, ds + (M + m) * units_padded,
+                     sums + m * units_padded, units_padded);
+    Args a = {{q, ds, ds + M * units_padded, sums, units_padded}, M, K, N, type, (const uint8_t *)w, row_bytes,
               bias, bias_bf16, out, ldc, out_bf16};
     if (M * N * K < 65536) num_threads = 1;
     if (pg_blocks_amx_takes(&a)) {
