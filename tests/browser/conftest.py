@@ -11,10 +11,13 @@ on any uncaught page error, and the screenshot folder.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_prepare_step
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -102,3 +105,17 @@ def _new_page(chromium, live_stack, bypass_csp: bool, locale: str | None = None)
 def screenshot_dir() -> Path:
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     return SCREENSHOT_DIR
+
+
+@pytest.fixture(scope="module")
+def deepseek_demos(live_stack, tmp_path_factory) -> None:
+    """Both random-weights demos, built into temporary folders and registered, as `make run` does."""
+    for command, name in (("demo_model", "deepseek-v3-demo-random"), ("demo_vl_model", "deepseek-vl-demo-random")):
+        out_dir = tmp_path_factory.mktemp("learn-demo") / name
+        run_prepare_step(command, [sys.executable, "-m", "django", command, "--out-dir", str(out_dir)], live_stack.env)
+
+
+@pytest.fixture
+def lesson_page(request, chromium, live_stack):
+    """A page whose browser speaks `request.param` ("en-US" or "zh-CN"), the CSP enforced."""
+    yield from _new_page(chromium, live_stack, bypass_csp=False, locale=request.param)

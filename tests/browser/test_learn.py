@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import urllib.request
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import run_prepare_step
-
-from .conftest import _new_page
 from .i18n_check import coverage_report, write_report
 from .ui import overflowing, runs, shown_text
 
@@ -52,20 +48,6 @@ LATE_CHARTS_WIDTH = f"""(widths) => {{
   canvases.forEach((c, i) => {{ c.style.width = now[i]; }});
   return width;
 }}"""
-
-
-@pytest.fixture(scope="module")
-def deepseek_demos(live_stack, tmp_path_factory) -> None:
-    """Both random-weights demos, built into temporary folders and registered, as `make run` does."""
-    for command, name in (("demo_model", "deepseek-v3-demo-random"), ("demo_vl_model", "deepseek-vl-demo-random")):
-        out_dir = tmp_path_factory.mktemp("learn-demo") / name
-        run_prepare_step(command, [sys.executable, "-m", "django", command, "--out-dir", str(out_dir)], live_stack.env)
-
-
-@pytest.fixture
-def lesson_page(request, chromium, live_stack):
-    """A page whose browser speaks `request.param` ("en-US" or "zh-CN"), the CSP enforced."""
-    yield from _new_page(chromium, live_stack, bypass_csp=False, locale=request.param)
 
 
 def measures(page, section: str) -> dict[str, float]:
