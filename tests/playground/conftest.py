@@ -14,6 +14,7 @@ from django.utils import translation
 from playground.coord import cancel, store
 from playground.models import Generation, LanguageModel
 from playground.web import owners
+from tests.playground.sent_tasks import on_task
 
 
 @pytest.fixture(autouse=True)
@@ -74,3 +75,11 @@ def make_generation(owner: str, **fields: Any) -> Generation:
     fields.setdefault("model", LanguageModel.default())
     fields.setdefault("params", {"max_new_tokens": 8})
     return Generation.objects.create(owner=owner, **fields)
+
+
+@pytest.fixture
+def queued_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The generations the consumer enqueues (their ids), instead of sending them to a broker."""
+    ids: list[int] = []
+    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: ids.append(args[0]))
+    return ids

@@ -32,14 +32,6 @@ HOST = (b"host", b"localhost")  # the page and its socket share one origin, as i
 
 
 @pytest.fixture
-def queued_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Records what the consumer enqueues instead of sending it to a broker."""
-    ids: list[int] = []
-    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: ids.append(args[0]))
-    return ids
-
-
-@pytest.fixture
 async def ws(session_key: str, queued_ids: list[int]) -> AsyncIterator[WebsocketCommunicator]:
     communicator = connect(session_key)
     connected, _ = await communicator.connect(timeout=TIMEOUT_S)

@@ -18,19 +18,10 @@ from hypothesis import strategies as st
 from playground import protocol
 from playground.models import Generation
 from playground.web import frames
-from tests.playground.sent_tasks import on_task
 
 from .test_consumer import TIMEOUT_S, command, connect
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
-
-
-@pytest.fixture
-def queued_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """What the consumer enqueues, instead of sending it to a broker."""
-    ids: list[int] = []
-    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: ids.append(args[0]))
-    return ids
 
 
 @pytest.fixture

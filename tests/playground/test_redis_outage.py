@@ -22,7 +22,6 @@ from playground.asgi import application
 from playground.models import Generation, Message
 from playground.web import submit
 from playground.worker import generation
-from tests.playground.sent_tasks import on_task
 
 from .fake_engine import FakeEngine
 from .test_consumer import HOST, ORIGIN, TIMEOUT_S, command, connect
@@ -66,13 +65,6 @@ class FlakyLayer(InMemoryChannelLayer):
 def layer(settings: Any) -> FlakyLayer:
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.FlakyLayer"}}
     return get_channel_layer()
-
-
-@pytest.fixture
-def queued_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    ids: list[int] = []
-    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: ids.append(args[0]))
-    return ids
 
 
 # ---- the worker --------------------------------------------------------------------------

@@ -47,13 +47,6 @@ def tiny_engine():
 
 
 @pytest.fixture
-def queued_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    ids: list[int] = []
-    on_task(monkeypatch, "run_generation", apply_async=lambda args, **options: ids.append(args[0]))
-    return ids
-
-
-@pytest.fixture
 def eager(monkeypatch: pytest.MonkeyPatch, tiny_engine) -> None:
     on_task(
         monkeypatch,
