@@ -16,11 +16,9 @@
 #define PGB_AVX2 1
 #endif
 
+#include "simd.h"  // load_at, store_at (and load_lanes, store_lanes for AMX)
 #include "threads.h"
 
-#ifndef PG_INLINE
-#define PG_INLINE static inline __attribute__((always_inline))
-#endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 #define UNIT 32    // weights per unit: one integer dot product
@@ -135,15 +133,6 @@ typedef struct {
     const int32_t *b;  // (M, units_padded): sum(q) of the unit
     int64_t units_padded;
 } QuantizedX;
-
-static inline float x_at(const void *x, int x_bf16, int64_t i) {
-    if (!x_bf16) return ((const float *)x)[i];
-    uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 
 /* ---- integer codes of one unit (plain C: the reference every path equals) ---- */
 
@@ -384,16 +373,8 @@ typedef struct {
 } Args;
 
 static inline void store(const Args *a, int64_t m, int64_t n, float v) {
-    if (a->bias) v += x_at(a->bias, a->bias_bf16, n);
-    if (!a->out_bf16) {
-        ((float *)a->out)[m * a->ldc + n] = v;
-        return;
-    }
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    uint16_t *o = (uint16_t *)a->out + m * a->ldc + n;
-    if ((u & 0x7fffffffu) > 0x7f800000u) *o = (uint16_t)((u >> 16) | 0x40u);
-    else *o = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    if (a->bias) v += load_at(a->bias, a->bias_bf16, n);
+    store_at(a->out, a->out_bf16, m * a->ldc + n, v);  // one rounding to out's dtype
 }
 
 #endif

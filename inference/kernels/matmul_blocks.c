@@ -40,7 +40,7 @@ __attribute__((unused)) static void quantize_row(const void *x, int x_bf16, int6
         }
         float v[UNIT], amax = 0.0f;
         for (int i = 0; i < UNIT; i++) {
-            v[i] = x_at(x, x_bf16, m * K + u * UNIT + i);
+            v[i] = load_at(x, x_bf16, m * K + u * UNIT + i);
             float a = fabsf(v[i]);
             amax = a > amax ? a : amax;
         }

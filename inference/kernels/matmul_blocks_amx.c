@@ -11,7 +11,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "simd.h"  // load_lanes, store_lanes
 #define AMX_ROWS 16
 #define AMX_OUTPUTS 32  // weight rows per task: two B tiles
 

@@ -137,14 +137,7 @@ def write_tiny_moe_gguf(path: Path) -> PreTrainedModel:
         for param in model.parameters():
             param.data.normal_()  # routers and experts start at zero or one: make every value count
     writer = gguf.GGUFWriter(str(path), "qwen2moe")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(10000.0)
+    _add_shape(writer, "qwen2moe", config)
     writer.add_expert_count(config.num_experts)
     writer.add_expert_used_count(config.num_experts_per_tok)
     writer.add_expert_feed_forward_length(config.moe_intermediate_size)
