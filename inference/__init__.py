@@ -1,6 +1,6 @@
 """The inference engine: plain Python + torch + transformers + jinja2.
 
-Must not import Django, Celery or Channels (tests/engine/test_import_boundary.py enforces it).
+Must not import Django, Celery or Channels (tests/inference/test_import_boundary.py enforces it).
 """
 
 from inference.config import BUNDLED_MODEL, EngineConfig

@@ -10,11 +10,13 @@ the metrics' numbers). Must not know: Django, Celery, Channels, sockets.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from inference.config import EngineConfig
+from inference.core.batch_stats import batch_stats, prefix_cache_stats
 from inference.engine_core import BatchStep, EngineCore
 from inference.events import Event, Finished
 from inference.introspect.passes import InspectionPasses
@@ -24,6 +26,7 @@ from inference.models.loader import LoadedModel, load_model
 from inference.models.runner import ModelRunner
 from inference.requests import Vocabulary
 from inference.sampling_params import SamplingParams
+from inference.speculative.draft import DraftModel, check_same_tokenizer
 from inference.text.prompt import PromptBuilder
 from inference.vision.encoder import VisionSpec
 from inference.vision.images import PromptImage
@@ -37,7 +40,7 @@ class Engine:
         self.model, self.device = loaded.model, loaded.device
         self.runner = ModelRunner(loaded, config)
         vision = VisionSpec.of(self.model, loaded.tokenizer, loaded.image_processor)  # None: text only
-        vocab_size = self.model.get_input_embeddings().weight.shape[0]
+        vocab_size = self.model.get_input_embeddings().num_embeddings  # (gguf's BlockEmbedding: without its table)
         self.prompts = PromptBuilder(
             loaded.tokenizer, loaded.chat_template, loaded.name, vocab_size, loaded.max_context, vision
         )
@@ -51,6 +54,14 @@ class Engine:
         )
         self.core = EngineCore(self.runner, self.vocab, config, vision)
         self.info = ModelInfo.describe(loaded, self.runner, vision)
+
+    def attach_draft(self, loaded: LoadedModel) -> None:
+        """`loaded` (a smaller model with this one's tokenizer) proposes tokens for the requests
+        whose `speculative` is its name; a ValueError when its tokenizer differs."""
+        check_same_tokenizer(self.loaded, loaded)
+        # Its KV pool: a quarter of the model's budget (a draft is smaller, and keeps only what it proposes from).
+        config = replace(self.config, kv_cache_bytes=self.config.kv_cache_bytes // 4)
+        self.core.speculator.drafts[loaded.name] = DraftModel(loaded, config, self.vocab.num_logits).proposer
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> Engine:
@@ -125,7 +136,10 @@ class Engine:
         return self.core.has_unfinished
 
     def waiting_request_ids(self) -> list[int]:
-        return self.core.waiting_request_ids()
+        """Requests queued for room in the batch, next first."""
+        owners = self.core.owners
+        ids = (owners[seq.seq_id].request_id for seq in self.core.scheduler.waiting if seq.seq_id in owners)
+        return list(dict.fromkeys(ids))
 
     def abort_all(self) -> None:
         """Forget every request (after a failed step, whose state cannot be trusted)."""
@@ -137,11 +151,12 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """The batch and its KV pool now: for the live view and the metrics."""
-        return self.core.stats()
+        core = self.core
+        return batch_stats(core.scheduler, core.num_steps, self.runner.bytes_per_token)
 
     def prefix_cache_stats(self) -> dict[str, Any]:
         """The prefix cache: the KV blocks every request shares by hash."""
-        return self.core.prefix_cache_stats()
+        return prefix_cache_stats(self.core.block_manager, self.runner.bytes_per_token)
 
     # ---- one request alone -------------------------------------------------------------------
 

@@ -14,31 +14,33 @@ Must not know: Django, Celery, sockets, a request's kind.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 from functools import partial
-from typing import Any
 
 import torch
 
 from inference.batch_request import BatchRequest
 from inference.beams import BeamRequest
 from inference.config import EngineConfig
-from inference.core.batch_stats import BatchStep, batch_stats, batch_step, prefix_cache_stats
+from inference.core.batch_stats import BatchStep, batch_step
 from inference.core.block_manager import BlockManager
 from inference.core.pacer import StepPacer
 from inference.core.scheduler import Chunk, Scheduler
 from inference.core.sequence import Sequence
 from inference.events import Event, Step
+from inference.intake import Intake
 from inference.introspect.passes import InspectionPasses
 from inference.kv.transfer import HandedOff, Handoff
 from inference.models.runner import ModelRunner, StepOutput
 from inference.requests import Request, Vocabulary
 from inference.sampling.sampler import Row, RowSample, sample_rows
-from inference.sampling_params import MAX_SEED, SamplingParams
+from inference.sampling_params import SamplingParams
+from inference.speculative.speculator import Speculator
+from inference.speculative.verify import VerifyFailed
 from inference.vision.encoder import VisionSpec
 from inference.vision.images import PromptImage
 from inference.vision.spans import ImageSpan
@@ -46,6 +48,11 @@ from inference.vision.spans import ImageSpan
 logger = logging.getLogger(__name__)
 
 __all__ = ["BatchStep", "EngineCore"]
+
+STUCK = (
+    "the request cannot start on this worker: its sequences together need more KV blocks "
+    "or batch places than there are (a preempted beam search recomputes each beam's copy)"
+)
 
 
 class EngineCore:
@@ -57,9 +64,10 @@ class EngineCore:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.pacer = StepPacer(config.max_step_ms, config.max_num_batched_tokens)
         self.passes = InspectionPasses(runner, self.block_manager, config.max_num_batched_tokens)
+        self.speculator = Speculator(vocab.max_context)
         self.requests: dict[int, BatchRequest] = {}
         self.owners: dict[int, BatchRequest] = {}  # seq_id -> the request it computes for
-        self._ids = itertools.count()
+        self.intake = Intake(runner.device)
         self.num_steps = 0
         self.last_step: BatchStep | None = None
 
@@ -78,40 +86,26 @@ class EngineCore:
     ) -> list[int]:
         """Queues a request (or `num_choices` of them sharing one prefill); their ids. `client`:
         who asked (the scheduler shares the prefill budget fairly between clients)."""
-        if prefill_only and num_choices > 1:
-            raise ValueError("a prefill-only request has one choice")
-        if params.is_beam_search:
-            request = BeamRequest.new(next(self._ids), prompt_ids, params, self.vocab, self.runner.device)
-            request.seq.client = client
-            return [self._queue(request, request.seq)]
-        seeds = _choice_seeds(params, num_choices)
-        leader = self._new_request(prompt_ids, params, seeds[0], images, image_spans)
-        leader.prefill_only = prefill_only
-        leader.seq.num_slots = num_choices
-        leader.forks = [self._new_request(prompt_ids, params, seed, images, image_spans) for seed in seeds[1:]]
-        for request in (leader, *leader.forks):
-            request.seq.client = client
-        for fork in leader.forks:
+        self.speculator.check(params)
+        request = self.intake.requests(
+            self.vocab, prompt_ids, params, images, image_spans, prefill_only, num_choices, client
+        )
+        for fork in request.forks:
             self.requests[fork.request_id] = fork  # not scheduled: forked from the leader's blocks
-        return [self._queue(leader, leader.seq), *(f.request_id for f in leader.forks)]
+        return [self._queue(request), *(f.request_id for f in request.forks)]
 
     def add_handoff(self, handoff: Handoff, client: str = "") -> int:
-        """A request another worker prefilled: it joins the batch with its first token, and its
-        prompt's KV is loaded into its own blocks when it is admitted (none is recomputed)."""
-        request = self._new_request(handoff.prompt_ids, handoff.params, handoff.seed, (), handoff.image_spans)
-        request.resume(handoff, self.vocab)
-        request.seq.num_imported_tokens = len(handoff.prompt_ids)
-        request.seq.client = client
-        return self._queue(request, request.seq)
+        """A request another worker prefilled (`Intake.resumed`)."""
+        self.speculator.check(handoff.params)
+        return self._queue(self.intake.resumed(self.vocab, handoff, client))
 
-    def _new_request(self, prompt_ids, params, seed, images, image_spans) -> Request:
-        args = (next(self._ids), prompt_ids, params, self.vocab, self.runner.device)
-        return Request.new(*args, seed=seed, images=images, image_spans=image_spans)
-
-    def _queue(self, request: BatchRequest, seq: Sequence) -> int:
+    def _queue(self, request: BatchRequest) -> int:
+        seq = request.seqs[0]  # the one it starts with (a beam search forks its beams after the prefill)
         self.scheduler.add(seq)  # refuses a prompt that could never fit the pool
         self.requests[request.request_id] = request
         self.owners[seq.seq_id] = request
+        for speculating in (request, *request.forks):
+            self.speculator.add(speculating, self.vocab.tokenizer)
         return request.request_id
 
     def cancel(self, request_id: int) -> bool:
@@ -123,21 +117,9 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    def waiting_request_ids(self) -> list[int]:
-        """Requests queued for room in the batch, next first."""
-        ids = (self.owners[seq.seq_id].request_id for seq in self.scheduler.waiting if seq.seq_id in self.owners)
-        return list(dict.fromkeys(ids))
-
     def abort_all(self) -> None:
         for request in list(self.requests.values()):
             self._forget(request)
-
-    def stats(self) -> dict[str, Any]:
-        """The batch and its KV pool now: for the live view and the metrics."""
-        return batch_stats(self.scheduler, self.num_steps, self.runner.bytes_per_token)
-
-    def prefix_cache_stats(self) -> dict[str, Any]:
-        return prefix_cache_stats(self.block_manager, self.runner.bytes_per_token)
 
     def _pixel_values(self, chunks: list[Chunk]) -> torch.Tensor | None:
         """The pixels of the images whose tokens the chunks compute, in their order."""
@@ -153,11 +135,8 @@ class EngineCore:
         """One scheduler step: cancellations, then one forward pass for every scheduled chunk."""
         events = self._cancelled()
         for seq in self.scheduler.stuck()[:1]:  # else it would wait for ever, and everyone behind it
-            stuck = _RequestFailed(
-                "the request cannot start on this worker: its sequences together need more KV blocks "
-                "or batch places than there are (a preempted beam search recomputes each beam's copy)"
-            )
-            events += self._fail([self.owners[seq.seq_id]], stuck)
+            events += self._fail([self.owners[seq.seq_id]], _RequestFailed(STUCK))
+        self.speculator.propose(self.scheduler.running, self.owners)
         out = self.scheduler.schedule(self.pacer.token_budget())
         for seq in out.imported:
             owner = self.owners[seq.seq_id]
@@ -174,6 +153,7 @@ class EngineCore:
             stepped = {self.owners[c.seq.seq_id].request_id: self.owners[c.seq.seq_id] for c in out.chunks}
             return events + self._fail(list(stepped.values()), exc)
         forward_ms = (time.perf_counter() - started) * 1000
+        self.speculator.observe_step(out, forward_ms)
         is_prefill = any(c.kind == "prefill" for c in out.chunks)
         self.pacer.observe(out.num_batched_tokens, forward_ms, is_prefill)
         self.scheduler.update(out)
@@ -189,12 +169,23 @@ class EngineCore:
         """Every sampling row of the step in one call; then each request's records."""
         sampled: list[tuple[Request, Row, int]] = []  # (request, its row, logits row)
         stepped: list[tuple[BatchRequest, Sequence, int]] = []
-        for index, chunk in enumerate(c for c in chunks if c.is_last):
-            request = self.owners[chunk.seq.seq_id]
-            request.prefill_started_at = request.prefill_started_at or started
-            sampled += [(r, row, index) for r, row in request.sampling_rows()]
-            stepped.append((request, chunk.seq, index))
+        verified: list[tuple[Request, Chunk, int]] = []  # (request, its chunk, first logits row)
+        index = 0
+        for chunk in chunks:
+            if chunk.is_last:
+                request = self.owners[chunk.seq.seq_id]
+                request.prefill_started_at = request.prefill_started_at or started
+                if chunk.num_draft_tokens:
+                    verified.append((request, chunk, index))
+                else:
+                    sampled += [(r, row, index) for r, row in request.sampling_rows()]
+                    stepped.append((request, chunk.seq, index))
+            index += len(chunk.logit_offsets())
         events: list[tuple[int, Event]] = []
+        for request, chunk, index in verified:
+            rows = slice(index, index + chunk.num_draft_tokens + 1)
+            verify = partial(self._verify, request, chunk, output.logits[rows], output.routing[rows], started)
+            events += self._guarded(request, verify)
         if sampled:
             samples = _sample_rows(output.logits, sampled)
             latency_ms = (time.perf_counter() - started) * 1000  # the step's pass and its sampling
@@ -229,6 +220,15 @@ class EngineCore:
             return [*events, step, HandedOff(handoff)]
         return self._end_or_go_on(request, step, events)
 
+    def _verify(self, request: Request, chunk: Chunk, logits: torch.Tensor, routing, started: float) -> list[Event]:
+        """A decode that verified proposed tokens: the tokens the model chose, then maybe the end."""
+        latency_ms = (time.perf_counter() - started) * 1000
+        kv_bytes = self._kv_bytes(request)
+        steps = self.speculator.verify(
+            request, chunk, logits, routing, self.vocab, latency_ms, kv_bytes, self.scheduler
+        )
+        return self._end_or_go_on(request, steps[-1], steps[:-1])
+
     def _end_or_go_on(self, request: Request, step: Step, events: list[Event]) -> list[Event]:
         """`events`, the step, and the request's end if the step ended it."""
         reason = request.finish_reason(step, self.vocab)
@@ -237,6 +237,7 @@ class EngineCore:
                 self.scheduler.recompute(request.seq)  # no KV cache: the next step computes every token again
             return [*events, step]
         finished = request.finish(reason, self._kv_bytes(request))
+        finished = replace(finished, **self.speculator.summary(request.request_id, finished.decode_ms))
         self._forget(request)
         return [*events, request.with_tail(step), finished]
 
@@ -273,12 +274,12 @@ class EngineCore:
         try:
             return [(request.request_id, e) for e in records()]
         except Exception as exc:
-            if not isinstance(exc, _RequestFailed):
+            if not isinstance(exc, _REFUSALS):
                 logger.exception("request %s failed", request.request_id)
             return self._fail([request], exc)
 
     def _fail(self, requests, exc: Exception) -> list[tuple[int, Event]]:
-        message = str(exc) if isinstance(exc, _RequestFailed) else f"the engine failed: {type(exc).__name__}: {exc}"
+        message = str(exc) if isinstance(exc, _REFUSALS) else f"the engine failed: {type(exc).__name__}: {exc}"
         events = []
         for request in requests:
             if request.request_id not in self.requests:
@@ -294,8 +295,10 @@ class EngineCore:
             self.scheduler.finish(seq)
             self.owners.pop(seq.seq_id, None)
         self.requests.pop(request.request_id, None)
+        self.speculator.forget(request.request_id)
         for fork in request.forks:
             self.requests.pop(fork.request_id, None)
+            self.speculator.forget(fork.request_id)
         return [request, *request.forks]
 
     def _request_id_of(self, seq: Sequence) -> int:
@@ -304,6 +307,9 @@ class EngineCore:
 
 class _RequestFailed(RuntimeError):
     """A request that cannot go on (its message is the user's)."""
+
+
+_REFUSALS = (_RequestFailed, VerifyFailed)  # their messages are the user's
 
 
 def _sample_rows(logits: torch.Tensor, sampled: list[tuple[Request, Row, int]]) -> list[RowSample]:
@@ -330,13 +336,3 @@ def _images_in(chunk: Chunk, request: BatchRequest) -> list[PromptImage]:
     """The images whose first token the chunk computes."""
     spans = zip(request.images, request.image_spans)
     return [image for image, span in spans if chunk.start <= span.start < chunk.start + chunk.num_tokens]
-
-
-def _choice_seeds(params: SamplingParams, num_choices: int) -> list[int | None]:
-    """Each choice's seed: a seeded request's choices are seed, seed + 1, ... (so they differ and
-    replay); an unseeded one's are drawn per choice."""
-    if num_choices < 1:
-        raise ValueError(f"num_choices={num_choices} must be >= 1")
-    if params.seed is None:
-        return [None] * num_choices
-    return [(params.seed + i) % (MAX_SEED + 1) for i in range(num_choices)]

@@ -25,6 +25,29 @@ class Alternative:
 
 
 @dataclass(frozen=True)
+class ProposedToken:
+    """A token proposed for a verification pass (speculative decoding)."""
+
+    token_id: int
+    piece: str
+    draft_prob: float  # the proposer's probability of it (1.0: a lookup's guess)
+    prob: float | None  # the model's (processed) probability of it there; None: past the first rejection, not reached
+    is_accepted: bool
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The pass a token came out of when it verified proposed tokens: what was proposed, how many
+    the model agreed with (the first `num_accepted`), and this token's place among the pass's
+    tokens (`position` == `num_accepted`: the model's own token, after the accepted run)."""
+
+    source: str  # "prompt_lookup", "prediction" or the draft model's name
+    proposed: tuple[ProposedToken, ...]
+    num_accepted: int
+    position: int
+
+
+@dataclass(frozen=True)
 class Prefilled:
     """The prompt went through the model once; the KV cache now holds it."""
 
@@ -55,6 +78,8 @@ class Step:
     `masked_prob` (a request with a grammar; None without): the mass of the raw distribution the
     grammar removed; `top_masked`: which of `top_raw` it removed (the rest of that mass lies
     beyond the listed alternatives).
+    `verification` (speculative decoding): the pass that gave this token verified proposed
+    tokens; its `latency_ms` is then the pass's time shared by the tokens it gave.
     `moe_routing` (mixture-of-experts models only; None on a dense model): each MoE layer's
     choice in the forward pass that produced this token, for the position it was predicted
     from: {"layer", "experts" (descending weight), "weights", "groups"}
@@ -80,6 +105,7 @@ class Step:
     moe_routing: tuple[dict[str, Any], ...] | None = None
     masked_prob: float | None = None  # the raw distribution's mass the request's grammar removed; None: no grammar
     top_masked: tuple[Alternative, ...] = ()  # the alternatives of `top_raw` the grammar removed (raw probabilities)
+    verification: Verification | None = None  # the pass verified proposed tokens (speculative decoding)
     type: str = "step"
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,6 +118,8 @@ class Step:
         d["top_masked"] = tuple(dict(a.__dict__) for a in self.top_masked)
         if self.moe_routing is not None:
             d["moe_routing"] = tuple(_copied(choice) for choice in self.moe_routing)
+        if self.verification is not None:
+            d["verification"] = asdict(self.verification)
         return d
 
 
@@ -151,6 +179,12 @@ class Finished:
     thinking_ended_by_budget: bool = False  # max_thinking_tokens forced a `</think>`
     sequences: tuple[Beam, ...] = ()  # beam search: the returned sequences, best first
     error: str | None = None
+    # Speculative decoding: tokens proposed and accepted (the answer is the same as without), and
+    # the estimated speedup of its decode (what its tokens would have cost as plain steps, by the
+    # measured step-cost line, over what they did); 1.0 without speculation.
+    num_proposed_tokens: int = 0
+    num_accepted_tokens: int = 0
+    speculative_speedup: float = 1.0
     type: str = "finished"
 
     def to_dict(self) -> dict[str, Any]:

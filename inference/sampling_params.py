@@ -30,7 +30,11 @@ MAX_REPETITION_PENALTY = 100.0
 # seed replays. 2**63 - 1 was allowed, and a drawn seed showed rounded ("8648170272581798000").
 MAX_SEED = 2**53 - 1
 # Settings of one request only, never a preset's (the admin's presets have a column per other field).
-PER_REQUEST_FIELDS = ("grammar",)
+PER_REQUEST_FIELDS = ("grammar", "speculative", "num_speculative_tokens", "prediction")
+# Speculative decoding (`inference.speculative`): what proposes the tokens a pass verifies.
+SPECULATIVE_OFF, PROMPT_LOOKUP = "off", "prompt_lookup"  # any other value names a draft model
+MAX_SPECULATIVE_TOKENS = 16  # proposed tokens one pass verifies at most (a verify pass is a small prefill)
+MAX_PREDICTION_CHARS = 100_000
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,13 @@ class SamplingParams:
     `grammar`: the answer must match it (`inference.sampling.grammar_spec`: a JSON object, a JSON
     Schema, tool calls); the grammar masks the processed distribution before the other processors,
     and a complete grammar ends the answer. None: free text.
+    `speculative`: `off`, `prompt_lookup` (propose the continuation of the last n-gram where it
+    appeared before in the prompt or the answer) or a draft model's name (a smaller model with the
+    same tokenizer proposes); `prediction`: text the answer is expected to repeat much of (OpenAI's
+    Predicted Outputs), proposed the same way. Proposed tokens are verified in one pass and kept
+    only as far as the model itself would have chosen them: the answer is the same as without.
+    `num_speculative_tokens`: how many a pass verifies at most; None: chosen per pass from the
+    measured acceptance and step cost.
     """
 
     max_new_tokens: int = 256
@@ -77,6 +88,9 @@ class SamplingParams:
     num_return_sequences: int = 1
     max_thinking_tokens: int | None = None
     grammar: dict[str, Any] | None = None
+    speculative: str = SPECULATIVE_OFF
+    num_speculative_tokens: int | None = None
+    prediction: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, (list, tuple, str)):  # a dict would iterate its keys
@@ -109,9 +123,30 @@ class SamplingParams:
         grammar_spec.check(self.grammar)
         if self.grammar is not None and self.num_beams > 1:
             raise ValueError("grammar does not apply to beam search (num_beams > 1)")
+        self._check_speculation()
         for name in ("greedy", "penalize_prompt", "ignore_eos", "use_kv_cache", "use_prefix_cache", "early_stopping"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
+
+    def _check_speculation(self) -> None:
+        if not isinstance(self.speculative, str) or not self.speculative.strip() or len(self.speculative) > 200:
+            raise ValueError(f"speculative={self.speculative!r} must be 'off', 'prompt_lookup' or a draft model's name")
+        if self.num_speculative_tokens is not None:
+            _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+        if self.prediction is not None:
+            if not isinstance(self.prediction, str):
+                raise ValueError(f"prediction={self.prediction!r} must be a string")
+            if len(self.prediction) > MAX_PREDICTION_CHARS:
+                raise ValueError(f"prediction has {len(self.prediction)} characters; at most {MAX_PREDICTION_CHARS}")
+        if self.is_speculative and self.num_beams > 1:
+            raise ValueError("speculative decoding and prediction do not apply to beam search (num_beams > 1)")
+        if self.is_speculative and not self.use_kv_cache:
+            raise ValueError("speculative decoding and prediction need the KV cache (use_kv_cache=false)")
+
+    @property
+    def is_speculative(self) -> bool:
+        """Whether something proposes tokens for this request's passes to verify."""
+        return self.speculative != SPECULATIVE_OFF or bool(self.prediction)
 
     @property
     def is_greedy(self) -> bool:

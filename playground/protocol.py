@@ -357,6 +357,10 @@ _STATS_FIELDS = (
     "finish_reason",
     "num_reasoning_tokens",
     "thinking_ended_by_budget",
+    # Speculative decoding (`inference.events.Finished`): 0, 0 and 1.0 for a request without.
+    "num_proposed_tokens",
+    "num_accepted_tokens",
+    "speculative_speedup",
 )
 
 

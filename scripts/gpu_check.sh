@@ -4,7 +4,8 @@
 #      sampling rows on CUDA, the repetition penalty, int8/int4 on CUDA, the KV handoff's tensors);
 #   2. python -m scripts.gpu_smoke: the bundled SmolLM2 on cuda through the serving path, one line
 #      per path (seeded sampling, the default request and chat preset, beam search, parallel
-#      sampling, the batched runner, a prefill/decode handoff, a grammar where the engine has one;
+#      sampling, the batched runner, a prefill/decode handoff, speculative decoding (a prediction,
+#      prompt lookup), a grammar where the engine has one;
 #      on CUDA the sampler's read-outs and the lean runner run the CPU kernels' torch fallbacks);
 #   3. python -m inference.bench --device cuda --quick: the engine benchmark.
 # Exit status: 0 only if every step passed; 2 when torch sees no CUDA device (nothing is run).

@@ -135,6 +135,21 @@ class Checks:
             assert isinstance(json.loads(end.text), dict), f"not a JSON object: {end.text[:40]!r}"
         return f"{end.num_generated_tokens} tokens ({end.finish_reason}): {end.text[:40]!r}"
 
+    def speculative(self) -> str:
+        """Prompt lookup and a prediction of the answer: the same tokens (on a GPU, whose runner is
+        not batch-invariant, a verified row may round differently: a near-tie may then flip)."""
+        greedy = SamplingParams(greedy=True, max_new_tokens=NEW_TOKENS)
+        plain = finished(self.generate(greedy))
+        predicted = SamplingParams(greedy=True, max_new_tokens=NEW_TOKENS, prediction=plain.text)
+        lookup = SamplingParams(greedy=True, max_new_tokens=NEW_TOKENS, speculative="prompt_lookup")
+        with_prediction, with_lookup = finished(self.generate(predicted)), finished(self.generate(lookup))
+        invariant = self.engine.model_info()["batch_invariant"]
+        same = (with_prediction.token_ids == plain.token_ids, with_lookup.token_ids == plain.token_ids)
+        assert all(same) or not invariant, f"speculation changed the answer: {same}"
+        assert with_prediction.num_accepted_tokens > 0, "no token of a prediction of the answer was accepted"
+        accepted = f"{with_prediction.num_accepted_tokens}/{with_prediction.num_proposed_tokens}"
+        return f"prediction accepted {accepted}, same answers: {same}"
+
     def handoff(self) -> str:
         colocated = tokens(self.generate(SEEDED))
         blob = self.engine.export_handoff(self.engine.prefill_for_handoff(self.prompt, SEEDED))
@@ -159,6 +174,7 @@ class Checks:
             ("parallel sampling (n=3, one prefill)", self.choices),
             ("batched runner (8 mixed requests)", self.batched),
             ("prefill/decode handoff (seeded)", self.handoff),
+            ("speculative decoding: a prediction, prompt lookup (greedy)", self.speculative),
         ] + ([("grammar: a JSON object (seeded)", self.grammar)] if HAS_GRAMMAR else [])
 
 

@@ -266,8 +266,8 @@ def _live_stack(stack_redis_url: str, database_url: str) -> Iterator[LiveStack]:
     env = stack_env(stack_redis_url, database_url)
     run_prepare_step("migrate", [sys.executable, "-m", "django", "migrate", "--noinput"], env)
     run_prepare_step("bundled-model", [sys.executable, "-m", "inference.models.bundled"], env)
-    # The stack serves SmolLM2 by default: the tests compare its tokens with in-process references
-    # and it loads in a second (the shipped default, Qwen2.5-Coder, is checked in tests/engine).
+    # The stack serves SmolLM2 by default: the tests compare its tokens with in-process references and
+    # it loads in a second (the shipped default, Qwen2.5-Coder, is checked in tests/inference/).
     django_shell(SMOLLM2_BY_DEFAULT, env)
 
     port = free_port()

@@ -11,7 +11,8 @@ request cold, warm, batched and chunked: identical tokens and logprobs, and what
 `quality` (every bundled model x precision x preset answering English and Chinese questions,
 judged, with its speed), `structured` (a JSON Schema's cost per token, compile time and valid
 rate on the default model), `fuzz` (a differential fuzz of the served path: random mixes of
-requests and inspections on one engine, each compared bitwise with itself alone and cold).
+requests and inspections on one engine, each compared bitwise with itself alone and cold),
+`speculative` (prompt lookup and predictions: the same answers, and the time they save).
 The last line printed is `key=value` pairs.
 Ratios, not absolute numbers, are the point: both sides run in the same process,
 interleaved, best of N, so machine noise hits both.
@@ -37,6 +38,7 @@ MODES = (
     "overload",
     "structured",
     "fuzz",
+    "speculative",
 )
 
 

@@ -124,9 +124,11 @@ def main_precision(args: argparse.Namespace) -> dict:
     gguf = gguf_source(EngineConfig(source=args.model))
     precisions = args.precision.split(",") if args.precision else default_precisions(device, gguf is not None)
     default = resolve_precision("auto", torch.device(device), gguf)
+    load = measure_default_load(args.model, device)
+    if getattr(args, "only", None) == "load":  # `auto`'s load in a fresh process alone: seconds, not minutes
+        return {"default_precision": default, **load_results(load, gguf)}
     if default not in precisions:
         precisions.append(default)
-    load = measure_default_load(args.model, device)
     num_tokens, repeats = (32, 2) if args.quick else (128, 3)
     bandwidth = read_bandwidth(512 << 20 if device == "cpu" else 1 << 30, device=device)
     engines = {}
@@ -173,15 +175,19 @@ def default_results(results: dict, default: str, load: dict, gguf: Path | None) 
         "decode_tok_s_default": results[f"decode_tok_s_{default}"],
         "prefill_tok_s_default": results[f"prefill_tok_s_{default}"],
         "kl_default": results[f"kl_{default}"],
-        "load_s_default": load["load_s"],
-        "load_peak_rss_mb_default": load["peak_rss_mb"],
     }
+    return {**out, **load_results(load, gguf)}
+
+
+def load_results(load: dict, gguf: Path | None) -> dict:
+    """`auto`'s load in a fresh process: its time, peak RSS and (a GGUF model) that peak over the file's size."""
+    out = {"load_s_default": load["load_s"], "load_peak_rss_mb_default": load["peak_rss_mb"]}
     if gguf is not None:
         file_mb = gguf.stat().st_size / 2**20
         out["load_rss_over_file_default"] = load["peak_rss_mb"] / file_mb
     print(
-        f"default (auto) = {default}: loaded in {load['load_s']:.1f} s, peak RSS {load['peak_rss_mb']:.0f} MB "
-        f"(torch and transformers alone: {load['base_rss_mb']:.0f} MB)"
+        f"default (auto) = {load['precision']}: loaded in {load['load_s']:.1f} s, "
+        f"peak RSS {load['peak_rss_mb']:.0f} MB (torch and transformers alone: {load['base_rss_mb']:.0f} MB)"
     )
     return out
 
@@ -261,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default=None, help="comma-separated (default: all on this device)")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--quality-tokens", type=int, default=24)
+    parser.add_argument(
+        "--only", choices=("load",), default=None, help="load: only the default's load (time, peak RSS)"
+    )
     print(format_keys(main_precision(parser.parse_args(argv))))
     return 0
 

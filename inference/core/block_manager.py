@@ -229,16 +229,26 @@ class BlockManager:
 
     # ---- release -------------------------------------------------------------------------
 
+    def trim(self, seq: Sequence) -> None:
+        """Gives back the blocks past those its tokens need (rejected proposed tokens' blocks)."""
+        keep = seq.num_blocks_needed(self.block_size)
+        for block_id in reversed(seq.block_table[keep:]):
+            self._release(block_id)
+        del seq.block_table[keep:]
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        self.num_shared_blocks -= block.ref_count == 1
+        if block.ref_count == 0:
+            self.free[block_id] = None
+            self.num_cached_free_blocks += block.hash is not None
+
     def deallocate(self, seq: Sequence) -> None:
         """Lets go of the sequence's blocks; a block nobody holds goes to the free list, keeping
         its hash (a later request with the same prefix takes it back) until it is reused."""
         for block_id in reversed(seq.block_table):  # the tail is evicted before the shared head
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            self.num_shared_blocks -= block.ref_count == 1
-            if block.ref_count == 0:
-                self.free[block_id] = None
-                self.num_cached_free_blocks += block.hash is not None
+            self._release(block_id)
         seq.block_table = []
         seq.num_computed_tokens = 0
         self.hashed.pop(seq.seq_id, None)

@@ -32,7 +32,9 @@ FIRST_TOKEN_SHARE = 4
 class Chunk:
     """`seq.token_ids[start:start + num_tokens]` go through the model in this step.
     `is_last`: the chunk reaches the sequence's last token, so its logits give the next token.
-    `is_scored`: logits for every row of the chunk (scoring a prompt), not only a last one."""
+    `is_scored`: logits for every row of the chunk (scoring a prompt), not only a last one.
+    `num_draft_tokens`: the chunk ends with that many proposed tokens (a decode that verifies
+    them): logits for its last token and each of them."""
 
     seq: Sequence
     start: int
@@ -40,18 +42,23 @@ class Chunk:
     is_last: bool
     kind: str  # "prefill" (the prompt, or a preempted sequence's recompute) or "decode"
     is_scored: bool = False
+    num_draft_tokens: int = 0
 
     def logit_offsets(self) -> range:
         """The chunk's rows (from its first) whose logits the step computes."""
         if self.is_scored:
             return range(self.num_tokens)
-        return range(self.num_tokens - 1, self.num_tokens) if self.is_last else range(0)
+        if not self.is_last:
+            return range(0)
+        return range(self.num_tokens - 1 - self.num_draft_tokens, self.num_tokens)
 
     @classmethod
     def next_of(cls, seq: Sequence, num_tokens: int) -> Chunk:
         start = seq.num_computed_tokens
-        is_decode = num_tokens == 1 and start >= seq.num_prompt_tokens
-        return cls(seq, start, num_tokens, start + num_tokens == seq.num_tokens, "decode" if is_decode else "prefill")
+        is_decode = num_tokens == 1 + seq.num_draft_tokens and start >= seq.num_prompt_tokens
+        is_last = start + num_tokens == seq.num_tokens
+        kind = "decode" if is_decode else "prefill"
+        return cls(seq, start, num_tokens, is_last, kind, num_draft_tokens=seq.num_draft_tokens if is_last else 0)
 
 
 @dataclass
@@ -127,6 +134,9 @@ class Scheduler:
                 break
             for seq in members:
                 self._admit(seq, out, self._budget(out))
+        for seq in self.running:  # proposed tokens wait for no one: the next step proposes again
+            if seq.num_draft_tokens and not out.has(seq):
+                seq.drop_drafts()
         return out
 
     def stuck(self) -> list[Sequence]:
@@ -150,9 +160,21 @@ class Scheduler:
         preempted earlier in this step, or idle: waiting for its group)."""
         if limit <= 0 or seq.status != SequenceStatus.RUNNING or seq.is_idle or out.has(seq):
             return
+        if seq.num_draft_tokens:  # proposed tokens take what is left of the budget and free blocks, no more
+            room = min(limit, self._draft_room(out))
+            seq.drop_drafts(seq.num_uncomputed_tokens - max(room, 1))
+            if not self.block_manager.can_append(seq, seq.num_tokens):
+                seq.drop_drafts()
         num_tokens = self._chunk_size(seq, limit)
         if self._make_room(seq, seq.num_computed_tokens + num_tokens, out):
             out.chunks.append(Chunk.next_of(seq, num_tokens))
+
+    def _draft_room(self, out: SchedulerOutput) -> int:
+        """Tokens of the step's budget left for a decode and its proposed tokens: those of the
+        decodes not scheduled yet, and a prefill's least room while prompts wait, are kept."""
+        num_unscheduled = sum(1 for s in self.running if not s.is_prefilling and not out.has(s))
+        has_prompts = bool(self.waiting) or any(s.is_prefilling for s in self.running)
+        return self._budget(out) - (num_unscheduled - 1) - (MIN_PREFILL_TOKENS if has_prompts else 0)
 
     def _fair_round(self, out: SchedulerOutput) -> None:
         """When several clients have prompts to prefill, each first gets a chunk of an equal share
@@ -254,6 +276,7 @@ class Scheduler:
         self.block_manager.deallocate(seq)
 
     def _preempt(self, seq: Sequence, is_loaded: bool = True) -> None:
+        seq.drop_drafts()
         self.running.remove(seq)
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING
@@ -264,10 +287,21 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def update(self, out: SchedulerOutput) -> None:
-        """After the forward pass: the chunks' KV is in the cache now."""
+        """After the forward pass: the chunks' KV is in the cache now (proposed tokens' once
+        verified: `accept_drafts`)."""
         for chunk in out.chunks:
-            chunk.seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            chunk.seq.num_computed_tokens = chunk.start + chunk.num_tokens - chunk.num_draft_tokens
             self.block_manager.mark_computed(chunk.seq)
+
+    def accept_drafts(self, seq: Sequence, num_accepted: int) -> None:
+        """After a verification: the proposed tokens are off the sequence and the tokens the model
+        chose appended; the first `num_accepted` of those were proposed, so their KV is the pass's.
+        The blocks the rejected ones took are given back (never hashed: the prefix cache holds
+        only tokens that stayed)."""
+        seq.num_computed_tokens += num_accepted
+        assert seq.num_uncomputed_tokens >= 1, "the last token has no KV yet"
+        self.block_manager.mark_computed(seq)
+        self.block_manager.trim(seq)
 
     def finish(self, seq: Sequence) -> None:
         """The sequence ended (any reason, including cancel): free its blocks, forget it."""

@@ -55,6 +55,10 @@ class Sequence:
     num_slots: int = 1
     # Who asked (a browser session, an API key): prefill budget is shared fairly between clients.
     client: str = ""
+    # Proposed tokens (speculative decoding) at the end of `token_ids`, there only between their
+    # proposal and their verification in one step: the pass computes them like any other, but
+    # only those the model itself would have chosen stay (`drop_drafts`, then appended again).
+    num_draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -75,8 +79,9 @@ class Sequence:
 
     @property
     def is_prefilling(self) -> bool:
-        """More than one token lacks KV: the prompt (or a preempted request's recompute)."""
-        return self.num_uncomputed_tokens > 1
+        """More than one token lacks KV: the prompt (or a preempted request's recompute); proposed
+        tokens to verify do not count."""
+        return self.num_uncomputed_tokens - self.num_draft_tokens > 1
 
     @property
     def is_finished(self) -> bool:
@@ -101,6 +106,23 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def add_drafts(self, draft_ids: list[int]) -> None:
+        """Proposed tokens after the last one, for this step's pass to verify."""
+        if self.num_draft_tokens:
+            raise ValueError(f"sequence {self.seq_id} already carries {self.num_draft_tokens} proposed tokens")
+        self.token_ids.extend(draft_ids)
+        self.num_draft_tokens = len(draft_ids)
+
+    def drop_drafts(self, num_tokens: int | None = None) -> list[int]:
+        """Takes the last `num_tokens` proposed tokens (default: all) off the sequence; them."""
+        n = self.num_draft_tokens if num_tokens is None else max(0, min(num_tokens, self.num_draft_tokens))
+        if n == 0:
+            return []
+        dropped = self.token_ids[-n:]
+        del self.token_ids[-n:]
+        self.num_draft_tokens -= n
+        return dropped
 
     def key_ids(self, start: int, end: int) -> tuple[int, ...]:
         """The prefix-cache keys of positions start..end-1: token ids, image positions overridden."""

@@ -61,17 +61,33 @@ def attention_of(model, token_ids: list[int], layer: int) -> list[list[float]]:
     return out.attentions[layer][0, :, -1, :].float().tolist()
 
 
+TABLE_BAND_ROWS = 8192  # the embedding view's float32 copy: a band of the table, not all of it
+
+
+def _table_rows(table: torch.nn.Module, start: int, end: int) -> torch.Tensor:
+    """Rows start..end of an input embedding table, as its lookups read them (unscaled): a table in
+    a file's blocks (`inference.models.quant.BlockEmbedding`) dequantizes just those rows."""
+    table_rows = getattr(table, "table_rows", None)
+    return table_rows(start, end) if table_rows is not None else table.weight[start:end]
+
+
 @torch.inference_mode()
 def embedding_of(model, token_id: int, top_n: int = 8) -> dict[str, Any]:
     """A token's row of the input embedding table: its size, its norm (and the table's mean
-    for scale) and the tokens whose rows point the most the same way (cosine)."""
-    table = model.get_input_embeddings().weight
-    if not 0 <= token_id < table.shape[0]:
-        raise ValueError(f"token id {token_id} is outside the embedding table (0..{table.shape[0] - 1})")
-    table = table.float()
-    vector = table[token_id]
-    norms = table.norm(dim=-1)
-    cosine = (table @ vector) / (norms * vector.norm()).clamp_min(1e-12)
+    for scale) and the tokens whose rows point the most the same way (cosine). The table is read
+    a band of rows at a time (gguf's is the file's blocks: dequantized here, never kept)."""
+    table = model.get_input_embeddings()
+    num_rows = table.num_embeddings
+    if not 0 <= token_id < num_rows:
+        raise ValueError(f"token id {token_id} is outside the embedding table (0..{num_rows - 1})")
+    vector = _table_rows(table, token_id, token_id + 1).float()[0]
+    norms, dots = [], []
+    for start in range(0, num_rows, TABLE_BAND_ROWS):
+        band = _table_rows(table, start, min(start + TABLE_BAND_ROWS, num_rows)).float()  # (rows, hidden)
+        norms.append(band.norm(dim=-1))
+        dots.append(band @ vector)
+    norms = torch.cat(norms)
+    cosine = torch.cat(dots) / (norms * vector.norm()).clamp_min(1e-12)
     cosine[token_id] = -math.inf  # itself is trivially the nearest
     values, ids = torch.topk(cosine, top_n)
     return {

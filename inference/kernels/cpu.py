@@ -174,7 +174,7 @@ class KVAddress:
 class CpuKernels:
     """Thin typed wrappers, called per layer: no checks here (each would cost as much as the
     kernel). Callers pass contiguous CPU tensors of the documented shapes and dtypes (float32 or
-    bfloat16 where not said); `tests/engine/test_cpu_kernels.py` holds each kernel to torch's math."""
+    bfloat16 where not said); `tests/inference/kernels/test_cpu_kernels.py` holds each kernel to torch's math."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         for name, argtypes in SIGNATURES.items():

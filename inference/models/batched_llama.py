@@ -116,7 +116,7 @@ class BatchedLlamaRunner:
             return lean.fused.forward(
                 step.input_ids, step.positions, step.slots, kv, attend, step.logit_rows, residuals
             )
-        h = F.embedding(step.input_ids, lean.embed)  # (T, hidden)
+        h = lean.embed(step.input_ids)  # (T, hidden)
         cos, sin = lean.cos[step.positions][:, None], lean.sin[step.positions][:, None]  # (T, 1, D)
         if residuals is not None:
             residuals.append(h[step.logit_rows])

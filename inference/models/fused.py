@@ -80,7 +80,7 @@ class FusedLlama:
         (S, hidden) float32 at `logit_rows` after the embedding and after each layer."""
         lean, k, linear = self.lean, self.kernels, self.linear
         num_rows, eps = input_ids.shape[0], lean.eps
-        h = lean.embed[input_ids].float()  # (T, hidden): the residual stream, float32
+        h = lean.embed(input_ids).float()  # (T, hidden): the residual stream, float32
         x = torch.empty(h.shape, dtype=lean.dtype)  # (T, hidden) normed: the matmuls' input
         q = torch.empty(num_rows, lean.num_heads, lean.head_dim)  # (T, H, D) float32
         attended = torch.empty(num_rows, lean.num_heads, lean.head_dim, dtype=lean.dtype)

@@ -128,7 +128,7 @@ class LlamaRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.intermediate_size = cfg.intermediate_size
         self.eps = cfg.rms_norm_eps
-        self.embed = model.model.embed_tokens.weight
+        self.embed = model.model.embed_tokens  # an nn.Embedding, or gguf's BlockEmbedding (the file's blocks)
         self.final_norm = model.model.norm.weight
         self.lm_head = _weight(model.lm_head)
         self.layers = []

@@ -5,7 +5,9 @@ Owns: the precision names (`auto`, `float32`, `bfloat16`, `float16`, `int8`, `in
 model's linear layers by `QuantizedLinear`s for int8 / int4, with the report of what each layer
 became. The embedding table and the norms stay in the activation dtype: a token reads one
 embedding row, not the table; an output layer tied to that table stays that one tensor (no
-second, quantized copy of a 262k-row table).
+second, quantized copy of a 262k-row table). Under gguf an untied table is the file's blocks
+too (`BlockEmbedding`: only the rows a step reads are dequantized, never the whole table at load);
+a table the head is tied to stays the dense matrix the head multiplies (SmolLM2's).
 
 int4 from a GGUF file serves each tensor at least as precisely as the file stores it: its
 Q4_0 / Q4_1 / Q4_K blocks exactly (the file's own codes and scales), every other quantized type
@@ -15,9 +17,10 @@ dtype. Without a file, int4 quantizes the float weights (min/max per group of 32
 layer gets 8 bits, as Q4 GGUF files keep it at 6-8.
 
 gguf serves every tensor of a GGUF file in the file's own format (Q4_0 ... Q6_K as `BlockWeight`s:
-integer dot products on the file's bytes, the output layer included, as llama.cpp does), float
-tensors in the activation dtype, and is what `auto` picks for a GGUF model on a CPU whose kernels
-are built: it reads the fewest bytes per token with no weight re-quantized.
+integer dot products on the file's bytes, the output layer included, as llama.cpp does; the
+untied embedding table as a `BlockEmbedding` of its blocks), float tensors in the activation dtype,
+and is what `auto` picks for a GGUF model on a CPU whose kernels are built: it reads the fewest
+bytes per token with no weight re-quantized.
 Must not know: requests, the engine, Django.
 """
 
@@ -32,7 +35,14 @@ from typing import Any
 import torch
 
 from inference.config import VALID_DTYPES as PRECISIONS
-from inference.models.quant import BLOCK_TYPES, INT4_GROUP_SIZE, Int8Weight, QuantizedLinear, quantize
+from inference.models.quant import (
+    BLOCK_TYPES,
+    INT4_GROUP_SIZE,
+    BlockEmbedding,
+    Int8Weight,
+    QuantizedLinear,
+    quantize,
+)
 
 # gguf: 8 is for a file's quantized types the block kernels do not read (IQ*, Q2_K, ...)
 QUANTIZED_BITS = {"int8": 8, "int4": 4, "gguf": 8}
@@ -131,6 +141,7 @@ class QuantizationReport:
     head_bits: int  # the output layer's bits: 8 (int4 keeps it at 8), or 16 when it stays the tied table
     is_head_tied: bool  # the output layer is the embedding table itself (one tensor, not quantized)
     groups: tuple[LayerGroup, ...]  # every linear layer, by file type and served form
+    embedding_type: str = ""  # the table's GGML type when it is served as the file's blocks; "": the activation dtype
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -171,6 +182,8 @@ class LayerQuantizer:
         )
         head = model.get_output_embeddings()
         self.is_head_tied = _is_tied(model, head)
+        # gguf: the embedding table's module name when it is served as the file's blocks (None: in float)
+        self.table_name = _table_in_blocks(model, self.in_file) if self.is_blocks and not self.is_head_tied else None
         linears = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
         # names, not modules: a module kept here would keep its float32 weight after it is replaced
         self.head_name = next((name for name, module in linears.items() if module is head), None)
@@ -194,7 +207,8 @@ class LayerQuantizer:
 
     def served_from_file(self) -> frozenset[str]:
         """The weights served as the file's blocks: a loader need not read them as floats."""
-        return frozenset(f"{name}.weight" for name, form in self.forms.items() if form == "blocks")
+        table = {f"{self.table_name}.weight"} if self.table_name is not None else set()
+        return frozenset(f"{name}.weight" for name, form in self.forms.items() if form == "blocks") | table
 
     def module_ready(self, name: str) -> None:
         """Module `name`'s own parameters are real: a linear layer takes its served form, anything
@@ -226,12 +240,22 @@ class LayerQuantizer:
         self.groups[(file_weight.type_name if file_weight else "", form, is_exact, name == self.head_name)] += 1
 
     def finish(self) -> QuantizationReport:
-        """Counts the layers never made ready (a tied head), casts every parameter left in float."""
+        """Serves the table from its blocks (gguf), counts the layers never made ready (a tied
+        head), casts every parameter left in float."""
+        table_type = self._serve_table() if self.table_name is not None else ""
         for name in [n for n in self.forms if n not in self._done]:
             self.module_ready(name)
         for param in self.model.parameters():  # embeddings, norms, biases, kept layers left in float
             param.data = param.data.to(self.dtype)
-        return _report(self.precision, self.groups, self.is_head_tied, self.dtype)
+        return _report(self.precision, self.groups, self.is_head_tied, self.dtype, table_type)
+
+    def _serve_table(self) -> str:
+        """Puts the embedding table's module in the file's blocks (a GGUF load never filled its
+        float weight: `served_from_file`); its GGML type."""
+        table, weight = self.model.get_submodule(self.table_name), self.in_file[f"{self.table_name}.weight"].blocks
+        embed_scale = getattr(table, "embed_scale", None)
+        self.model.set_submodule(self.table_name, BlockEmbedding(weight, self.dtype, table.padding_idx, embed_scale))
+        return weight.type_name
 
 
 _QUANTIZE_ROWS = 8192  # rows quantized at once: a 152k-row head's temporaries are a band's, not its own
@@ -285,10 +309,37 @@ def _keep_fused_siblings_alike(forms: dict[str, str]) -> None:
                     forms[member] = "float"
 
 
+# Embedding modules whose forward is the table's rows (times `embed_scale`, Gemma's): what a
+# `BlockEmbedding` of the table's blocks computes the same way.
+_PLAIN_EMBEDDINGS = (
+    "Embedding",
+    "GemmaTextScaledWordEmbedding",
+    "Gemma2TextScaledWordEmbedding",
+    "Gemma3TextScaledWordEmbedding",
+)
+
+
+def _table_in_blocks(model: Any, in_file: dict[str, Any]) -> str | None:
+    """The input embedding's module name when the file holds its table in a block format the
+    kernels read, with the table's shape (None: the table stays in the activation dtype). Not for
+    a table the head is tied to: the head multiplies the dense table (serving it the blocks
+    instead, as llama.cpp does, changed SmolLM2's logits: KL 7e-4, greedy agreement 97%)."""
+    table = model.get_input_embeddings()
+    if type(table).__name__ not in _PLAIN_EMBEDDINGS or not isinstance(table, torch.nn.Embedding):
+        return None
+    if table.max_norm is not None:
+        return None
+    name = next((name for name, module in model.named_modules() if module is table), None)
+    file_weight = in_file.get(f"{name}.weight")
+    if name is None or file_weight is None or file_weight.blocks is None:
+        return None
+    return name if tuple(file_weight.blocks.shape) == tuple(table.weight.shape) else None
+
+
 def _is_tied(model: Any, head: Any) -> bool:
     table = model.get_input_embeddings()
-    if not isinstance(head, torch.nn.Linear) or table is None:
-        return False
+    if not isinstance(head, torch.nn.Linear) or table is None or isinstance(table, BlockEmbedding):
+        return False  # (a table in blocks is never tied: `_table_in_blocks`)
     if head.weight is table.weight:
         return True
     # A model still being filled (a GGUF load) is tied at the end; it knows which weights it will tie.
@@ -297,7 +348,11 @@ def _is_tied(model: Any, head: Any) -> bool:
 
 
 def _report(
-    precision: str, groups: Counter[tuple[str, str, bool, bool]], is_head_tied: bool, dtype: torch.dtype
+    precision: str,
+    groups: Counter[tuple[str, str, bool, bool]],
+    is_head_tied: bool,
+    dtype: torch.dtype,
+    embedding_type: str = "",
 ) -> QuantizationReport:
     counted = [
         LayerGroup(file_type, dtype_name(dtype) if form == "float" else form, is_exact, num, is_head)
@@ -320,6 +375,7 @@ def _report(
         head_bits=head_bits,
         is_head_tied=is_head_tied,
         groups=tuple(counted),
+        embedding_type=embedding_type,
     )
 
 
@@ -344,12 +400,14 @@ def _fits_kernel(module: torch.nn.Linear, bits: int) -> bool:
 
 
 def weight_stats(model: Any) -> tuple[int, int]:
-    """(number of weights, bytes they take as served): a packed int4 weight counts its 2 per byte."""
+    """(number of weights, bytes they take as served): a packed int4 weight counts its 2 per byte,
+    a table in the file's blocks (gguf) its blocks."""
     num_params = sum(p.numel() for p in model.parameters())
     num_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     for module in model.modules():
-        if isinstance(module, QuantizedLinear):
-            num_params += module.in_features * module.out_features
+        if isinstance(module, (QuantizedLinear, BlockEmbedding)):
+            rows, columns = module.qweight.shape
+            num_params += rows * columns
             num_bytes += module.qweight.nbytes
     return num_params, num_bytes
 
@@ -358,8 +416,10 @@ def decode_read_bytes(model: Any) -> int:
     """Weight bytes one decode step reads: every weight once, except the embedding table, of which a
     token reads one row (unless the output layer is that same table, tied, and reads it all)."""
     _, num_bytes = weight_stats(model)
-    table = model.get_input_embeddings().weight
-    head = model.get_output_embeddings()
+    table, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if isinstance(table, BlockEmbedding):  # the file's blocks (never a tied head's): a token reads one row
+        return num_bytes - table.nbytes + table.row_bytes
+    table = table.weight
     if isinstance(head, torch.nn.Linear) and head.weight is table:
         return num_bytes
     return num_bytes - table.numel() * table.element_size() + table.shape[1] * table.element_size()

@@ -250,6 +250,10 @@ class BlockWeight:
     def rows(self, start: int, end: int) -> BlockWeight:
         return BlockWeight(self.blocks[start:end], self.type_id, self.in_features)  # a view: no copy
 
+    def take(self, ids: torch.Tensor) -> BlockWeight:
+        """Rows `ids` (1-D int64, in any order, repeats allowed): their bytes copied."""
+        return BlockWeight(self.blocks.index_select(0, ids), self.type_id, self.in_features)
+
     @staticmethod
     def can_join(parts: list[BlockWeight]) -> bool:
         return len({p.type_id for p in parts}) == 1
@@ -330,3 +334,67 @@ class QuantizedLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         bits = self.qweight.bits
         return f"in_features={self.in_features}, out_features={self.out_features}, bits={bits}, source={self.source}"
+
+
+EMBEDDING_BAND_ROWS = 8192  # rows dequantized at once when something reads the whole table
+
+
+class BlockEmbedding(torch.nn.Module):
+    """`nn.Embedding` whose table stays as the GGUF file stores it (a `BlockWeight`): a lookup
+    dequantizes only the rows it reads, to the file's exact values (gguf-py's), rounded to `dtype`
+    as the dense table's copy was, so its rows are that table's, bit for bit, at a fraction of its
+    memory (Qwen2.5-Coder-0.5B's Q5_0 table: 94 MB instead of 272 in bfloat16). `embed_scale`:
+    what a scaled embedding (Gemma's) multiplies its rows by, as its own forward does. Nothing
+    keeps the dense table: `weight` (for code that reads the whole table) builds it anew at
+    each call, `table_rows` one band of it."""
+
+    def __init__(
+        self,
+        weight: BlockWeight,
+        dtype: torch.dtype,
+        padding_idx: int | None = None,
+        embed_scale: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.dtype, self.padding_idx = dtype, padding_idx
+        self.source = f"gguf:{weight.type_name}"
+        self.qweight = weight
+        self.register_buffer("blocks", weight.blocks, persistent=False)
+        self.register_buffer("embed_scale", embed_scale, persistent=False)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.nbytes
+
+    @property
+    def row_bytes(self) -> int:
+        """What one token's lookup reads."""
+        return self.qweight.blocks.shape[1]
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (any shape) -> their rows (*ids.shape, embedding_dim) in `dtype`, unscaled."""
+        flat = ids.reshape(-1).to(device=self.qweight.blocks.device, dtype=torch.long)
+        values = self.qweight.take(flat).dequantize().to(self.dtype)  # (n, dim): the dense table's cast
+        return values.view(*ids.shape, self.embedding_dim)
+
+    def table_rows(self, start: int, end: int) -> torch.Tensor:
+        """Rows start..end of the table (end - start, embedding_dim) in `dtype`, unscaled."""
+        return self.qweight.rows(start, end).dequantize().to(self.dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.rows(ids)
+        return out if self.embed_scale is None else out * self.embed_scale.to(out.dtype)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole table (num_embeddings, embedding_dim) in `dtype`, dequantized now, a band at a
+        time (never kept: read rows with `rows` / `table_rows` instead where you can)."""
+        table = torch.empty(self.num_embeddings, self.embedding_dim, dtype=self.dtype)
+        for start in range(0, self.num_embeddings, EMBEDDING_BAND_ROWS):
+            end = min(start + EMBEDDING_BAND_ROWS, self.num_embeddings)
+            table[start:end] = self.table_rows(start, end)
+        return table
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, bits={self.qweight.bits}, source={self.source}"

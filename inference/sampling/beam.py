@@ -6,7 +6,7 @@ in the batch as sequences that share KV blocks (`inference.beams` drives them).
 Must not know: models, caches, sampling, tokenizers (text comes from the `decode` callable), Django.
 
 Semantics follow transformers' `GenerationMixin._beam_search` step for step, including its
--1e9 "masked" scores, so sequences and scores match `generate` (see tests/engine/test_beam.py):
+-1e9 "masked" scores, so sequences and scores match `generate` (see tests/inference/sampling/test_beam.py):
 - each step keeps the best `(1 + num_eos) * num_beams` (at least 2 * num_beams) continuations
   of all beams by summed logprob; the best `num_beams` that did not just finish run on;
 - a continuation ending in EOS, reaching `max_length`, or (our addition) whose text contains a

@@ -16,7 +16,7 @@ Every processor returns a new tensor and never modifies its input; a filtered to
 `-inf`. Shapes: `logits` (B, V) float, `context_ids` (B, T) the tokens the repetition penalty
 counts (`penalized_ids`: prompt + generated so far, or the generated ones only).
 
-No valid `SamplingParams` can empty a row or fill it with NaN (tests/engine/test_sampling_fuzz.py):
+No valid `SamplingParams` can empty a row or fill it with NaN (tests/inference/sampling/test_sampling_fuzz.py):
 the filters always keep the most likely token, and the two processors that scale logits cap
 what overflows at the dtype's largest value (`_capped`) instead of letting it become `inf`,
 whose softmax is NaN; `SamplingParams` keeps the scale factors in a range where that only

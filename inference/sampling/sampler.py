@@ -110,6 +110,7 @@ class Row:
     forced_token_id: int | None = None
     num_alternatives: int = 0
     grammar: GrammarMatcher | None = None  # the request's grammar: it masks this row's distribution
+    draft_token_id: int | None = None  # a proposed token this row verifies: its logprob is read out too
 
     @property
     def is_processed(self) -> bool:
@@ -131,6 +132,7 @@ class RowSample:
     error: str | None = None  # the settings left nothing to sample (the row's request fails alone)
     masked_prob: float | None = None  # the raw distribution's mass the grammar removed (None: no grammar)
     top_masked: tuple[tuple[int, float], ...] = ()  # the entries of `top_raw` the grammar removed
+    draft_logprob: float | None = None  # of `Row.draft_token_id` in the processed distribution
 
 
 def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[RowSample]:
@@ -173,6 +175,9 @@ def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[RowSample]:
             uniform = torch.cat([_uniform(rows[i].sampler.generator, 1) for i in indices]).to(logits.device)
             token_ids[index] = _inverse_cdf(logprobs[index].exp(), uniform)
     samples = _read_outs(logits, raw_logprobs, logprobs, token_ids, rows)
+    for i, row in enumerate(rows):
+        if row.draft_token_id is not None and samples[i].error is None:
+            samples[i] = replace(samples[i], draft_logprob=float(logprobs[i, row.draft_token_id]))
     if not masked_indices:
         return samples
     for i in masked_indices:

@@ -16,7 +16,7 @@ from django.db.models import Max
 from django.utils import timezone
 from django.utils.translation import gettext
 
-from inference.sampling_params import SamplingParams
+from inference.sampling_params import PROMPT_LOOKUP, SPECULATIVE_OFF, SamplingParams
 from playground import limits
 from playground.choices import choice_params
 from playground.coord import cancel, liveness
@@ -127,7 +127,26 @@ def _choices(
     if is_regenerate and params.is_greedy and params.num_beams == 1 and "greedy" not in overrides:
         params = replace(params, greedy=False, temperature=REGENERATE_TEMPERATURE)
     limits.check_params(params)
+    _check_draft(params, model)
     return model, preset, params
+
+
+def _check_draft(params: SamplingParams, model: LanguageModel) -> None:
+    """`speculative` names what proposes tokens: off, prompt_lookup, or another enabled model
+    record (the draft). Checked against the records here, before anything is written; the
+    worker's engine has the last word (a draft it cannot load fails the generation, naming
+    `speculative`). The message starts with the field, so /v1 names it as `param`."""
+    name = params.speculative
+    if name in (SPECULATIVE_OFF, PROMPT_LOOKUP):
+        return
+    drafts = LanguageModel.objects.filter(is_enabled=True).exclude(pk=model.pk)
+    if drafts.filter(name=name).exists():
+        return
+    known = ", ".join(repr(n) for n in [SPECULATIVE_OFF, PROMPT_LOOKUP, *drafts.values_list("name", flat=True)])
+    why = "is the model that answers" if name == model.name else "is not an enabled model"
+    raise CommandError(
+        "invalid_params", f"speculative={name!r} {why}: it must be one of {known} (another model drafts the tokens)"
+    )
 
 
 def _check_images(

@@ -85,6 +85,27 @@ def get_engine(model: LanguageModel) -> Engine:
         return engine
 
 
+def attach_draft(engine: Engine, model: LanguageModel, speculative: str) -> None:
+    """Loads the model named `speculative` as `engine`'s draft (speculative decoding), once; a
+    ValueError naming `speculative` when no enabled model has that name, when it is the model
+    itself, or when its tokenizer is not the model's."""
+    from inference.models.loader import load_model
+    from inference.sampling_params import PROMPT_LOOKUP, SPECULATIVE_OFF
+
+    if speculative in (SPECULATIVE_OFF, PROMPT_LOOKUP) or speculative in engine.core.speculator.drafts:
+        return
+    draft = LanguageModel.objects.filter(name=speculative, is_enabled=True).first()
+    if draft is None:
+        raise ValueError(f"speculative={speculative!r}: no enabled model has this name")
+    if draft.pk == model.pk:
+        raise ValueError(f"speculative={speculative!r} is the model itself: a draft must be a smaller model")
+    with _lock:
+        if speculative in engine.core.speculator.drafts:
+            return
+        logger.info("loading model %r as the draft of %r", draft.name, model.name)
+        engine.attach_draft(replace(load_model(draft.to_engine_config()), name=draft.name))
+
+
 def loaded_at(engine: Any) -> float | None:
     """When `engine`'s load finished (wall clock, time.time()); None for one this module did not load."""
     return _loaded_at.get(id(engine))

@@ -247,7 +247,7 @@ class GenerationRun:
         self.send(protocol.generation_started(generation.pk, generation.worker, info, self.params.to_dict(), prompt))
 
     def _load(self, load_engine: Callable[[LanguageModel], Engine]) -> Engine:
-        self.engine, self.loop, self.model_load_ms = load_model(self.generation, load_engine)
+        self.engine, self.loop, self.model_load_ms = load_model(self.generation, load_engine, self.params)
         return self.engine
 
     # ---- the stream ----------------------------------------------------------------------
@@ -332,9 +332,10 @@ class GenerationRun:
 
 
 def load_model(
-    generation: Generation, load_engine: Callable[[LanguageModel], Engine]
+    generation: Generation, load_engine: Callable[[LanguageModel], Engine], params: SamplingParams | None = None
 ) -> tuple[Engine, ServeLoop, float]:
-    """The generation's engine, its loop, and how long the generation waited for its model's load (ms)."""
+    """The generation's engine (with the draft model `params` name, if any), its loop, and how long
+    the generation waited for its model's load (ms). (A handoff's params come with it, after the load.)"""
     model = generation.model
     if model is None:
         raise CommandError("model_unavailable", "the generation's model was deleted")
@@ -346,10 +347,23 @@ def load_model(
     except Exception as exc:
         logger.exception("loading model %r failed", model.name)
         raise CommandError("model_unavailable", f"model {model.name!r} could not be loaded: {exc}") from exc
+    if params is not None:
+        load_draft(engine, model, params.speculative)
     # Created before its model finished loading (queued while the worker loaded it at start, or
     # waiting here for a switch): that wait is part of its time to first token.
     loaded_at, created_at = engines.loaded_at(engine), generation.created_at.timestamp()
     return engine, loop, (loaded_at - created_at) * 1000 if loaded_at is not None and loaded_at > created_at else 0.0
+
+
+def load_draft(engine: Engine, model: LanguageModel, speculative: str) -> None:
+    """The draft model `speculative` names loaded beside `engine` (speculative decoding), if it names one."""
+    try:
+        engines.attach_draft(engine, model, speculative)
+    except ValueError as exc:
+        raise CommandError("invalid_params", str(exc)) from exc
+    except Exception as exc:
+        logger.exception("loading the draft model %r failed", speculative)
+        raise CommandError("model_unavailable", f"draft model {speculative!r} could not be loaded: {exc}") from exc
 
 
 def _unavailable_on_outage(send: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:

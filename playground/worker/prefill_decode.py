@@ -32,7 +32,7 @@ from playground.encoded_json import EncodedList
 from playground.models import Generation, LanguageModel
 from playground.protocol import CommandError
 from playground.worker.engines import get_engine
-from playground.worker.generation import GenerationRun, load_row, start_queued
+from playground.worker.generation import GenerationRun, load_draft, load_row, start_queued
 from playground.worker.publisher import send_to_group
 
 if TYPE_CHECKING:
@@ -239,6 +239,7 @@ class DecodeRun(GenerationRun):
         handoff = self._verify(blob, engine)
         del blob  # the KV cache may be large: keep one copy only
         self.params = handoff.params
+        load_draft(engine, self.generation.model, handoff.params.speculative)
         events = self._submit(handoff.prompt_ids, handoff.params, handoff=handoff)
         # Up to the Prefilled record (the prefill worker announced it): the KV cache is in place
         # then; before it, the request may wait for room in this worker's batch.

@@ -8,13 +8,14 @@ import { createSide } from "./ab_side.js";
 import { createAlignment } from "./ab_view.js";
 import { $, bindSlider, h, wholeNamePicker } from "./dom.js";
 import { errorText, finishReasonLabel, fmtMs, fmtNum, fmtProb, isSeed, seedError, stepTexts, tokenLabel } from "./format.js";
+import { followRun, isEnded, newRun } from "./run_state.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { gettext, interpolate } from "./i18n.js";
 
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
 const length = bindSlider("#ab-tokens", String, () => {});
 const alignment = createAlignment($("#ab-alignment"));
-const runs = { a: null, b: null };  // per side: {label, handle, steps, stats, error}
+const runs = { a: null, b: null };  // per side: its run (run_state.js) with the side's `label` and `handle`
 let sides = null;
 let flips = new Map();  // step index -> flipped, from the last alignment
 let ticket = 0;  // the current pair of requests: answers to an older pair are dropped
@@ -36,16 +37,16 @@ function run() {
 }
 
 function start(side, text, common, current) {
-  const state = { label: side.label, handle: null, steps: [], stats: null, error: null };
-  runs[side.name] = state;
+  const sideRun = newRun({ label: side.label, handle: null });
+  runs[side.name] = sideRun;
   const isCurrent = () => current === ticket;
   const command = { command: "complete", text, chat: $("#ab-chat").checked,
     model_id: Number($("#ab-model").value) || undefined, ...side.command(common) };
-  state.handle = socket.start(command, {
-    onTokens: (event) => { if (isCurrent()) { state.steps.push(...event.steps); renderRun(side.name); } },
-    onFinished: (event) => { if (isCurrent()) { state.stats = event.stats; ended(current); } },
-    onError: (error) => { if (isCurrent()) { state.error = error; ended(current); } },
-  });
+  sideRun.handle = socket.start(command, followRun(sideRun, (_, type) => {
+    if (!isCurrent()) return;
+    if (type === "generation.tokens") renderRun(side.name);
+    else if (isEnded(sideRun)) ended(current);
+  }));
   renderRun(side.name);
 }
 
@@ -88,7 +89,7 @@ function renderRun(name) {
     r && !r.handle.isDone ? h("span", { class: "badge" }, gettext("generating…")) : null);
   if (!r) { box.replaceChildren(head, h("p", { class: "empty" }, gettext("Not run yet."))); return; }
   // The text as the chat shows it: a character spread over tokens whole at its last one, never "�".
-  const { texts, cutBytes } = stepTexts(r.steps, r.stats?.finish_reason ?? null);
+  const { texts, cutBytes } = stepTexts(r.steps, r.finish_reason);
   const tokens = r.steps.map((step, i) => h("span", {
     class: `step-tok${flips.get(step.index) ? " flip" : ""}`, dataset: { step: step.index, tokenId: step.token_id },
     title: interpolate(gettext("step %(step)s · id %(id)s · sampled p %(p)s"), { step: step.index, id: step.token_id, p: fmtProb(Math.exp(step.logprob)) })

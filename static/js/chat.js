@@ -5,8 +5,7 @@
 import { api, getJson } from "./api.js";
 import { beamAnswerSteps, beamTokenDetails, setRecordedSteps } from "./chat_beams.js";
 import { ChatSettings, OverrideError } from "./chat_settings.js";
-import { isMissingSteps, mergeSteps, newAssistantMessage, renderMessage, scheduleUpdate, stepAt, streamedText,
-  updateAssistant } from "./chat_messages.js";
+import { isMissingSteps, newAssistantMessage, renderMessage, scheduleUpdate, stepAt, updateAssistant } from "./chat_messages.js";
 import { ConversationList } from "./conversations.js";
 import { $, h, wholeNamePicker, wirePanelToggles } from "./dom.js";
 import { errorText } from "./format.js";
@@ -14,6 +13,7 @@ import { renderIcons } from "./icons.js";
 import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
 import { asDrawn } from "./sampling.js";
+import { followRun } from "./run_state.js";
 import { promptPerplexity } from "./surprise.js";
 import { ModelStatus } from "./model_status.js";
 import { GenerationSocket, showConnection } from "./socket.js";
@@ -145,79 +145,57 @@ function startGeneration(command, answer, { onQueued = () => {}, onRefused }) {
 
 /** A reloaded page follows the generation it left running: the saved part, then live steps. */
 function resumeGeneration(answer) {
-  Object.assign(answer, { isStreaming: true, steps: [], beamSteps: [] });
+  Object.assign(answer, { isStreaming: true, steps: [], beamSteps: [], text: "" });
   state.handle = socket.attach(answer.generation_id, answerHandlers(answer, { onRefused: () => {} }));
   setBusy(true);
 }
 
-/** The event handlers that fill one streaming answer (a new generation or a re-attached one). */
+/** The socket handlers that fold one streaming answer's events into it (the answer is a run,
+ * run_state.js, with the message's own fields), then redraw it: a new generation or a re-attached one. */
 function answerHandlers(answer, { onQueued = () => {}, onRefused }) {
-  return {
-    onAttached(event) {
-      // Every step so far (docs/protocol.md, attach); steps that came live already are kept once.
-      answer.params = event.params ?? answer.params;
-      const known = answer.beamSteps.length ? answer.beamSteps : answer.steps;
-      setRecordedSteps(answer, mergeSteps(known, event.steps), null);
-      answer.segments = event.segments;
-      scheduleUpdate(answer);
-    },
-    onQueued(event) {
-      answer.id = event.message_id;
-      answer.generation_id = event.generation_id;
-      onQueued(event);
-    },
-    onStarted(event) {
-      answer.prompt = event.prompt;
-      answer.params = event.params ?? answer.params;
-      answer.modelName = event.model?.name ?? event.model ?? answer.modelName;
-      scheduleUpdate(answer);
-    },
-    onWaiting(event) {
-      answer.waiting = event;
-      scheduleUpdate(answer);
-    },
-    onPrefilled(event) {
-      answer.prefilled = event;
-      answer.waiting = null;
-      scheduleUpdate(answer);
-    },
-    onHandoff(event) {
-      answer.handoff = { ...event, receivedAt: Date.now() };
-      scheduleUpdate(answer);
-    },
-    onTokens(event) {
-      const isAtBottom = nearBottom();
-      // A re-attached page may get again a step it had from the snapshot: keep each index once.
-      answer.steps = mergeSteps(answer.steps, event.steps);
-      if (event.segments) answer.segments = event.segments;
-      scheduleUpdate(answer);
-      if (isAtBottom) requestAnimationFrame(scrollToBottom);
-    },
-    onBeams(event) {
-      answer.beamSteps = mergeSteps(answer.beamSteps, event.steps);
-      scheduleUpdate(answer);
-    },
-    onFinished(event) {
-      Object.assign(answer, { isStreaming: false, content: event.text, stats: event.stats, segments: event.segments });
-      if (answer.beamSteps.length) answer.steps = beamAnswerSteps(event.stats?.sequences?.[0], answer.beamSteps);
-      answer.id = event.message_id ?? answer.id;
-      updateAssistant(answer);
-      setBusy(false);
-      conversations.refresh();
-      // The saved record has every step: the strip and the token cards then count them all.
-      if (isMissingSteps(answer)) loadSteps(answer);
-    },
-    onError(error) {
-      setBusy(false);
-      if (error.isRefused) {
-        onRefused();
-        showError(error);
+  return followRun(answer, (run, type, event) => {
+    switch (type) {
+      case "generation.queued":
+        answer.id = answer.message_id;
+        onQueued(event);
+        return;
+      case "generation.started":
+        answer.modelName = answer.model?.name ?? answer.model ?? answer.modelName;
+        break;
+      case "generation.tokens": {
+        const isAtBottom = nearBottom();  // the page is redrawn at the next frame
+        scheduleUpdate(answer);
+        if (isAtBottom) requestAnimationFrame(scrollToBottom);
         return;
       }
-      Object.assign(answer, { isStreaming: false, content: streamedText(answer) || answer.content, error });
-      updateAssistant(answer);
-    },
-  };
+      case "generation.finished":
+        answer.isStreaming = false;
+        answer.content = answer.text;
+        if (answer.beamSteps.length) answer.steps = beamAnswerSteps(answer.stats?.sequences?.[0], answer.beamSteps);
+        answer.id = answer.message_id ?? answer.id;
+        updateAssistant(answer);
+        setBusy(false);
+        conversations.refresh();
+        // The saved record has every step: the strip and the token cards then count them all.
+        if (isMissingSteps(answer)) loadSteps(answer);
+        return;
+      case "error":
+      case "generation.error":
+        setBusy(false);
+        if (answer.error.isRefused) {
+          onRefused();
+          showError(event);
+          return;
+        }
+        answer.isStreaming = false;
+        answer.content = answer.text || answer.content;
+        updateAssistant(answer);
+        return;
+      default:
+        break;
+    }
+    scheduleUpdate(answer);
+  });
 }
 
 /** The model, preset and overrides for a command; null (and the bad field shown) if invalid. */

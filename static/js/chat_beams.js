@@ -6,10 +6,9 @@ import { beamTree } from "./beam_tree.js";
 import { h } from "./dom.js";
 import { fmtNum, fmtProb, numSteps, visiblePiece } from "./format.js";
 import { gettext, interpolate, ngettext } from "./i18n.js";
+import { isBeamStep } from "./run_state.js";
 
 const MAX_BEAM_TEXT = 48;
-
-export const isBeamStep = (record) => record?.type === "beam_step";
 
 const sameIds = (a, b) => a.length === b.length && a.every((id, i) => id === b[i]);
 

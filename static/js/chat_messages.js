@@ -11,24 +11,17 @@ import { icon } from "./icons.js";
 import { thumbnails } from "./image_attach.js";
 import { charTokensFromSteps, renderAnswer } from "./markdown.js";
 import { reasoningNotes } from "./reasoning_stats.js";
+import { newRun } from "./run_state.js";
 import { isDisaggregated, servingView } from "./serving.js";
+import { speculationStatsText } from "./speculation.js";
 import { promptSummary, surpriseStrip } from "./surprise.js";
 import { gettext, interpolate, ngettext } from "./i18n.js";
 
-/** An assistant message as the page tracks it (server fields plus streaming state). */
+/** An assistant message as the page tracks it: a run (run_state.js: what its generation's events
+ * say) with the message's own fields and the page's view state. */
 export function newAssistantMessage(fields = {}) {
-  return { role: "assistant", id: null, content: "", generation_id: null, stats: null, steps: [],
-    prompt: null, prefilled: null, handoff: null, isStreaming: false, error: null, openReasoning: new Set(), segments: [],
-    promptPerplexity: null, beamSteps: [], isBeamsOpen: false, isDetailsOpen: false, params: null, ...fields };
-}
-
-/** `steps` with `incoming` merged in: each index once (the first copy kept), in index order. */
-export function mergeSteps(steps, incoming) {
-  const last = steps.at(-1)?.index ?? -1;
-  if (incoming.every((s, i) => s.index > last && (i === 0 || s.index > incoming[i - 1].index))) return [...steps, ...incoming];
-  const byIndex = new Map(steps.map((s) => [s.index, s]));
-  for (const step of incoming) if (!byIndex.has(step.index)) byIndex.set(step.index, step);
-  return [...byIndex.values()].sort((a, b) => a.index - b.index);
+  return newRun({ role: "assistant", id: null, content: "", isStreaming: false, openReasoning: new Set(),
+    promptPerplexity: null, isBeamsOpen: false, isDetailsOpen: false, ...fields });
 }
 
 /** Whether an ended answer's token steps miss some (its stats count every generated token). */
@@ -40,12 +33,6 @@ export function isMissingSteps(message) {
 /** The step with `index` (steps arrive in order, so this is normally `steps[index]`). */
 export function stepAt(steps, index) {
   return steps[index]?.index === index ? steps[index] : steps.find((s) => s.index === index) ?? null;
-}
-
-/** The answer so far: the streamed tokens' text, or a beam search's best live beam. */
-export function streamedText(message) {
-  if (message.beamSteps.length && !message.steps.length) return message.beamSteps.at(-1).beams[0]?.text ?? "";
-  return message.steps.map((s) => s.text_delta).join("");
 }
 
 const actionsOf = new WeakMap();  // an assistant message's element -> the callbacks its buttons call
@@ -117,7 +104,7 @@ async function copyText(button, message) {
   const label = button.getAttribute("aria-label");
   let isCopied;
   try {
-    await navigator.clipboard.writeText(message.content || streamedText(message));
+    await navigator.clipboard.writeText(message.content || message.text);
     isCopied = true;
   } catch {
     isCopied = false;
@@ -147,7 +134,7 @@ export function withoutCutCharacter(message, text) {
 export function updateAssistant(message) {
   const el = message.el;
   const body = el.querySelector(".msg-body");
-  const { text, cutBytes } = withoutCutCharacter(message, message.isStreaming ? streamedText(message) : message.content);
+  const { text, cutBytes } = withoutCutCharacter(message, message.isStreaming ? message.text : message.content);
   const charTokens = message.steps.length ? charTokensFromSteps(message.steps) : null;
   const notes = reasoningNotes(message.steps, message.segments ?? [], message.stats);
   renderAnswer(body, text, charTokens, message.openReasoning, message.segments, notes);
@@ -197,6 +184,11 @@ function summaryLine(message, cutBytes) {
   if (stats?.decode_tok_s) parts.push(interpolate(gettext("%(speed)s tok/s"), { speed: fmtNum(stats.decode_tok_s, 1) }));
   if (isDisaggregated(message.stats) || message.handoff) parts.push(gettext("prefill → decode on two workers"));
   const line = [parts.join(" · ")];
+  const speculation = message.isStreaming ? null : speculationStatsText(message.stats);
+  if (speculation) {
+    line.push(h("span", { class: "spec-stats", title: gettext("speculative decoding: proposed tokens the model accepted, and the decode's estimated speedup (from the measured step costs; the answer is the same as without)") },
+      " · ", speculation.acceptance, " · ", speculation.speedup));
+  }
   if (cutBytes !== null) {
     line.push(h("span", { class: "cut-note", title: gettext("the held-back bytes are not a whole UTF-8 character, so they are "
       + "left out of the text") }, " · ", cutBytes ? interpolate(gettext("ended inside a character (%(bytes)s)"), { bytes: cutBytes })
@@ -271,6 +263,13 @@ function statBadges(message) {
   } else if (stats.ttft_ms != null) add(gettext("time to first token"), interpolate(gettext("TTFT %(time)s"), { time: fmtMs(stats.ttft_ms) }));
   if (stats.prefill_ms != null) add(gettext("prefill forward pass"), interpolate(gettext("prefill %(time)s"), { time: fmtMs(stats.prefill_ms) }));
   if (stats.decode_tok_s != null) add(gettext("decode speed"), `${fmtNum(stats.decode_tok_s, 1)} tok/s`);
+  const speculation = speculationStatsText(message.stats);
+  if (speculation) {
+    add(gettext("speculative decoding: of the tokens proposed for verification, those the model kept (each the token it would have chosen itself)"),
+      speculation.acceptance, "spec-acceptance");
+    add(gettext("speculative decoding: what the decode's tokens would have cost as plain steps, by the measured step cost, over what they did"),
+      speculation.speedup, "spec-speedup");
+  }
   if (stats.num_reasoning_tokens) add(gettext("tokens generated inside <think> blocks"), interpolate(gettext("%(n)s thinking tok"), { n: stats.num_reasoning_tokens }), "thinking");
   if (stats.thinking_ended_by_budget) {
     add(gettext("after max_thinking_tokens reasoning tokens the engine forced </think>; the answer followed"),

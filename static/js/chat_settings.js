@@ -1,7 +1,7 @@
 // The chat page's settings panel: model, sampling preset, system prompt, the inline
 // overrides and the PD toggle. Owns: loading /api/models/ and /api/presets/, showing the
 // preset's values as placeholders, and turning filled-in fields into an `overrides` object
-// (empty = preset), the grammar included (grammar.js; never a preset's).
+// (empty = preset), the grammar and speculative decoding included (never a preset's).
 import { getJson } from "./api.js";
 import { $, h } from "./dom.js";
 import { presetName } from "./format.js";
@@ -40,6 +40,7 @@ export class ChatSettings {
     this.presetSelect = $("#preset-select");
     this.systemPrompt = $("#system-prompt");
     this.pdToggle = $("#pd-toggle");
+    this.speculative = $("#ov-speculative");
     this.modelSelect.addEventListener("change", () => { this.showModel(); onChange({ model_id: this.modelId }); });
     this.presetSelect.addEventListener("change", () => { this.showPresetPlaceholders(); onChange({ preset_id: this.presetId }); });
     this.systemPrompt.addEventListener("change", () => onChange({ system_prompt: this.systemPrompt.value }));
@@ -48,6 +49,8 @@ export class ChatSettings {
     for (const id of Object.keys(OVERRIDE_FIELDS)) {
       $(`#${id}`).addEventListener("input", (e) => e.target.removeAttribute("aria-invalid"));
     }
+    // A temperature typed under a greedy preset asks for sampling: the other fields' hints follow it.
+    $("#ov-temperature").addEventListener("input", () => this.showPresetPlaceholders());
   }
 
   async load() {
@@ -85,8 +88,13 @@ export class ChatSettings {
   showPresetPlaceholders() {
     const params = this.presets.find((p) => p.id === this.presetId)?.params ?? {};
     // [short, long]: the placeholder has room for a word only
+    const isGreedy = !(params.num_beams > 1) && (params.greedy || params.temperature === 0);
+    // A temperature typed here makes a greedy preset sample (SamplingParams.resolve_overrides;
+    // 0 stays greedy): then top-k, top-p and the seed apply too.
+    const typed = Number($("#ov-temperature").value.trim() || "0");
+    const isSampledAnyway = isGreedy && Number.isFinite(typed) && typed > 0;
     const unusedBy = params.num_beams > 1 ? [gettext("beams"), gettext("beam search")]
-      : params.greedy || params.temperature === 0 ? [gettext("greedy"), gettext("greedy")] : null;
+      : isGreedy && !isSampledAnyway ? [gettext("greedy"), gettext("greedy")] : null;
     for (const [id, spec] of Object.entries(OVERRIDE_FIELDS)) {
       const input = $(`#${id}`);
       const value = params[spec.name];
@@ -96,11 +104,19 @@ export class ChatSettings {
           : gettext("preset");
         continue;
       }
+      if (spec.name === "temperature" && isGreedy) {  // the one field that turns sampling on
+        input.placeholder = gettext("greedy (type one to sample)");
+        input.title = gettext("The preset is greedy: it takes the most likely token each time. A temperature above 0 typed here makes this answer sample instead (0 stays greedy).");
+        continue;
+      }
       const isUnused = spec.isSampling && unusedBy !== null;
       input.placeholder = isUnused ? interpolate(gettext("n/a (%(method)s)"), { method: unusedBy[0] })
         : value === null || value === undefined ? gettext("preset") : String(value);
-      input.title = isUnused ? interpolate(gettext("%(method)s picks each token without %(name)s: a value here changes nothing"),
-        { method: unusedBy[1], name: spec.name }) : "";
+      input.title = !isUnused ? ""
+        : params.num_beams > 1 ? interpolate(gettext("%(method)s picks each token without %(name)s: a value here changes nothing"),
+          { method: unusedBy[1], name: spec.name })
+        : interpolate(gettext("greedy picks each token without %(name)s: a value here changes nothing unless a temperature above 0 is set too"),
+          { name: spec.name });
     }
   }
 
@@ -134,6 +150,8 @@ export class ChatSettings {
       }
       overrides[spec.name] = value;
     }
+    // never a preset's: absent is off
+    if (this.speculative.value !== "off") overrides.speculative = this.speculative.value;
     try {
       const grammar = this.grammar.spec();
       if (grammar) overrides.grammar = grammar;
@@ -149,9 +167,10 @@ export class ChatSettings {
    * `pd: true` when disaggregation is ticked (absent otherwise: the server's mode applies).
    */
   commandFields() {
+    // What the user set, as set: the server resolves it against the preset (a temperature asks
+    // for sampling even under a greedy preset: SamplingParams.resolve_overrides) and echoes the
+    // result as generation.started's `params`, which the answer keeps (run_state.js) and shows.
     const fields = { overrides: this.overrides() };
-    // A temperature asks for sampling even under a greedy preset (as in the OpenAI API); 0 is greedy.
-    if ("temperature" in fields.overrides) fields.overrides.greedy = false;
     if (this.modelId !== null) fields.model_id = this.modelId;
     if (this.presetId !== null) fields.preset_id = this.presetId;
     if (this.pdToggle.checked) fields.pd = true;
@@ -165,6 +184,8 @@ export class ChatSettings {
       input.removeAttribute("aria-invalid");
     }
     this.grammar.set("", "");
+    this.speculative.value = "off";
+    this.showPresetPlaceholders();
   }
 }
 

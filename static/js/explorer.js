@@ -17,7 +17,9 @@ import { promptView } from "./prompt_view.js";
 import { ImageAttachments } from "./image_attach.js";
 import { asDrawn, processedProbs } from "./sampling.js";
 import { servingView } from "./serving.js";
+import { passStrip, passesOf, speculationLegend, speculationSummary, verificationView } from "./speculation.js";
 import { ModelStatus } from "./model_status.js";
+import { followRun, newRun } from "./run_state.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 import { promptPerplexity, promptSummary, surpriseStrip } from "./surprise.js";
 import { gettext, interpolate, ngettext } from "./i18n.js";
@@ -26,14 +28,7 @@ const state = {
   steps: [],          // the chosen path; steps[i].index === i
   selected: null,     // index of the step shown in the distribution panel
   handle: null,
-  prompt: null,       // the last generation.started `prompt`
-  model: null,        // the last generation.started `model`
-  params: null,       // the last generation.started `params`
-  prefilled: null,    // the last generation.prefilled event
-  handoff: null,      // the last request's generation.handoff (PD), with `receivedAt`
-  stats: null,        // the last request's finished stats
-  beamSteps: [],
-  beamSequences: [],  // a finished beam search's returned sequences, best first
+  run: newRun(),      // the last request's run (run_state.js): its prompt, model, params, prefilled, handoff, stats, beams
   generationId: null, // the last finished request: its row holds the whole path (inspections)
   numSent: 0,         // tokens of the path the last request sent after the text
   promptPerplexity: null, // the text's perplexity ({value, ...}, {isLoading} or {error}) for generationId
@@ -59,13 +54,13 @@ const sliders = {
 // The prompt's images go before its text, with every request (the prefix cache knows them by content).
 const attachments = new ImageAttachments({ form: $(".explorer-controls"), input: $("#ex-text"), tray: $("#ex-image-tray"),
   button: $("#ex-attach"), onError: (message) => showError({ message }),
-  onChange: () => { if (state.steps.length || state.prompt) reset(); } });
+  onChange: () => { if (state.steps.length || state.run.prompt) reset(); } });
 // A new grammar starts a new path: each request's grammar goes on from the path's tokens (`prefix_ids`).
-const grammar = grammarField("ex", () => { if (state.steps.length || state.prompt) reset(); });
+const grammar = grammarField("ex", () => { if (state.steps.length || state.run.prompt) reset(); });
 const distChart = createDistributionChart($("#dist-chart"), (alt) => branch(state.selected, alt));
 const inside = createInside({
   root: $("#ex-inside"),
-  getTarget: () => (isBusy() || state.generationId === null || state.selected === null || state.beamSteps.length ? null
+  getTarget: () => (isBusy() || state.generationId === null || state.selected === null || state.run.beamSteps.length ? null
     : { generationId: state.generationId, step: state.selected, params: inspectParams() }),
   onBranch: (index, alt) => branch(index, alt),
   onExact: () => renderDistribution(),
@@ -92,6 +87,29 @@ function samplingParams() {
     repetition_penalty: Number(sliders.repetition_penalty.value),
     penalize_prompt: $("#ex-penalize-prompt").checked,
   };
+}
+
+/** The speculation controls as overrides (docs/protocol.md): `speculative` or a `prediction`, and
+ * `num_speculative_tokens` when k is set (empty: the engine chooses per pass). */
+function speculativeOverrides() {
+  const kind = $("#ex-speculative").value;
+  if (kind === "off") return {};
+  const overrides = {};
+  if (kind === "prediction") {
+    const prediction = $("#ex-prediction").value;
+    if (!prediction.trim()) throw new Error(gettext("Prediction: write the text the answer is expected to repeat, or choose another kind of speculation."));
+    overrides.prediction = prediction;
+  } else overrides.speculative = kind;
+  const k = $("#ex-spec-k").value.trim();
+  if (k !== "") {
+    const value = Number(k);
+    if (!Number.isInteger(value) || value < 1 || value > 16) {
+      $("#ex-spec-k").setAttribute("aria-invalid", "true");
+      throw new Error(interpolate(gettext("Tokens per proposal: \"%(value)s\" is not a whole number from 1 to 16."), { value: k }));
+    }
+    overrides.num_speculative_tokens = value;
+  }
+  return overrides;
 }
 
 /** The sliders as an inspection changes them. */
@@ -121,6 +139,12 @@ function request(maxNewTokens) {
     overrides.seed = Number(seed);
   }
   if (numBeams > 1) Object.assign(overrides, { num_beams: numBeams, num_return_sequences: numBeams });
+  try {
+    Object.assign(overrides, speculativeOverrides());
+  } catch (err) {
+    showError({ message: err.message });
+    return;
+  }
   let spec;
   try {
     spec = grammar.spec();
@@ -131,11 +155,15 @@ function request(maxNewTokens) {
   // The path so far was written under this grammar (a new one resets it): it goes on from there.
   if (spec) overrides.grammar = { ...spec, prefix_ids: state.steps.map((s) => s.token_id) };
   const base = state.steps.length;
-  if (numBeams > 1) { state.beamSteps = []; state.beamSequences = []; renderBeams(); }
   hideError();
-  Object.assign(state, { prefilled: null, handoff: null, stats: null });
-  // Events from a request that Reset abandoned must not touch the new state.
-  const isCurrent = () => state.handle === handle;
+  // This request's run (run_state.js); the last one's model, params and prompt are shown until
+  // its generation.started replaces them. Events of a run that Reset abandoned touch nothing shown.
+  const previous = state.run;
+  const run = newRun({ model: previous.model, params: previous.params, prompt: previous.prompt });
+  state.run = run;
+  const isCurrent = () => state.run === run;
+  if (numBeams > 1 || previous.beamSteps.length) renderBeams();
+  let numTaken = 0;  // the run's steps already on the path
   let isHandoffUnmarked = false;  // the next step is the decode worker's first
   const command = {
     command: "complete", text, chat: $("#ex-chat").checked, token_ids: state.steps.map((s) => s.token_id),
@@ -144,61 +172,60 @@ function request(maxNewTokens) {
   const images = attachments.current();
   if (images.length) command.images = images;
   if ($("#ex-pd").checked) command.pd = true;  // absent: the server's mode applies
-  const handle = socket.start(command, {
-    onStarted: (event) => {
-      if (!isCurrent()) return;
-      Object.assign(state, { prompt: event.prompt, model: event.model, params: event.params,
-        textLastPiece: event.prompt?.tokens?.at(-1 - base)?.piece ?? null });
-      inside.setModel(event.model);
-      renderPipeline();
-    },
-    onPrefilled: (event) => {
-      if (!isCurrent()) return;
-      state.prefilled = event;
-      renderTokenization();
-      renderServing();
-    },
-    onHandoff: (event) => {
-      if (!isCurrent()) return;
-      state.handoff = { ...event, receivedAt: Date.now() };
-      isHandoffUnmarked = true;
-      renderServing();
-    },
-    onTokens: (event) => {
-      if (!isCurrent()) return;
-      for (const step of event.steps) {
-        // `settings`: what the step was drawn with (its processed column is exact for them);
-        // greedy's drawn distribution is all on its token (sampling.js asDrawn).
-        state.steps.push({ ...asDrawn(step, settings), index: base + step.index, isAfterHandoff: isHandoffUnmarked,
-          settings });
-        isHandoffUnmarked = false;
-      }
-      state.selected = state.steps.length - 1;
-      renderAll();
-    },
-    onBeams: (event) => {
-      if (!isCurrent()) return;
-      state.beamSteps.push(...event.steps);
-      renderBeams();
-    },
-    onFinished: (event) => {
-      if (isCurrent()) {
-        // promptPerplexity stays: every request of the path starts with the same text.
-        Object.assign(state, { stats: event.stats, generationId: handle.generationId, numSent: base });
-        renderDistribution();  // now the worker can answer with the exact processed distribution
-        if (numBeams > 1) { state.beamSequences = event.stats?.sequences ?? []; renderBeams(); }
+  const handle = socket.start(command, followRun(run, (_, type) => {
+    const isEnd = ["generation.finished", "generation.error", "error"].includes(type);
+    if (!isCurrent()) {
+      if (isEnd) { renderControls(); renderPipeline(); }
+      if (type === "generation.finished") renderStrip();
+      return;
+    }
+    switch (type) {
+      case "generation.started":
+        state.textLastPiece = run.prompt?.tokens?.at(-1 - base)?.piece ?? null;
+        inside.setModel(run.model);
+        renderPipeline();
+        break;
+      case "generation.prefilled":
+        renderTokenization();
         renderServing();
-      }
-      renderControls();
-      renderPipeline();
-      renderStrip();
-    },
-    onError: (error) => {
-      if (isCurrent()) showError(error);
-      renderControls();
-      renderPipeline();
-    },
-  });
+        break;
+      case "generation.handoff":
+        isHandoffUnmarked = true;
+        renderServing();
+        break;
+      case "generation.tokens":
+        for (const step of run.steps.slice(numTaken)) {
+          // `settings`: what the step was drawn with (its processed column is exact for them);
+          // greedy's drawn distribution is all on its token (sampling.js asDrawn).
+          state.steps.push({ ...asDrawn(step, settings), index: base + step.index, isAfterHandoff: isHandoffUnmarked,
+            settings });
+          isHandoffUnmarked = false;
+        }
+        numTaken = run.steps.length;
+        state.selected = state.steps.length - 1;
+        renderAll();
+        break;
+      case "generation.beams":
+        renderBeams();
+        break;
+      case "generation.finished":
+        // promptPerplexity stays: every request of the path starts with the same text.
+        Object.assign(state, { generationId: run.generation_id, numSent: base });
+        renderDistribution();  // now the worker can answer with the exact processed distribution
+        renderSpeculation();  // the request's estimated speedup
+        if (numBeams > 1) renderBeams();
+        renderServing();
+        break;
+      case "error":
+      case "generation.error":
+        showError(run.error);
+        break;
+      default:
+        break;
+    }
+    if (isEnd) { renderControls(); renderPipeline(); }
+    if (type === "generation.finished") renderStrip();
+  }));
   state.handle = handle;
   renderControls();
   renderPipeline();
@@ -220,6 +247,7 @@ function branch(index, alt) {
     ...step, token_id: alt.token_id, piece: alt.piece, text_delta: alt.piece, token_bytes: "",
     raw_logprob: alt.logprob, logprob: processed ? processed.logprob : -Infinity,
     rank: step.top_raw.findIndex((a) => a.token_id === alt.token_id) + 1, isBranched: true, isAfterHandoff: false,
+    verification: null,  // you chose it: no pass verified it
   });
   state.selected = index;
   renderAll();
@@ -235,8 +263,9 @@ function selectStep(index) {
 
 function reset() {
   state.handle?.stop();
-  Object.assign(state, { steps: [], selected: null, handle: null, prompt: null, prefilled: null, handoff: null,
-    stats: null, beamSteps: [], beamSequences: [], generationId: null, numSent: 0, promptPerplexity: null });
+  // the model and its params stay shown (the pipeline) until the next request starts
+  Object.assign(state, { steps: [], selected: null, handle: null, run: newRun({ model: state.run.model, params: state.run.params }),
+    generationId: null, numSent: 0, promptPerplexity: null });
   inside.setModel(null);  // another model may be chosen: offered again once a request has started
   renderAll();
   renderBeams();
@@ -246,41 +275,44 @@ function reset() {
 
 const isBusy = () => state.handle !== null && !state.handle.isDone;
 
+/** A finished beam search's returned sequences, best first. */
+const beamSequences = () => state.run.stats?.sequences ?? [];
+
 // ---------- rendering ----------
 
 function renderAll() {
   renderContinuation();
   renderDistribution();
   updateStepCharts(stepCharts, state.steps);
-  renderMoeLive($("#ex-moe-live"), state.model, state.steps, state.textLastPiece);
+  renderMoeLive($("#ex-moe-live"), state.run.model, state.steps, state.textLastPiece);
   $("#ex-handoff-legend").hidden = !state.steps.some((s) => s.isAfterHandoff);
   renderTokenization();
   renderPipeline();
-  if (state.handoff) renderServing();  // the decode segment grows with the tokens
+  if (state.run.handoff) renderServing();  // the decode segment grows with the tokens
 }
 
 /** The phase the strip highlights: a request still waiting for its first token is in prefill. */
 function currentPhase() {
-  if (isBusy() && !state.prefilled) return "prefill";
+  if (isBusy() && !state.run.prefilled) return "prefill";
   return state.selected === null ? null : state.steps[state.selected]?.phase ?? null;
 }
 
 function renderPipeline() {
-  const model = state.model;
+  const model = state.run.model;
   $("#ex-model-label").textContent = model ? model.name ?? model.architecture : gettext("its details come with the first request");
   $("#ex-pipeline").replaceChildren(pipelineStrip({
-    model, params: state.params, phase: currentPhase(),
-    numPromptTokens: state.prefilled?.num_prompt_tokens ?? state.prompt?.tokens?.length ?? null,
-    numPrefilledTokens: state.prefilled?.num_prefilled_tokens ?? null,
+    model, params: state.run.params, phase: currentPhase(),
+    numPromptTokens: state.run.prefilled?.num_prompt_tokens ?? state.run.prompt?.tokens?.length ?? null,
+    numPrefilledTokens: state.run.prefilled?.num_prefilled_tokens ?? null,
   }));
 }
 
 function renderServing() {
-  const p = state.prefilled;
+  const p = state.run.prefilled;
   $("#ex-cache-label").textContent = p ? interpolate(gettext("%(prompt)s prompt · %(cached)s cached · %(prefilled)s prefilled · prefill %(time)s"),
     { prompt: p.num_prompt_tokens, cached: p.num_cached_tokens, prefilled: p.num_prefilled_tokens, time: fmtMs(p.prefill_ms) }) : "";
-  const views = servingView({ stats: state.stats, handoff: state.handoff,
-    liveDecodeMs: state.handoff ? Date.now() - state.handoff.receivedAt : 0 });
+  const views = servingView({ stats: state.run.stats, handoff: state.run.handoff,
+    liveDecodeMs: state.run.handoff ? Date.now() - state.run.handoff.receivedAt : 0 });
   const empty = isBusy() ? gettext("Running…") : gettext("After a request: which worker ran it (or the prefill → decode handoff) and its prefix cache.");
   $("#ex-serving").replaceChildren(...(views.length ? views : [h("p", { class: "empty" }, empty)]));
 }
@@ -296,16 +328,59 @@ function renderControls() {
 function renderContinuation() {
   const box = $("#ex-continuation");
   const tokens = state.steps.map((step) => h("span", {
-    class: `step-tok${step.index === state.selected ? " selected" : ""}${step.isBranched ? " branched" : ""}`,
-    dataset: { step: step.index, tokenId: step.token_id },
+    class: `step-tok${step.index === state.selected ? " selected" : ""}${step.isBranched ? " branched" : ""}${specClass(step)}`,
+    dataset: { step: step.index, tokenId: step.token_id, ...(step.verification ? { pass: step.verification.position } : {}) },
     style: `--p: ${Math.exp(step.raw_logprob).toFixed(3)}`,
     title: interpolate(gettext("step %(step)s · id %(id)s · p %(p)s · rank %(rank)s"),
-      { step: step.index, id: step.token_id, p: fmtProb(Math.exp(step.raw_logprob)), rank: step.rank }),
+      { step: step.index, id: step.token_id, p: fmtProb(Math.exp(step.raw_logprob)), rank: step.rank }) + specTitle(step),
     onclick: () => selectStep(step.index),
   }, pieceWithNewlines(step.piece)));
   box.replaceChildren(h("span", { class: "prompt-part" }, $("#ex-text").value), ...tokens);
   $("#ex-count").textContent = interpolate(ngettext("%(n)s token", "%(n)s tokens", state.steps.length), { n: state.steps.length });
   renderStrip();
+  renderSpeculation();
+}
+
+/** A token's marks from its verification pass: an accepted proposal (green underline), the model's
+ * token where it rejected a proposal (red dotted), the first token of a verified pass (a bar before it). */
+function specClass(step) {
+  const v = step.verification;
+  if (!v) return "";
+  return (v.position < v.num_accepted ? " spec-accepted" : v.num_accepted < v.proposed.length ? " spec-fixed" : "")
+    + (v.position === 0 ? " spec-pass-start" : "");
+}
+
+function specTitle(step) {
+  const v = step.verification;
+  if (!v) return "";
+  if (v.position < v.num_accepted) return `\n${gettext("proposed and accepted: verified in one pass with the tokens around it")}`;
+  if (v.num_accepted < v.proposed.length) return `\n${gettext("the model's own token where it rejected a proposal")}`;
+  return `\n${gettext("the model's own token after the accepted proposals, from the same pass")}`;
+}
+
+/** The path's speculation: tokens per forward pass, acceptance, the last request's estimated
+ * speedup, the legend and the strip of passes (hidden when no step came out of a verification). */
+function renderSpeculation() {
+  const box = $("#ex-spec");
+  const hasSpec = state.steps.some((s) => s.verification);
+  box.hidden = !hasSpec;
+  if (!hasSpec) { box.replaceChildren(); return; }
+  const summary = speculationSummary(state.steps);
+  const stats = state.run.stats;
+  const parts = [
+    interpolate(gettext("%(tokens)s decode tokens in %(passes)s forward passes: %(per)s tokens per pass"),
+      { tokens: summary.numDecodeTokens, passes: summary.numPasses, per: fmtNum(summary.tokensPerPass, 2) }),
+    summary.acceptanceRate === null ? null : interpolate(gettext("%(accepted)s of %(proposed)s proposed tokens accepted (%(rate)s)"),
+      { accepted: summary.numAccepted, proposed: summary.numProposed, rate: fmtProb(summary.acceptanceRate) }),
+    stats?.num_proposed_tokens ? interpolate(gettext("last request: ≈%(x)s× faster than without (estimated from the measured step costs)"),
+      { x: fmtNum(stats.speculative_speedup, 2) }) : null,
+  ].filter(Boolean);
+  box.replaceChildren(
+    h("p", { class: "panel-title gap-above-sm" }, gettext("Speculative decoding")),
+    h("p", { class: "small", id: "ex-spec-summary", dataset: { tokensPerPass: summary.tokensPerPass ?? "", numAccepted: summary.numAccepted,
+      numProposed: summary.numProposed } }, parts.join(" · ")),
+    speculationLegend(),
+    passStrip(state.steps, { onSelect: (step) => selectStep(step.index), selected: state.selected }));
 }
 
 /** A piece's text with a visible ↵ before each line break: a newline token alone would be an
@@ -330,7 +405,7 @@ function promptPart() {
   if (ppl?.value !== undefined) return promptSummary(ppl);
   if (ppl?.error) return h("span", { class: "strip-error" }, errorText(ppl.error));
   if (ppl?.isLoading) return h("span", { class: "muted" }, gettext("a worker is computing the prompt's perplexity…"));
-  if (state.generationId === null || isBusy() || state.beamSteps.length) return null;
+  if (state.generationId === null || isBusy() || state.run.beamSteps.length) return null;
   return h("button", { class: "btn ghost small prompt-ppl-btn", type: "button",
     title: gettext("a worker scores every token of the prompt (the text) given the ones before it (one forward pass)"),
     onclick: showPromptPerplexity }, gettext("Prompt perplexity"));
@@ -361,6 +436,7 @@ function renderDistribution() {
     : gettext("no step yet");
   $("#ex-step-info").replaceChildren(...(step ? stepBadges(step) : []));
   $("#ex-mask").replaceChildren(...[step ? maskView(step) : null].filter(Boolean));
+  $("#ex-verify").replaceChildren(...[verificationView(step, modelTokenOf(step))].filter(Boolean));
   renderAlternatives(step, processed);
   $("#ex-flat").replaceChildren(...[step ? flatNote(step, processed) : null].filter(Boolean));
 }
@@ -386,9 +462,16 @@ function processedFor(step) {
   }
   const preview = processedProbs(step.top_raw, settings);
   if (preview.isExact) return preview;
-  const canAsk = !isBusy() && state.generationId !== null && !state.beamSteps.length;
+  const canAsk = !isBusy() && state.generationId !== null && !state.run.beamSteps.length;
   return Object.assign(new Map(), { isExact: false, isPending: true,
     pendingText: canAsk ? gettext("computing exact…") : isBusy() ? gettext("exact once the request ends") : gettext("not available") });
+}
+
+/** The model's own token of the pass `step` came out of (the one after its accepted run). */
+function modelTokenOf(step) {
+  if (!step?.verification) return null;
+  const pass = passesOf(state.steps).find((p) => p.steps.includes(step));
+  return pass?.steps[step.verification.num_accepted]?.piece ?? null;
 }
 
 let exactTimer = null;
@@ -441,22 +524,22 @@ function renderAlternatives(step, processed) {
 
 function renderTokenization() {
   const box = $("#ex-tokenization");
-  if (!state.prompt) { box.replaceChildren(h("p", { class: "empty" }, gettext("Generate a token to see how the model tokenizes the prompt."))); return; }
-  box.replaceChildren(promptView(state.prompt, state.prefilled?.num_cached_tokens ?? 0));
+  if (!state.run.prompt) { box.replaceChildren(h("p", { class: "empty" }, gettext("Generate a token to see how the model tokenizes the prompt."))); return; }
+  box.replaceChildren(promptView(state.run.prompt, state.run.prefilled?.num_cached_tokens ?? 0));
 }
 
 function renderBeams() {
   const isBeam = Number($("#ex-beams").value) > 1;
-  $("#ex-beam-section").hidden = !isBeam && !state.beamSteps.length;
-  const best = state.beamSequences[0]?.token_ids ?? null;
-  $("#ex-beam-label").textContent = state.beamSteps.length ? numSteps(state.beamSteps.length) : gettext("press Run");
-  $("#ex-beam-tree").replaceChildren(state.beamSteps.length ? beamTree(state.beamSteps, best)
+  $("#ex-beam-section").hidden = !isBeam && !state.run.beamSteps.length;
+  const best = beamSequences()[0]?.token_ids ?? null;
+  $("#ex-beam-label").textContent = state.run.beamSteps.length ? numSteps(state.run.beamSteps.length) : gettext("press Run");
+  $("#ex-beam-tree").replaceChildren(state.run.beamSteps.length ? beamTree(state.run.beamSteps, best)
     : h("p", { class: "empty" }, gettext("Press “Run” to search; each column is a step, each box a live beam.")));
-  updateBeamCharts(beamCharts, state.beamSteps);
-  const hasBeams = state.beamSteps.length > 0;  // the last request was a beam search
+  updateBeamCharts(beamCharts, state.run.beamSteps);
+  const hasBeams = state.run.beamSteps.length > 0;  // the last request was a beam search
   $("#ex-gen-charts").hidden = hasBeams;
   $("#ex-gen-beam-note").hidden = !hasBeams;
-  $("#ex-beam-results").replaceChildren(...state.beamSequences.map((seq, i) => h("p", { class: "small" },
+  $("#ex-beam-results").replaceChildren(...beamSequences().map((seq, i) => h("p", { class: "small" },
     h("span", { class: "badge" }, i === 0 ? gettext("best") : `#${i + 1}`), " ", h("span", { class: "mono" }, seq.text),
     h("span", { class: "muted" }, "  ", interpolate(gettext("score %(score)s"), { score: seq.score.toFixed(3) })))));
 }
@@ -489,8 +572,14 @@ function applyUrlSettings(settings) {
   tick("#ex-kv-cache", settings.kv_cache);
   tick("#ex-prefix-cache", settings.prefix_cache);
   tick("#ex-pd", settings.pd);
+  set("#ex-speculative", settings.speculative);
+  showPredictionField();
   if (settings.grammar_kind) grammar.set(settings.grammar_kind, settings.grammar);
   for (const show of sliderOutputs) show();
+}
+
+function showPredictionField() {
+  $("#ex-prediction-field").hidden = $("#ex-speculative").value !== "prediction";
 }
 
 async function init() {
@@ -501,10 +590,12 @@ async function init() {
   $("#ex-penalize-prompt").addEventListener("change", () => renderDistribution());
   $("#ex-stop").addEventListener("click", () => state.handle?.stop());
   $("#ex-reset").addEventListener("click", reset);
-  $("#ex-text").addEventListener("input", () => { if (state.steps.length || state.prompt) reset(); else renderContinuation(); });
+  $("#ex-text").addEventListener("input", () => { if (state.steps.length || state.run.prompt) reset(); else renderContinuation(); });
   $("#ex-chat").addEventListener("change", reset);
   $("#ex-model").addEventListener("change", reset);
   $("#ex-beams").addEventListener("change", () => { renderControls(); renderBeams(); });
+  $("#ex-speculative").addEventListener("change", showPredictionField);
+  $("#ex-spec-k").addEventListener("input", (e) => e.target.removeAttribute("aria-invalid"));
   $("#ex-colorize").addEventListener("change", (e) => $("#ex-continuation").classList.toggle("colorize", e.target.checked));
   renderAll();
   renderControls();

@@ -1,6 +1,7 @@
 // The explorer's settings in its URL, so another page (the lesson) can link into it with the
 // same settings: /explorer/?text=...&chat=1&temperature=0.3&top_k=5&run=32&kv_cache=0&pd=1
-// (&grammar_kind=choice&grammar=yes%0Ano: the grammar field's kind and text, static/js/grammar.js).
+// (&grammar_kind=choice&grammar=yes%0Ano: the grammar field's kind and text, static/js/grammar.js;
+// &speculative=prompt_lookup: the speculation select).
 // Owns: the query's names and their checks, both ways. Must not know the explorer's DOM.
 
 // name in the query -> [kind, min, max] (values outside are ignored, not clamped silently)
@@ -16,6 +17,7 @@ const NUMBERS = {
 };
 const FLAGS = ["chat", "kv_cache", "prefix_cache", "pd"];
 const GRAMMAR_KINDS = ["json_schema", "regex", "choice"];
+const SPECULATIVE = ["off", "prompt_lookup"];
 
 /** "/explorer/?..." for `settings` ({text, chat, temperature, top_k, ..., run, kv_cache, pd}). */
 export function explorerUrl(settings) {
@@ -31,6 +33,7 @@ export function explorerUrl(settings) {
     query.set("grammar_kind", settings.grammar_kind);
     query.set("grammar", settings.grammar);
   }
+  if (SPECULATIVE.includes(settings.speculative)) query.set("speculative", settings.speculative);
   return `/explorer/?${query}`;
 }
 
@@ -53,5 +56,6 @@ export function readExplorerUrl(search) {
     settings.grammar_kind = query.get("grammar_kind");
     settings.grammar = query.get("grammar");
   }
+  if (SPECULATIVE.includes(query.get("speculative"))) settings.speculative = query.get("speculative");
   return settings;
 }

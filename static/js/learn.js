@@ -12,6 +12,7 @@ import { setupPipeline } from "./learn_pipeline.js";
 import { setupRoles } from "./learn_roles.js";
 import { LessonRunner } from "./learn_run.js";
 import { setupSampling } from "./learn_sampling.js";
+import { setupSpeculative } from "./learn_speculative.js";
 import { GenerationSocket, showConnection } from "./socket.js";
 
 const socket = new GenerationSocket({ onStatus: showConnection($("#conn")) });
@@ -20,6 +21,7 @@ const runner = new LessonRunner(socket);
 setupPipeline(runner);
 setupKv(runner);
 setupPhases(runner);
+setupSpeculative(runner);
 setupRoles(runner);
 setupSampling(runner);
 setupConstrained(runner);

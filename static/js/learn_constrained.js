@@ -1,4 +1,4 @@
-// Lesson section 6, constrained decoding: one question answered twice by greedy decoding, free
+// Lesson section 7, constrained decoding: one question answered twice by greedy decoding, free
 // and under a small JSON schema (the request's `grammar`, docs/structured-outputs.md), and per
 // step of the constrained answer the mass of the model's distribution the grammar removed
 // (`masked_prob`), with the removed tokens of the step picked. Owns: that experiment and its
@@ -47,7 +47,7 @@ function report(free, constrained) {
   const mean = masses.length ? masses.reduce((a, b) => a + b, 0) / masses.length : 0;
   const max = masses.length ? Math.max(...masses) : 0;
   const overruled = masses.filter((m) => m > OVERRULED).length;
-  const parsed = parses(constrained.finished.text);
+  const parsed = parses(constrained.text);
   const detail = h("div", { class: "lc-detail" });
   const strip = h("div", { class: "mask-steps", id: "lc-steps", role: "list" });
   const select = (index) => {
@@ -75,7 +75,7 @@ function report(free, constrained) {
       measure("overruled_steps", interpolate(gettext("steps where it removed more than %(p)s"), { p: fmtProb(OVERRULED) }),
         String(overruled), overruled),
       measure("valid_json", gettext("the constrained answer parses as JSON"), parsed ? gettext("yes") : gettext("no"), parsed ? 1 : 0,
-        constrained.finished.finish_reason === "length" ? gettext("it ran out of tokens before the grammar was complete") : undefined),
+        constrained.finish_reason === "length" ? gettext("it ran out of tokens before the grammar was complete") : undefined),
     ]),
     h("p", { class: "learn-sub" }, gettext("Mass the grammar removed at each step (red; blue: what it allowed). Click a step to see which tokens it removed.")),
     strip,
@@ -84,11 +84,11 @@ function report(free, constrained) {
 }
 
 function answerBox(kind, title, run) {
-  const isJson = parses(run.finished.text);
+  const isJson = parses(run.text);
   const { text, cut } = shownText(run);  // a character its end cut is left out, as on the other sections
   return h("div", { class: "learn-column", dataset: { kind, json: isJson } },
     h("p", { class: "learn-sub" }, title, " ", h("span", { class: `badge${isJson ? "" : " muted"}` }, isJson ? gettext("valid JSON") : gettext("not JSON"))),
-    h("p", { class: "learn-answer mono", dataset: { generationId: run.generationId } }, text || "∅", cut));
+    h("p", { class: "learn-answer mono", dataset: { generationId: run.generation_id } }, text || "∅", cut));
 }
 
 function parses(text) {

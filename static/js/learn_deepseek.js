@@ -1,4 +1,4 @@
-// Lesson section 7, DeepSeek: V3's architecture card from its real config (MoE experts per
+// Lesson section 8, DeepSeek: V3's architecture card from its real config (MoE experts per
 // token, MLA's latent KV Cache against the expanded one), an R1-style reasoning run with a
 // thinking budget on the default model, and, when the random-weights demos are registered,
 // the V3 demo's measured latent cache and expert routing and the VL demo's image tokens.
@@ -85,10 +85,10 @@ async function reasoning(runner) {
   const budget = Number($("#ld-budget").value);
   // The model's own template renders the question (one token: only the prompt is wanted).
   const rendered = await runner.complete({ text: question, chat: true, overrides: { greedy: true, max_new_tokens: 1 } });
-  const text = rendered.started.prompt.text;
+  const text = rendered.prompt.text;
   const prompt = text.trimEnd().endsWith(THINK_OPEN) ? text : `${text}${THINK_OPEN}\n`;
   const run = await runner.complete({ text: prompt, overrides: { greedy: true, max_new_tokens: budget + ANSWER_TOKENS, max_thinking_tokens: budget } });
-  const stats = run.finished.stats;
+  const stats = run.stats;
   const numForced = run.steps.filter((s) => s.is_forced).length;
   const numAnswer = answerTokens(run.steps, stats.finish_reason).length;
   // each token's share of the text (a character over several tokens shows at its last, one the end
@@ -97,7 +97,7 @@ async function reasoning(runner) {
   const piece = (s, i) => h("span", { class: s.is_forced ? "learn-forced" : s.is_reasoning ? "learn-thinking" : "learn-answer-tok",
     title: s.is_forced ? gettext("forced by the thinking budget") : undefined },
   texts[i] || (s.piece.includes("\ufffd") ? "" : visiblePiece(s.piece)));
-  return block("r1", interpolate(gettext("R1's reasoning, on %(model)s with a thinking budget of %(n)s tokens"), { model: run.started.model.name, n: budget }),
+  return block("r1", interpolate(gettext("R1's reasoning, on %(model)s with a thinking budget of %(n)s tokens"), { model: run.model.name, n: budget }),
     numbers([
       measure("num_reasoning_tokens", gettext("thinking tokens"), String(stats.num_reasoning_tokens), stats.num_reasoning_tokens),
       measure("num_forced_tokens", gettext("forced to end thinking"), String(numForced), numForced),
@@ -147,7 +147,7 @@ async function vlDemo(runner, card) {
   }
   const run = await runner.complete({ text: gettext("Describe the image."), model_id: card.model_id,
     images: [{ data: canvas.toDataURL("image/png"), media_type: "image/png" }], overrides: { greedy: true, max_new_tokens: 4 } });
-  const image = run.started.prompt.images[0];
+  const image = run.prompt.images[0];
   return block("vl-demo", interpolate(gettext("An image through %(model)s"), { model: card.name }),
     h("div", { class: "learn-image-row" }, canvas,
       numbers([

@@ -87,8 +87,8 @@ function runNumbers(run, prefix, label) {
       measure(`${prefix}_first_ms`, gettext("first decode step"), fmtMs(first), first),
       measure(`${prefix}_last_ms`, interpolate(gettext("last %(n)s steps, mean"), { n: Math.min(TAIL, decode.length) }), fmtMs(last), last),
       measure(`${prefix}_growth`, gettext("last ÷ first"), first ? `${(last / first).toFixed(1)}×` : "–", first ? last / first : null),
-      measure(`${prefix}_decode_tok_s`, gettext("decode speed"), `${(run.finished.stats.decode_tok_s ?? 0).toFixed(1)} tok/s`,
-        run.finished.stats.decode_tok_s),
+      measure(`${prefix}_decode_tok_s`, gettext("decode speed"), `${(run.stats.decode_tok_s ?? 0).toFixed(1)} tok/s`,
+        run.stats.decode_tok_s),
       measure(`${prefix}_kv_bytes`, gettext("KV Cache after the last step"), fmtBytes(run.steps.at(-1).kv_cache_bytes),
         run.steps.at(-1).kv_cache_bytes),
     ]),
@@ -96,7 +96,7 @@ function runNumbers(run, prefix, label) {
 }
 
 function summary(cached, uncached) {
-  const model = cached.started.model;
+  const model = cached.model;
   const lastKv = cached.steps.at(-1).kv_cache_bytes;
   const numCachedTokens = Math.round(lastKv / model.kv_bytes_per_token);
   const isSame = cached.steps.length === uncached.steps.length

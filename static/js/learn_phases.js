@@ -25,7 +25,7 @@ export function setupPhases(runner) {
     const command = { text, chat: true, overrides: { greedy: true, max_new_tokens: numTokens, use_prefix_cache: false } };
     const run = await runner.complete(command);
     result.replaceChildren(phaseNumbers(run), progress(gettext("The worker places both phases on its roofline…")));
-    const roofline = await api("POST", `/api/generations/${run.generationId}/inspect/`, { view: "roofline" });
+    const roofline = await api("POST", `/api/generations/${run.generation_id}/inspect/`, { view: "roofline" });
     result.lastChild.replaceWith(h("p", { class: "learn-sub" }, gettext("On this worker's roofline")), renderRoofline(roofline));
     $("#lf-link").href = explorerUrl({ text, chat: true, temperature: 0, run: Math.min(numTokens, 64), prefix_cache: false });
     pdBox.replaceChildren(progress(gettext("Now the same request with prefill and decode on two workers (PD)…")));
@@ -65,7 +65,7 @@ function bar(label, ms, maxMs, phase) {
 async function disaggregated(runner, command) {
   try {
     const run = await runner.complete({ ...command, pd: true });
-    return [h("p", { class: "learn-sub" }, gettext("The same request, disaggregated")), ...servingView({ stats: run.finished.stats })];
+    return [h("p", { class: "learn-sub" }, gettext("The same request, disaggregated")), ...servingView({ stats: run.stats })];
   } catch (err) {
     if (err.code !== "no_worker_for_mode") return [failure(err)];
     return [explanation(gettext("PD disaggregation is not running on this server"),

@@ -37,12 +37,12 @@ export function setupPipeline(runner) {
 }
 
 function draw(run, text, path, onPick) {
-  const model = run.started.model;
-  const prompt = run.started.prompt;
+  const model = run.model;
+  const prompt = run.prompt;
   const first = run.steps[0];
   const p = run.prefilled;
   return [
-    pipelineStrip({ model, params: run.started.params, phase: "prefill", numPromptTokens: p.num_prompt_tokens,
+    pipelineStrip({ model, params: run.params, phase: "prefill", numPromptTokens: p.num_prompt_tokens,
       numPrefilledTokens: p.num_prefilled_tokens }),
     h("p", { class: "learn-sub" }, gettext("The tokens the model read")),
     tokenChips(prompt.tokens),

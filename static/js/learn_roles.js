@@ -1,4 +1,4 @@
-// Lesson section 4, role tagging and chat templates: one user message rendered through the
+// Lesson section 5, role tagging and chat templates: one user message rendered through the
 // model's own template (`complete` with `chat: true`: role markers and special tokens as the
 // prompt's spans) beside the same words without any tags, and what the model writes after
 // each. Owns: that comparison.
@@ -21,8 +21,8 @@ export function setupRoles(runner) {
       runner.complete({ text, chat: true, overrides }),
       runner.complete({ text, chat: false, overrides }),
     ]);
-    const numTagged = tagged.started.prompt.tokens.length;
-    const numPlain = plain.started.prompt.tokens.length;
+    const numTagged = tagged.prompt.tokens.length;
+    const numPlain = plain.prompt.tokens.length;
     result.replaceChildren(
       numbers([
         measure("tagged_prompt_tokens", gettext("tokens with the template"), String(numTagged), numTagged),
@@ -33,7 +33,7 @@ export function setupRoles(runner) {
         column("tagged", gettext("With the chat template"), gettext("What the model reads: role markers in purple, special tokens in pink."), tagged),
         column("plain", gettext("Without tags"), gettext("The same words as plain text to continue."), plain)),
       h("p", { class: "learn-verdict" }, interpolate(gettext("The lesson writes a user turn as %(lesson)s; this model's template writes %(model)s. The markers tell the model that a user asked and that its own answer starts now."),
-        { lesson: "<|user|>…<|assistant|>", model: userTurn(tagged.started.prompt, text) })));
+        { lesson: "<|user|>…<|assistant|>", model: userTurn(tagged.prompt, text) })));
     $("#lr-link").href = explorerUrl({ text, chat: true, temperature: 0, run: Math.min(overrides.max_new_tokens, 64) });
   }));
 }
@@ -52,9 +52,9 @@ function column(kind, title, note, run) {
   const { text, cut } = shownText(run);
   return h("div", { class: "learn-column", dataset: { kind } },
     h("p", { class: "learn-sub" }, title), h("p", { class: "muted small" }, note),
-    promptText(run.started.prompt),
+    promptText(run.prompt),
     h("p", { class: "learn-sub" }, gettext("The model's answer")),
-    h("p", { class: "learn-answer", dataset: { generationId: run.generationId } }, text || "∅", cut),
+    h("p", { class: "learn-answer", dataset: { generationId: run.generation_id } }, text || "∅", cut),
     h("p", { class: "muted small" }, interpolate(ngettext("%(n)s token · stopped by %(reason)s", "%(n)s tokens · stopped by %(reason)s",
-      run.finished.stats.num_generated_tokens), { n: run.finished.stats.num_generated_tokens, reason: finishReasonLabel(run.finished.finish_reason) })));
+      run.stats.num_generated_tokens), { n: run.stats.num_generated_tokens, reason: finishReasonLabel(run.finish_reason) })));
 }

@@ -1,8 +1,9 @@
 // The lesson page's requests: one `complete` command (docs/protocol.md) as a promise of
-// everything it produced. Owns: collecting a request's events into one record, and how many
+// everything it produced (its run, run_state.js). Owns: how many
 // requests the page keeps in flight (the server allows PLAYGROUND_MAX_CONCURRENT_PER_CLIENT, 2
 // by default, per browser; a refusal for that reason is retried, not shown). Must not know
 // the sections or what they draw.
+import { followRun, newRun } from "./run_state.js";
 
 const MAX_IN_FLIGHT = 2;
 const RETRY_MS = 800;
@@ -24,9 +25,9 @@ export class LessonRunner {
   }
 
   /**
-   * Runs `command` (a `complete`); resolves with {generationId, started, prefilled, steps,
-   * beams, handoff, finished} once `generation.finished` arrives, rejects with a RunError.
-   * `onStep(run)` is called as tokens stream.
+   * Runs `command` (a `complete`); resolves with its run (run_state.js newRun: `generation_id`,
+   * `model`, `params`, `prompt`, `prefilled`, `steps`, `text`, `stats`, ...) once
+   * `generation.finished` arrives, rejects with a RunError. `onStep(run)` is called as tokens stream.
    */
   async complete(command, { onStep = () => {} } = {}) {
     await this.slot();
@@ -46,17 +47,12 @@ export class LessonRunner {
 
   once(command, onStep) {
     return new Promise((resolve, reject) => {
-      const run = { generationId: null, started: null, prefilled: null, steps: [], beams: [], handoff: null, finished: null };
-      const handle = this.socket.start({ command: "complete", ...command }, {
-        onQueued: (event) => { run.generationId = event.generation_id; },
-        onStarted: (event) => { run.started = event; },
-        onPrefilled: (event) => { run.prefilled = event; },
-        onHandoff: (event) => { run.handoff = event; },
-        onTokens: (event) => { run.steps.push(...event.steps); onStep(run); },
-        onBeams: (event) => { run.beams.push(...event.steps); },
-        onFinished: (event) => { run.finished = event; run.generationId = handle.generationId; resolve(run); },
-        onError: (error) => reject(new RunError(error)),
-      });
+      const run = newRun();
+      this.socket.start({ command: "complete", ...command }, followRun(run, (_, type, event) => {
+        if (type === "generation.tokens") onStep(run);
+        else if (type === "generation.finished") resolve(run);
+        else if (type === "error" || type === "generation.error") reject(new RunError(event));
+      }));
     });
   }
 

@@ -1,4 +1,4 @@
-// Lesson section 5, sampling strategies: one text continued under argmax, three temperatures,
+// Lesson section 6, sampling strategies: one text continued under argmax, three temperatures,
 // top-k, top-p (several seeded draws each) and beam search, side by side with the first
 // token's distribution each strategy actually drew from (the step's `top_processed`).
 // Owns: the strategies and that table. Requests go through LessonRunner (two at a time).
@@ -62,7 +62,7 @@ function distribution(alternatives, kind) {
 }
 
 function strategyRow({ strategy, runs }, text, numTokens) {
-  const texts = runs.map((run) => run.finished.text);
+  const texts = runs.map((run) => run.text);
   const numDistinct = new Set(texts).size;
   const isBeam = strategy.key === "beam";
   const first = strategy.isDrawn ? runs[0].steps[0] : null;
@@ -81,7 +81,7 @@ function strategyRow({ strategy, runs }, text, numTokens) {
 /** One run's text (a character its end cut left out), with its seed when it drew. */
 function drawItem(run) {
   const { text, cut } = shownText(run);
-  return h("li", { dataset: { generationId: run.generationId, seed: run.seed ?? "" } },
+  return h("li", { dataset: { generationId: run.generation_id, seed: run.seed ?? "" } },
     h("span", { class: "learn-draw" }, text || "∅"), cut,
     run.seed === null ? null : h("span", { class: "muted small" }, " ", interpolate(gettext("seed %(seed)s"), { seed: run.seed })));
 }

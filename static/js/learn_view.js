@@ -25,11 +25,11 @@ export function measure(name, label, text, value = null, title = undefined) {
  */
 export function shownText(run) {
   // a beam search streams no steps: its text's own end tells
-  const cutBytes = cutCharacterBytes(run.steps.at(-1) ?? { text_delta: run.finished.text }, run.finished.finish_reason);
-  if (cutBytes === null) return { text: run.finished.text, cut: null };
+  const cutBytes = cutCharacterBytes(run.steps.at(-1) ?? { text_delta: run.text }, run.finish_reason);
+  if (cutBytes === null) return { text: run.text, cut: null };
   const title = cutBytes ? interpolate(gettext("ended inside a character (%(bytes)s)"), { bytes: cutBytes })
     : gettext("ended inside a character");
-  return { text: run.finished.text.replace(/\ufffd+$/, ""), cut: h("span", { class: "muted learn-cut", title }, "…") };
+  return { text: run.text.replace(/\ufffd+$/, ""), cut: h("span", { class: "muted learn-cut", title }, "…") };
 }
 
 export function numbers(items) {

@@ -13,7 +13,8 @@ const SESSION_CHANGED_CLOSE_CODE = 4409;  // the server's, after a `session_chan
 // sent (past daphne's 16 MiB the server would drop the connection).
 const MAX_MESSAGE_BYTES = 512 * 1024 + Math.floor((4 * 1024 * 1024 * 4) / 3) + 4096;
 
-const HANDLER_BY_TYPE = {
+// Each event type -> the handler it calls (run_state.js followRun makes one of each).
+export const HANDLER_BY_TYPE = {
   "generation.queued": "onQueued",
   "generation.attached": "onAttached",
   "generation.started": "onStarted",

@@ -20,11 +20,12 @@ from .ui import overflowing, runs, shown_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
-SECTIONS = ["pipeline", "kv", "phases", "roles", "sampling", "constrained", "deepseek"]
-BUTTON = {"pipeline": "#lp-run", "kv": "#lk-run", "phases": "#lf-run", "roles": "#lr-run", "sampling": "#ls-run",
-          "constrained": "#lc-run", "deepseek": "#ld-run"}  # fmt: skip
+SECTIONS = ["pipeline", "kv", "phases", "speculative", "roles", "sampling", "constrained", "deepseek"]
+BUTTON = {"pipeline": "#lp-run", "kv": "#lk-run", "phases": "#lf-run", "speculative": "#lsd-run", "roles": "#lr-run",
+          "sampling": "#ls-run", "constrained": "#lc-run", "deepseek": "#ld-run"}  # fmt: skip
 # The smallest settings each section offers: the walk checks what the page shows, not speed.
-SMALL = {"kv": {"#lk-tokens": "16"}, "phases": {"#lf-tokens": "16"}, "roles": {"#lr-tokens": "24"},
+SMALL = {"kv": {"#lk-tokens": "16"}, "phases": {"#lf-tokens": "16"}, "speculative": {"#lsd-tokens": "48"},
+         "roles": {"#lr-tokens": "24"},
          "sampling": {"#ls-tokens": "8", "#ls-draws": "2"}, "deepseek": {"#ld-budget": "8"}}  # fmt: skip
 LESSON_TITLES = {  # the lesson's own chapter titles (../shared/lesson/lesson-zh.txt)
     "pipeline": "大模型推理的基本流程",
@@ -204,7 +205,7 @@ def check_sampling(page, made: list[dict]) -> None:
 
 
 def check_constrained(page, made: list[dict]) -> None:
-    """Section 6: the same question free and under the schema (greedy); every number is the
+    """Section 7: the same question free and under the schema (greedy); every number is the
     constrained run's, the strip has one column per step, its heights the steps' `masked_prob`."""
     constrained = next(r for r in made if "grammar" in r["command"]["overrides"])
     free = next(r for r in made if "grammar" not in r["command"]["overrides"])
@@ -259,7 +260,7 @@ def check_deepseek(page, made: list[dict], live_stack) -> None:
 
 
 def check_reasoning(page, made: list[dict]) -> None:
-    """The R1-style run of section 7: the budget chosen, the counts from `stats`, the answer's
+    """The R1-style run of section 8: the budget chosen, the counts from `stats`, the answer's
     tokens (the end of turn it may end on is none), and why there is no answer when there is none."""
     m = measures(page, "deepseek")
     reasoning = next(r for r in made if "max_thinking_tokens" in r["command"]["overrides"])
@@ -278,9 +279,19 @@ def check_reasoning(page, made: list[dict]) -> None:
     expect(page.locator("#ld-result [data-no-answer]")).to_have_count(0 if answer else 1)
 
 
+def check_speculative(page, made: list[dict]) -> None:
+    """The same answer without and with prompt lookup (tests/browser/test_speculative.py checks the rest)."""
+    plain, spec = made
+    assert [s["token_id"] for s in plain["steps"]] == [s["token_id"] for s in spec["steps"]]
+    expect(page.locator("#learn-speculative .learn-same")).to_have_attribute("data-same", "true")
+    m = measures(page, "speculative")
+    assert m["same_text"] == 1 and m["num_accepted_tokens"] == spec["finished"]["stats"]["num_accepted_tokens"]
+
+
 CHECKS = {
     "pipeline": check_pipeline,
     "kv": check_kv,
+    "speculative": check_speculative,
     "roles": check_roles,
     "sampling": check_sampling,
     "constrained": check_constrained,

@@ -68,8 +68,15 @@ def test_chat_strip_perplexities_export_and_placeholders(page, screenshot_dir, t
         "placeholder", re.compile("You are a helpful AI assistant named SmolLM, trained by Hugging Face")
     )
     page.select_option("#preset-select", label="Greedy")
-    for field in ("#ov-temperature", "#ov-top-k", "#ov-top-p", "#ov-seed"):
+    # a temperature typed under a greedy preset makes it sample (SamplingParams.resolve_overrides): the
+    # field says so; the others change nothing unless it is set, and then apply
+    expect(page.locator("#ov-temperature")).to_have_attribute("placeholder", "greedy (type one to sample)")
+    for field in ("#ov-top-k", "#ov-top-p", "#ov-seed"):
         expect(page.locator(field)).to_have_attribute("placeholder", "n/a (greedy)")
+    page.fill("#ov-temperature", "0.7")
+    expect(page.locator("#ov-top-k")).not_to_have_attribute("placeholder", "n/a (greedy)")
+    page.fill("#ov-temperature", "")
+    expect(page.locator("#ov-top-k")).to_have_attribute("placeholder", "n/a (greedy)")
     presets = {p["name"]: p for p in page.evaluate("fetch('/api/presets/').then((r) => r.json())")}
     expect(page.locator("#ov-max-tokens")).to_have_attribute(
         "placeholder", str(presets["Greedy"]["params"]["max_new_tokens"])

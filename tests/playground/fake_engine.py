@@ -16,7 +16,17 @@ from typing import Any
 
 import torch
 
-from inference.events import Alternative, Beam, BeamStep, Event, Finished, Prefilled, Step
+from inference.events import (
+    Alternative,
+    Beam,
+    BeamStep,
+    Event,
+    Finished,
+    Prefilled,
+    ProposedToken,
+    Step,
+    Verification,
+)
 from inference.model_info import ModelInfo
 from inference.sampling_params import SamplingParams
 from inference.text.chat_template import RenderedPrompt, Span, render_chat
@@ -105,6 +115,8 @@ class FakeEngine:
         self.rendered: list[tuple[list[dict], str | None]] = []
         self.prompts = FakePrompts(self)
         self._events: dict[int, Iterator[Event]] = {}  # every request runs alone, one event per step
+        # The draft models it has (`speculative` names one), where the engine keeps them.
+        self.core = SimpleNamespace(speculator=SimpleNamespace(drafts={}))
         self._cancelled: set[int] = set()
 
     @property
@@ -164,9 +176,16 @@ class FakeEngine:
     ) -> int:
         if prefill_only:
             raise ValueError("the fake engine has no KV cache to hand off")
+        drafts = sorted(self.core.speculator.drafts)
+        if params.speculative not in ("off", "prompt_lookup", *drafts):  # the engine's own check
+            known = ", ".join(["off", "prompt_lookup", *drafts])
+            raise ValueError(f"speculative={params.speculative!r} is not a draft model of this engine ({known})")
         request_id = self.num_requests = getattr(self, "num_requests", 0) + 1
         self._events[request_id] = self.generate(prompt_ids, params, lambda: request_id in self._cancelled)
         return request_id
+
+    def attach_draft(self, loaded: Any) -> None:
+        self.core.speculator.drafts[loaded.name] = loaded
 
     def add_choices(
         self, prompt_ids: Sequence[int], params: SamplingParams, num_choices: int, images=(), client: str = ""
@@ -213,6 +232,7 @@ class FakeEngine:
             kv_cache_bytes=100,
         )
         text, reason = "", "length"
+        num_proposed = num_accepted = 0
         for index, char in enumerate(self.answer[: params.max_new_tokens]):
             if index == self.fail_after:
                 raise RuntimeError("the fake model broke")
@@ -224,6 +244,10 @@ class FakeEngine:
                 yield BeamStep(index=index, phase="decode", beams=(beam,), latency_ms=1.0)
             else:
                 alternative = Alternative(token_id=ord(char), piece=char, prob=1.0, logprob=0.0)
+                verification = _verification(params, index, char)
+                if verification is not None:
+                    num_proposed += len(verification.proposed)
+                    num_accepted += verification.num_accepted
                 filtered = Alternative(token_id=1, piece="\x01", prob=0.0, logprob=float("-inf"))
                 yield Step(
                     index=index,
@@ -240,6 +264,7 @@ class FakeEngine:
                     top_raw=(alternative,),
                     top_processed=(alternative, filtered),
                     kv_cache_bytes=100,
+                    verification=verification,
                 )
             if should_cancel is not None and should_cancel():
                 reason = "cancelled"
@@ -257,7 +282,27 @@ class FakeEngine:
             decode_ms=float(num_generated),
             decode_tok_s=1000.0,
             kv_cache_bytes=100,
+            num_proposed_tokens=num_proposed,
+            num_accepted_tokens=num_accepted,
+            speculative_speedup=1.5 if params.is_speculative else 1.0,
         )
+
+
+def _verification(params: SamplingParams, index: int, char: str) -> Verification | None:
+    """A speculating request's decode steps each verify one proposed token: the prediction's
+    character there (the answer's own with `speculative` and no prediction), accepted when it
+    is the answer's."""
+    if not params.is_speculative or index == 0:
+        return None
+    if params.prediction:
+        if index >= len(params.prediction):
+            return None
+        guess, source = params.prediction[index], "prediction"
+    else:
+        guess, source = char, params.speculative
+    is_accepted = guess == char
+    proposed = ProposedToken(ord(guess), guess, 1.0, 1.0 if is_accepted else 0.0, is_accepted)
+    return Verification(source, (proposed,), int(is_accepted), 0 if is_accepted else 1)
 
 
 def run_on_a_thread(generation_id: int, engine: FakeEngine, steps_run: list[int]) -> tuple[threading.Thread, list]:

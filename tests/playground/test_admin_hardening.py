@@ -12,9 +12,9 @@ from django.test import Client
 
 from playground.models import ApiKey, Conversation, Generation, LanguageModel, SamplingPreset
 from playground.web import owners
+from tests.playground.web.test_api import csrf, send
 
 from .test_admin import PRESET_ADD_URL, preset_form
-from .test_api import csrf, send
 
 pytestmark = pytest.mark.django_db
 

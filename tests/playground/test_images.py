@@ -170,7 +170,7 @@ def test_the_demo_vl_model_answers_and_the_prompt_shows_the_image_block(
 def test_an_images_kv_goes_from_a_prefill_worker_to_a_decode_worker(
     owner: str, vl_engine: Engine, vl_model: LanguageModel
 ) -> None:
-    from .test_pd import GREEDY, run_decode, run_prefill
+    from tests.playground.worker.test_pd import GREEDY, run_decode, run_prefill
 
     engines = {role: Engine(vl_engine.loaded, vl_engine.config) for role in ("prefill", "decode")}
     command = {"text": "Describe it:", "images": [{"data": png_b64()}], "overrides": GREEDY, "model_id": vl_model.pk}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.test_import_boundary import imported_names
+from tests.inference.test_import_boundary import imported_names
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 APP_DIR = REPO_DIR / "playground"

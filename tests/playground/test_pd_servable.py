@@ -17,8 +17,7 @@ from playground import protocol
 from playground.coord import keys, liveness, store
 from playground.models import Conversation, Generation
 from tests.playground.sent_tasks import on_task
-
-from .test_consumer import TIMEOUT_S, assert_refused, command, connect
+from tests.playground.web.test_consumer import TIMEOUT_S, assert_refused, command, connect
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 

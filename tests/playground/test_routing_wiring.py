@@ -12,9 +12,9 @@ from playground.coord import store, worker_routing
 from playground.models import Generation
 from playground.web import submit
 from tests.playground.sent_tasks import on_task
+from tests.playground.worker.test_generation import queue_chat, run
 
 from .fake_engine import FakeEngine
-from .test_generation import queue_chat, run
 
 pytestmark = pytest.mark.django_db
 

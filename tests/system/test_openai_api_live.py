@@ -4,7 +4,8 @@ without streaming, logprobs equal to the WebSocket path's step records for the s
 usage with cached tokens on a second turn, legacy completions with echo, stop strings, bad
 values, a bad key, a disconnect that frees the worker, and the raw SSE wire framing; then the
 API as people's tools call it (issue 27): 8 concurrent async streams, an empty key, `n`, a
-batch of prompts scored as single requests, a key's turns, 429 with Retry-After."""
+batch of prompts scored as single requests, a key's turns, 429 with Retry-After; and a prediction
+(Predicted Outputs, issue 51) that keeps the greedy answer the same."""
 
 from __future__ import annotations
 
@@ -387,3 +388,21 @@ def test_metrics_are_labelled_with_the_record_name(client: openai.OpenAI, live_s
     with urllib.request.urlopen(live_stack.base_url + "/metrics", timeout=30) as response:
         text = response.read().decode()
     assert f'model="{MODEL}"' in text and 'model="SmolLM2-135M-Instruct"' not in text
+
+
+CODE = "def area(width, height):\n    return width * height\n"
+
+
+def test_a_prediction_of_the_code_to_edit_keeps_the_answer_and_is_partly_accepted(client: openai.OpenAI) -> None:
+    """Predicted Outputs (issue 51) on the real engine: greedy, the answer is the one without the
+    prediction, token for token; verifying the original code's tokens, the model keeps some."""
+    ask = f"Rename the function to rectangle_area. Reply with the code only.\n\n```python\n{CODE}```"
+    settings = {"model": MODEL, "messages": [{"role": "user", "content": ask}], "max_tokens": 60, "temperature": 0}
+    plain = client.chat.completions.create(**settings)
+    predicted = client.chat.completions.create(**settings, prediction={"type": "content", "content": CODE})
+    assert predicted.choices[0].message.content == plain.choices[0].message.content
+    assert predicted.usage.completion_tokens == plain.usage.completion_tokens
+    details = predicted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0, (plain.choices[0].message.content, details)
+    assert details.rejected_prediction_tokens >= 0
+    assert plain.usage.completion_tokens_details.accepted_prediction_tokens is None  # no prediction, no count

@@ -2,9 +2,10 @@
 
 Owns: which request fields exist (OpenAI's, plus our extras `top_k`, `min_p`,
 `repetition_penalty`, `penalize_prompt`, `preset`, `ignore_eos`, `timings`, `raw_logprobs`,
-`max_thinking_tokens`), their types and ranges, and their translation into the `overrides` of
-`SamplingParams` (whose own checks then apply, in `submit`): `response_format` becomes its `grammar`,
-checked here so a refused schema names `response_format` and nothing is queued.
+`max_thinking_tokens`, `speculative`, `num_speculative_tokens`), their types and ranges, and their
+translation into the `overrides` of `SamplingParams` (whose own checks then apply, in `submit`):
+`response_format` becomes its `grammar`, checked here so a refused schema names `response_format`
+and nothing is queued; `prediction` (OpenAI's Predicted Outputs) becomes its `prediction` text.
 Must not know: the ORM, the channel layer.
 """
 
@@ -20,7 +21,7 @@ from django.conf import settings
 from django.http import HttpRequest
 
 from inference.sampling.grammar_spec import check as check_grammar
-from inference.sampling_params import SamplingParams
+from inference.sampling_params import MAX_PREDICTION_CHARS, MAX_SPECULATIVE_TOKENS, SamplingParams
 from playground.web import request_body
 from playground.web.openai_api import tool_calls
 from playground.web.openai_api.errors import ApiError, from_command_error, invalid
@@ -54,6 +55,9 @@ _COMMON = {
     "timings",
     "raw_logprobs",
     "max_thinking_tokens",
+    "prediction",
+    "speculative",
+    "num_speculative_tokens",
     *_IGNORED,
 }
 CHAT_FIELDS = {
@@ -88,6 +92,7 @@ class ApiRequest:
     prompts: list[tuple[str, list[int]]] = field(default_factory=list)  # completions: (text, token ids) each
     echo: bool = False
     is_score_only: bool = False  # completions with echo and max_tokens=0: the prompt's logprobs only
+    has_prediction: bool = False  # `prediction` given: usage reports accepted/rejected prediction tokens
 
 
 def parse_body(request: HttpRequest) -> dict[str, Any]:
@@ -172,7 +177,60 @@ def _common(fields: _Fields, *, scores: bool) -> ApiRequest:
     request.timings = bool(fields.get("timings", bool))
     request.raw_logprobs = bool(fields.get("raw_logprobs", bool))
     _sampling(fields, request.overrides, scores=scores)
+    _speculation(fields, request)
     return request
+
+
+def _speculation(fields: _Fields, request: ApiRequest) -> None:
+    """`prediction` (OpenAI's) and our extras `speculative`, `num_speculative_tokens`. Which draft
+    models exist is the model records' business (`submit`), then the engine's."""
+    prediction = _prediction(fields.get("prediction", dict))
+    if prediction is not None:
+        request.overrides["prediction"] = prediction
+        request.has_prediction = True
+    speculative = fields.get("speculative", str)
+    if speculative is not None:
+        if not speculative.strip() or len(speculative) > 200:
+            raise invalid("speculative", "speculative must be 'off', 'prompt_lookup' or a draft model's name")
+        request.overrides["speculative"] = speculative
+    num_tokens = fields.integer("num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS)
+    if num_tokens is not None:
+        request.overrides["num_speculative_tokens"] = num_tokens
+
+
+def _prediction(value: dict[str, Any] | None) -> str | None:
+    """`prediction: {"type": "content", "content": text or [text parts]}` -> the predicted text."""
+    if value is None:
+        return None
+    unknown = sorted(set(value) - {"type", "content"})
+    if unknown:
+        raise invalid(f"prediction.{unknown[0]}", f"prediction has unknown field(s): {', '.join(unknown)}")
+    kind = value.get("type")
+    if kind != "content":
+        raise invalid(
+            "prediction.type",
+            f"prediction.type={kind!r} must be 'content'",
+            "unsupported_parameter" if isinstance(kind, str) else "invalid_value",
+        )
+    content = value.get("content")
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise invalid(
+                    f"prediction.content[{j}]",
+                    f"prediction.content[{j}] must be a text part ({{'type': 'text', 'text': ...}})",
+                )
+            texts.append(part["text"])
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise invalid("prediction.content", "prediction.content must be a string or a list of text parts")
+    if len(content) > MAX_PREDICTION_CHARS:
+        raise invalid(
+            "prediction.content",
+            f"prediction.content has {len(content)} characters; the limit is {MAX_PREDICTION_CHARS}",
+        )
+    return content
 
 
 def _sampling(fields: _Fields, overrides: dict[str, Any], *, scores: bool) -> None:

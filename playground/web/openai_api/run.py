@@ -229,11 +229,17 @@ class ApiRun:
         completion = (
             0 if self.request.is_score_only else sum(c.stats.get("num_generated_tokens") or 0 for c in self.choices)
         )
+        prediction = None
+        if self.request.has_prediction:  # the worker's `Finished` numbers, in each choice's stats
+            accepted = sum(c.stats.get("num_accepted_tokens") or 0 for c in self.choices)
+            proposed = sum(c.stats.get("num_proposed_tokens") or 0 for c in self.choices)
+            prediction = (accepted, max(proposed - accepted, 0))
         return shapes.usage(
             num_prompt_tokens=sum(s.get("num_prompt_tokens") or 0 for s in first_stats),
             num_completion_tokens=completion,
             num_cached_tokens=sum(s.get("num_cached_tokens") or 0 for s in first_stats),
             num_reasoning_tokens=sum(len(c.answer.reasoning_steps()) for c in self.choices),
+            prediction=prediction,
         )
 
     def _timings(self, choice: Choice) -> dict[str, Any]:

@@ -110,14 +110,24 @@ def join_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, An
 
 
 def usage(
-    *, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int, num_reasoning_tokens: int
+    *,
+    num_prompt_tokens: int,
+    num_completion_tokens: int,
+    num_cached_tokens: int,
+    num_reasoning_tokens: int,
+    prediction: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
+    """`prediction` (a request with one): (accepted, rejected) prediction tokens: the proposed
+    tokens the model chose, and those it did not (proposed - accepted)."""
+    details: dict[str, Any] = {"reasoning_tokens": num_reasoning_tokens}
+    if prediction is not None:
+        details["accepted_prediction_tokens"], details["rejected_prediction_tokens"] = prediction
     return {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_completion_tokens,
         "total_tokens": num_prompt_tokens + num_completion_tokens,
         "prompt_tokens_details": {"cached_tokens": num_cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": num_reasoning_tokens},
+        "completion_tokens_details": details,
     }
 
 
