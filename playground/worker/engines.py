@@ -42,6 +42,7 @@ _lock = threading.Lock()
 _loaded: tuple[tuple[Any, ...], Engine] | None = None
 _loops: dict[int, ServeLoop] = {}  # id(engine) -> its loop
 _comparison: tuple[tuple[Any, ...], Any] | None = None  # (key, LoadedModel): one at a time
+_refused_drafts: dict[tuple[Any, ...], str] = {}  # (id(engine), draft record, its version) -> why
 _loaded_at: dict[int, float] = {}  # id(engine) -> when its load finished (time.time(): generations compare it)
 
 
@@ -99,11 +100,19 @@ def attach_draft(engine: Engine, model: LanguageModel, speculative: str) -> None
         raise ValueError(f"speculative={speculative!r}: no enabled model has this name")
     if draft.pk == model.pk:
         raise ValueError(f"speculative={speculative!r} is the model itself: a draft must be a smaller model")
+    key = (id(engine), draft.pk, draft.updated_at)
     with _lock:
         if speculative in engine.core.speculator.drafts:
             return
+        if key in _refused_drafts:  # its tokenizer was not the model's: no second load to learn it again
+            raise ValueError(_refused_drafts[key])
         logger.info("loading model %r as the draft of %r", draft.name, model.name)
-        engine.attach_draft(replace(load_model(draft.to_engine_config()), name=draft.name))
+        loaded = replace(load_model(draft.to_engine_config()), name=draft.name)
+        try:
+            engine.attach_draft(loaded)
+        except ValueError as exc:
+            _refused_drafts[key] = str(exc)
+            raise
 
 
 def loaded_at(engine: Any) -> float | None:
