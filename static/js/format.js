@@ -57,10 +57,15 @@ export function spacedHex(hex) {
   return (hex || "").replace(/(..)(?!$)/g, "$1 ");
 }
 
-/** A token piece with its whitespace made visible, for chips, labels and tooltips. */
+/**
+ * A token piece with its whitespace made visible, for chips, labels and tooltips; a part of a
+ * multi-byte character (U+FFFD: its bytes alone are no valid UTF-8, as in an alternatives table,
+ * which lists no bytes) shows as "<part of a character>", never "�" (`tokenLabel` shows the bytes).
+ */
 export function visiblePiece(piece) {
   if (piece === "") return "∅";
-  return piece.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍");
+  const shown = piece.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍");
+  return shown.replace(/\ufffd+/g, `<${gettext("part of a character")}>`);
 }
 
 /**
@@ -69,8 +74,8 @@ export function visiblePiece(piece) {
  * are not at hand (an alternative lists no bytes), "<part of a character>", never "�".
  */
 export function tokenLabel(piece, hexBytes = "") {
-  if (!piece.includes("\ufffd")) return visiblePiece(piece);
-  return `<${hexBytes ? byteList(hexBytes) : gettext("part of a character")}>`;
+  if (!piece.includes("\ufffd") || !hexBytes) return visiblePiece(piece);
+  return `<${byteList(hexBytes)}>`;
 }
 
 /** "f09f" -> "0xF0 0x9F" */
