@@ -86,25 +86,26 @@ class EngineCore:
     ) -> list[int]:
         """Queues a request (or `num_choices` of them sharing one prefill); their ids. `client`:
         who asked (the scheduler shares the prefill budget fairly between clients)."""
-        self.speculator.check(params)
+        if not prefill_only:  # (a prefill worker's request never decodes here: its decode worker speculates)
+            self.speculator.check(params)
         request = self.intake.requests(
             self.vocab, prompt_ids, params, images, image_spans, prefill_only, num_choices, client
         )
         for fork in request.forks:
             self.requests[fork.request_id] = fork  # not scheduled: forked from the leader's blocks
-        return [self._queue(request), *(f.request_id for f in request.forks)]
+        return [self._queue(request, speculates=not prefill_only), *(f.request_id for f in request.forks)]
 
     def add_handoff(self, handoff: Handoff, client: str = "") -> int:
         """A request another worker prefilled (`Intake.resumed`)."""
         self.speculator.check(handoff.params)
         return self._queue(self.intake.resumed(self.vocab, handoff, client))
 
-    def _queue(self, request: BatchRequest) -> int:
+    def _queue(self, request: BatchRequest, speculates: bool = True) -> int:
         seq = request.seqs[0]  # the one it starts with (a beam search forks its beams after the prefill)
         self.scheduler.add(seq)  # refuses a prompt that could never fit the pool
         self.requests[request.request_id] = request
         self.owners[seq.seq_id] = request
-        for speculating in (request, *request.forks):
+        for speculating in (request, *request.forks) if speculates else ():
             self.speculator.add(speculating, self.vocab.tokenizer)
         return request.request_id
 

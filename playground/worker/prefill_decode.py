@@ -32,7 +32,7 @@ from playground.encoded_json import EncodedList
 from playground.models import Generation, LanguageModel
 from playground.protocol import CommandError
 from playground.worker.engines import get_engine
-from playground.worker.generation import GenerationRun, load_draft, load_row, start_queued
+from playground.worker.generation import GenerationRun, load_draft, load_model, load_row, start_queued
 from playground.worker.publisher import send_to_group
 
 if TYPE_CHECKING:
@@ -106,6 +106,12 @@ class PrefillRun(GenerationRun):
         super().__init__(generation, send)
         self.beat, self.blobs, self.enqueue_decode = beat, blobs, enqueue_decode
         self.is_handed_off = False  # from then on the decode worker owns the row and reports the end
+
+    def _load(self, load_engine: LoadEngine) -> Engine:
+        """The model without a draft: a request that speculates is handed over, and its decode
+        worker loads the draft it names."""
+        self.engine, self.loop, self.model_load_ms = load_model(self.generation, load_engine)
+        return self.engine
 
     def _generate(self, load_engine: LoadEngine) -> Finished | None:
         prefill_start = 0.0

@@ -278,3 +278,14 @@ def test_other_architectures_verify_through_the_transformers_runner(arch: str) -
     )
     assert end.token_ids == plain_end.token_ids and end.num_accepted_tokens > 0
     assert max(abs(a.raw_logprob - b.raw_logprob) for a, b in zip(plain, steps)) < 1e-4
+
+
+def test_a_prefill_worker_hands_over_and_the_decode_worker_speculates(engine: Engine) -> None:
+    """The prefill worker has no draft (it never decodes the request); the decode worker's does."""
+    params = SamplingParams(greedy=True, max_new_tokens=30, speculative="same-weights", num_speculative_tokens=4)
+    prefill_side = engine_for("llama")
+    handoff = engine.import_handoff(prefill_side.export_handoff(prefill_side.prefill_for_handoff(PROMPT, params)))
+    assert prefill_side.core.speculator.states == {}
+    resumed = list(engine.generate(PROMPT, params, handoff=handoff))
+    _, plain = alone(engine, PROMPT, greedy=True, max_new_tokens=30)
+    assert resumed[-1].token_ids == plain.token_ids and resumed[-1].num_accepted_tokens > 0
