@@ -13,7 +13,7 @@ Must not know: the batch, the model's passes, Django.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -74,6 +74,10 @@ class DraftProposer:
     prompt_ids: list[int]
     seq: Sequence | None = None
     kind: str = "draft"
+    processors: list = field(init=False, repr=False)  # the request's, on the draft's logits
+
+    def __post_init__(self) -> None:
+        self.processors = build_processors(self.params)
 
     @property
     def name(self) -> str:
@@ -87,8 +91,7 @@ class DraftProposer:
     def propose(self, token_ids: list[int], num_generated: int, max_tokens: int) -> Proposal | None:
         if max_tokens <= 0 or not self._follow(token_ids):
             return None
-        processors = build_processors(self.params)
-        seq = self.seq
+        processors, seq = self.processors, self.seq
         proposed, probs = [], []
         for _ in range(max_tokens):
             if not self.draft.block_manager.can_append(seq, seq.num_tokens):

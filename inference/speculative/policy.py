@@ -27,13 +27,20 @@ class StepCost:
 
     def __init__(self) -> None:
         self.steps: deque[tuple[int, float]] = deque(maxlen=MAX_OBSERVED_STEPS)
+        self._line: tuple[float, float] | None = None  # fitted once per step, read for every k tried
 
     def observe(self, num_tokens: int, forward_ms: float) -> None:
         """A decode step's tokens (proposed ones included) and forward time."""
         self.steps.append((num_tokens, forward_ms))
+        self._line = None
 
     def line(self) -> tuple[float, float]:
         """(fixed_ms, per_token_ms) of the recent steps (the prior's slope until two sizes are seen)."""
+        if self._line is None:
+            self._line = self._fit()
+        return self._line
+
+    def _fit(self) -> tuple[float, float]:
         if not self.steps:
             return 1.0, PRIOR_ROW_FRACTION
         sizes = [n for n, _ in self.steps]

@@ -134,7 +134,8 @@ class Speculator:
         if all(c.kind == "decode" for c in out.chunks):
             self.cost.observe(out.num_batched_tokens, forward_ms)
         self.step_ms = forward_ms
-        self.plain_ms = self.cost.ms(out.num_batched_tokens - num_drafts)
+        # (only a verification reads it: a step without proposals fits no line)
+        self.plain_ms = self.cost.ms(out.num_batched_tokens - num_drafts) if num_drafts else 0.0
 
     def verify(
         self,
