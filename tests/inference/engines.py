@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from inference import EngineConfig, Finished, SamplingParams, Step
 from inference.engine import Engine
 from inference.models.loader import LoadedModel
 from inference.models.precision import QUANTIZED_BITS, quantize_model
-from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
+from inference.models.tiny import make_tiny_model, make_tiny_tokenizer, tiny_config
 
 TEST_KV_BYTES = 8 * 1024 * 1024  # the tiny models' KV pool: thousands of tokens
+CHAT_TEMPLATES = Path(__file__).parent / "text" / "chat_templates"
 
 
 def engine_for(arch: str, seed: int = 0, precision: str = "float32", **config) -> Engine:
@@ -52,6 +54,21 @@ def engine_around(
         quantization=quantization,
     )
     return Engine(loaded, EngineConfig(**{"kv_cache_bytes": TEST_KV_BYTES, **config}))
+
+
+def tiny_chat_engine(seed: int, *, tokenizer=None, max_context: int | None = None) -> Engine:
+    """An Engine over a tiny random Llama (weights from `seed`) with the byte-level tokenizer (or
+    `tokenizer`), Qwen2.5's chat template and `<|eos|>` (257) as its end."""
+    config = tiny_config("llama")
+    if max_context is not None:
+        config.max_position_embeddings = max_context
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    template = (CHAT_TEMPLATES / "qwen2_5.jinja").read_text()
+    return engine_around(
+        model, tokenizer=tokenizer or make_tiny_tokenizer(), eos_token_ids=(257,), chat_template=template
+    )
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_ids, logits_processor=None) -> list[int]:

@@ -30,3 +30,16 @@ def on_task(
         return apply_async(tuple(args), queue=queue) if apply_async is not None else delay(*args)
 
     monkeypatch.setattr(dispatch.app, "send_task", send_task)
+
+
+def run_generations_on(monkeypatch: pytest.MonkeyPatch, engine: Any) -> None:
+    """An eager worker: each `run_generation` task runs at once, on `engine`."""
+    from playground.worker import generation  # (the worker's module: not imported before a test needs it)
+
+    on_task(
+        monkeypatch,
+        "run_generation",
+        apply_async=lambda args, **options: generation.run_generation(
+            args[0], "eager", load_engine=lambda model: engine
+        ),
+    )

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.test import AsyncClient
 from django.utils import timezone
@@ -23,59 +22,14 @@ from playground.coord import cancel, keys, liveness, store
 from playground.models import ApiKey, Conversation, Generation
 from playground.web import following, owners
 from playground.web.openai_api import run, turns
-from playground.worker import choices, generation
 from playground.worker.publisher import send_to_group
 from tests.playground.fake_engine import FakeEngine
 from tests.playground.sent_tasks import on_task
+from tests.playground.web.api_calls import events_of, post, stream_body
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 MODEL = "SmolLM2-135M-Instruct (bundled)"
-
-
-@pytest.fixture
-def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
-    """An eager worker: the enqueued task runs the real runner on this fake engine at once."""
-    fake = FakeEngine("Hi you")
-    on_task(
-        monkeypatch,
-        "run_generation",
-        apply_async=lambda args, **options: generation.run_generation(args[0], "eager", load_engine=lambda model: fake),
-    )
-
-    def run_choices(args: tuple[list[int]], **options: Any) -> None:
-        # The choices' threads publish from threads of their own: into the test's event loop, safely.
-        loop = async_to_sync(_running_loop)()
-        layer = get_channel_layer()
-
-        def send(event: dict[str, Any]) -> None:
-            group = protocol.group_name(event["generation_id"])
-            asyncio.run_coroutine_threadsafe(layer.group_send(group, event), loop).result()
-
-        choices.run_choices(args[0], "eager", load_engine=lambda model: fake, send=send)
-
-    on_task(monkeypatch, "run_choices", apply_async=run_choices)
-    return fake
-
-
-async def _running_loop() -> asyncio.AbstractEventLoop:
-    return asyncio.get_running_loop()
-
-
-async def post(path: str, body: dict[str, Any], **headers: str) -> Any:
-    return await AsyncClient().post(path, json.dumps(body), content_type="application/json", headers=headers)
-
-
-def events_of(raw: bytes) -> list[Any]:
-    """The `data:` payloads of a server-sent event stream, checking the framing on the way."""
-    assert raw.endswith(b"\n\n")
-    frames = raw.decode().split("\n\n")[:-1]
-    assert all(frame.startswith("data: ") and "\n" not in frame for frame in frames), frames
-    return [frame[len("data: ") :] if frame == "data: [DONE]" else json.loads(frame[6:]) for frame in frames]
-
-
-async def stream_body(response: Any) -> bytes:
-    return b"".join([part async for part in response.streaming_content])
 
 
 async def test_models_lists_the_enabled_models() -> None:

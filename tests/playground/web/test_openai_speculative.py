@@ -8,73 +8,24 @@ for the answer itself: the same with a prediction as without."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from pathlib import Path
 from typing import Any
 
-import httpx2
 import openai
 import pytest
-import torch
-from asgiref.sync import async_to_sync, sync_to_async
-from channels.layers import get_channel_layer
-from django.test import AsyncClient
-from transformers import AutoModelForCausalLM
+from asgiref.sync import sync_to_async
 
-from inference.models.tiny import make_tiny_tokenizer, tiny_config
 from inference.sampling_params import MAX_PREDICTION_CHARS
-from playground import protocol
-from playground.asgi import application
 from playground.models import Generation, LanguageModel
-from playground.worker import choices, engines, generation
-from tests.inference.engines import engine_around
+from playground.worker import engines
+from tests.inference.engines import tiny_chat_engine
 from tests.playground.fake_engine import FakeEngine
-from tests.playground.sent_tasks import on_task
+from tests.playground.web.api_calls import events_of, post
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 MODEL = "SmolLM2-135M-Instruct (bundled)"
 OTHER_MODEL = "Qwen2.5-Coder-0.5B-Instruct (bundled)"  # an enabled record: a draft the web side allows
 HI = [{"role": "user", "content": "Hi"}]
-
-
-@pytest.fixture
-def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
-    """An eager worker running the real runner on the fake engine (which answers "Hi you" and
-    verifies one proposed token per decode step of a speculating request)."""
-    fake = FakeEngine("Hi you")
-    on_task(
-        monkeypatch,
-        "run_generation",
-        apply_async=lambda args, **options: generation.run_generation(args[0], "eager", load_engine=lambda model: fake),
-    )
-
-    def run_choices(args: tuple[list[int]], **options: Any) -> None:
-        loop = async_to_sync(_running_loop)()
-        layer = get_channel_layer()
-
-        def send(event: dict[str, Any]) -> None:
-            group = protocol.group_name(event["generation_id"])
-            asyncio.run_coroutine_threadsafe(layer.group_send(group, event), loop).result()
-
-        choices.run_choices(args[0], "eager", load_engine=lambda model: fake, send=send)
-
-    on_task(monkeypatch, "run_choices", apply_async=run_choices)
-    return fake
-
-
-async def _running_loop() -> asyncio.AbstractEventLoop:
-    return asyncio.get_running_loop()
-
-
-async def post(path: str, body: dict[str, Any]) -> Any:
-    return await AsyncClient().post(path, json.dumps(body), content_type="application/json")
-
-
-def events_of(raw: bytes) -> list[Any]:
-    frames = raw.decode().split("\n\n")[:-1]
-    return [frame[6:] if frame == "data: [DONE]" else json.loads(frame[6:]) for frame in frames]
 
 
 # "Hi you" against the prediction "Hi yoU": the fake verifies each decode step's character (1..5):
@@ -225,36 +176,17 @@ async def test_a_prediction_of_the_largest_size_is_taken(engine: FakeEngine) -> 
 
 @pytest.fixture(scope="module")
 def tiny_engine():
-    config = tiny_config("llama")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    template = (Path(__file__).parents[2] / "inference" / "text" / "chat_templates" / "qwen2_5.jinja").read_text()
-    return engine_around(model, tokenizer=make_tiny_tokenizer(), eos_token_ids=(257,), chat_template=template)
+    return tiny_chat_engine(seed=1)
 
 
-@pytest.fixture
-def client(monkeypatch: pytest.MonkeyPatch, tiny_engine) -> openai.AsyncOpenAI:
-    on_task(
-        monkeypatch,
-        "run_generation",
-        apply_async=lambda args, **options: generation.run_generation(
-            args[0], "eager", load_engine=lambda model: tiny_engine
-        ),
-    )
-    transport = httpx2.ASGITransport(app=application, client=("127.0.0.1", 4000))
-    http = httpx2.AsyncClient(transport=transport, base_url="http://testserver")
-    return openai.AsyncOpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
-
-
-async def test_the_answer_with_a_prediction_is_the_answer_without(client: openai.AsyncOpenAI) -> None:
+async def test_the_answer_with_a_prediction_is_the_answer_without(openai_client: openai.AsyncOpenAI) -> None:
     """Greedy on the real engine: the same text whatever the prediction, and usage counts what was verified."""
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
     settings = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0}
-    plain = await client.completions.create(**settings)
+    plain = await openai_client.completions.create(**settings)
     assert plain.usage.completion_tokens_details.accepted_prediction_tokens is None  # no prediction: not reported
     for prediction in (plain.choices[0].text, "nothing like it"):
-        predicted = await client.completions.create(
+        predicted = await openai_client.completions.create(
             **settings, extra_body={"prediction": {"type": "content", "content": prediction}}
         )
         assert predicted.choices[0].text == plain.choices[0].text
@@ -263,12 +195,14 @@ async def test_the_answer_with_a_prediction_is_the_answer_without(client: openai
         if prediction == plain.choices[0].text:  # the answer itself: some of it is verified and kept
             assert details.accepted_prediction_tokens > 0
     chat = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 24, "temperature": 0}
-    plain_chat = await client.chat.completions.create(**chat)
+    plain_chat = await openai_client.chat.completions.create(**chat)
     text = plain_chat.choices[0].message.content
-    predicted_chat = await client.chat.completions.create(**chat, prediction={"type": "content", "content": text})
+    predicted_chat = await openai_client.chat.completions.create(
+        **chat, prediction={"type": "content", "content": text}
+    )
     assert predicted_chat.choices[0].message.content == text
     assert predicted_chat.usage.completion_tokens_details.accepted_prediction_tokens is not None
-    looked_up = await client.chat.completions.create(
+    looked_up = await openai_client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": prompt}],
         max_tokens=24,
@@ -277,5 +211,7 @@ async def test_the_answer_with_a_prediction_is_the_answer_without(client: openai
     )
     assert looked_up.choices[0].message.content == text
     with pytest.raises(openai.BadRequestError) as refused:
-        await client.chat.completions.create(model=MODEL, messages=HI, prediction={"type": "content", "content": 3})
+        await openai_client.chat.completions.create(
+            model=MODEL, messages=HI, prediction={"type": "content", "content": 3}
+        )
     assert refused.value.body["param"] == "prediction.content"

@@ -6,23 +6,16 @@ model wants, the grammar makes the answer parse and validate. Refused schemas na
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Literal
 
-import httpx2
 import openai
 import pydantic
 import pytest
-import torch
 from asgiref.sync import sync_to_async
-from transformers import AutoModelForCausalLM
 
-from inference.models.tiny import make_tiny_tokenizer, tiny_config
-from playground.asgi import application
+from inference.models.tiny import make_tiny_tokenizer
 from playground.models import Generation
-from playground.worker import generation
-from tests.inference.engines import engine_around
-from tests.playground.sent_tasks import on_task
+from tests.inference.engines import tiny_chat_engine
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
@@ -30,7 +23,6 @@ MODEL = "SmolLM2-135M-Instruct (bundled)"
 QUESTION = [{"role": "user", "content": "Describe a colour."}]
 
 
-QWEN25_TEMPLATE = (Path(__file__).parents[2] / "inference" / "text" / "chat_templates" / "qwen2_5.jinja").read_text()
 WEATHER = {
     "type": "function",
     "function": {
@@ -51,29 +43,8 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 def tiny_engine():
     """A tiny random Llama with the byte-level tokenizer plus Qwen's `<tool_call>` tokens, Qwen2.5's
     own chat template (its tools section) and room for the tools' prompt."""
-    config = tiny_config("llama")
-    config.max_position_embeddings = 4096
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     tokenizer = make_tiny_tokenizer(plain_tokens=("<tool_call>", "</tool_call>"))
-    return engine_around(model, tokenizer=tokenizer, chat_template=QWEN25_TEMPLATE, eos_token_ids=(257,))
-
-
-@pytest.fixture
-def client(monkeypatch: pytest.MonkeyPatch, tiny_engine) -> openai.AsyncOpenAI:
-    """The official client over the ASGI app (keyless, as from localhost); each generation runs at
-    once on the tiny real engine."""
-    on_task(
-        monkeypatch,
-        "run_generation",
-        apply_async=lambda args, **options: generation.run_generation(
-            args[0], "eager", load_engine=lambda model: tiny_engine
-        ),
-    )
-    transport = httpx2.ASGITransport(app=application, client=("127.0.0.1", 4000))
-    http = httpx2.AsyncClient(transport=transport, base_url="http://testserver")
-    return openai.AsyncOpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
+    return tiny_chat_engine(seed=1, tokenizer=tokenizer, max_context=4096)
 
 
 class Colour(pydantic.BaseModel):
@@ -100,9 +71,9 @@ SCHEMA = {
 }
 
 
-async def test_a_strict_json_schema_answer_parses_and_validates(client: openai.AsyncOpenAI) -> None:
+async def test_a_strict_json_schema_answer_parses_and_validates(openai_client: openai.AsyncOpenAI) -> None:
     for seed in (1, 2):
-        completion = await client.chat.completions.create(
+        completion = await openai_client.chat.completions.create(
             model=MODEL,
             messages=QUESTION,
             max_tokens=200,
@@ -123,23 +94,23 @@ async def test_a_strict_json_schema_answer_parses_and_validates(client: openai.A
     assert list(json.loads(choice.message.content)) == ["name", "hex", "rgb", "meta"]  # the schema's order
 
 
-async def test_json_object_parses_and_a_stream_carries_it(client: openai.AsyncOpenAI) -> None:
-    completion = await client.chat.completions.create(
+async def test_json_object_parses_and_a_stream_carries_it(openai_client: openai.AsyncOpenAI) -> None:
+    completion = await openai_client.chat.completions.create(
         model=MODEL, messages=QUESTION, max_tokens=120, seed=3, response_format={"type": "json_object"}
     )
     if completion.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(completion.choices[0].message.content), dict)
     else:  # a random model may ramble in a string: the grammar still held every token
         assert completion.choices[0].message.content.startswith("{")
-    stream = await client.chat.completions.create(
+    stream = await openai_client.chat.completions.create(
         model=MODEL, messages=QUESTION, max_tokens=120, seed=3, response_format={"type": "json_object"}, stream=True
     )
     text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
     assert text == completion.choices[0].message.content
 
 
-async def test_parse_with_a_pydantic_model_returns_parsed(client: openai.AsyncOpenAI) -> None:
-    completion = await client.chat.completions.parse(
+async def test_parse_with_a_pydantic_model_returns_parsed(openai_client: openai.AsyncOpenAI) -> None:
+    completion = await openai_client.chat.completions.parse(
         model=MODEL, messages=QUESTION, max_tokens=100, seed=4, response_format=Colour
     )
     parsed = completion.choices[0].message.parsed
@@ -164,23 +135,23 @@ async def test_parse_with_a_pydantic_model_returns_parsed(client: openai.AsyncOp
     ],
 )
 async def test_an_invalid_schema_is_a_400_naming_response_format(
-    client: openai.AsyncOpenAI, response_format: dict, param: str, words: str
+    openai_client: openai.AsyncOpenAI, response_format: dict, param: str, words: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.chat.completions.create(model=MODEL, messages=QUESTION, response_format=response_format)
+        await openai_client.chat.completions.create(model=MODEL, messages=QUESTION, response_format=response_format)
     error = caught.value.body
     assert error["param"] == param and words in error["message"], error
     assert not await sync_to_async(Generation.objects.exists)()  # nothing was queued
 
 
-async def test_a_schema_too_deep_or_too_large_is_refused(client: openai.AsyncOpenAI) -> None:
+async def test_a_schema_too_deep_or_too_large_is_refused(openai_client: openai.AsyncOpenAI) -> None:
     deep: dict = {"type": "integer"}
     for _ in range(12):
         deep = {"type": "object", "properties": {"a": deep}}
     wide = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(1500)}}
     for schema, words in ((deep, "nested more than"), (wide, "characters as JSON")):
         with pytest.raises(openai.BadRequestError) as caught:
-            await client.chat.completions.create(
+            await openai_client.chat.completions.create(
                 model=MODEL,
                 messages=QUESTION,
                 response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
@@ -190,10 +161,10 @@ async def test_a_schema_too_deep_or_too_large_is_refused(client: openai.AsyncOpe
 
 
 async def test_tool_choice_required_returns_a_call_and_a_tool_result_continues_the_chat(
-    client: openai.AsyncOpenAI,
+    openai_client: openai.AsyncOpenAI,
 ) -> None:
     question = {"role": "user", "content": "Weather in Paris?"}
-    first = await client.chat.completions.create(
+    first = await openai_client.chat.completions.create(
         model=MODEL,
         messages=[question],
         tools=[WEATHER],
@@ -211,7 +182,7 @@ async def test_tool_choice_required_returns_a_call_and_a_tool_result_continues_t
     row = await sync_to_async(Generation.objects.latest)("pk")
     assert "# Tools" in row.prompt_text and '"name": "get_weather"' in row.prompt_text  # the template's tools
     result = {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'}
-    second = await client.chat.completions.create(
+    second = await openai_client.chat.completions.create(
         model=MODEL,
         messages=[question, choice.message.model_dump(exclude_none=True), result],
         tools=[WEATHER],
@@ -227,7 +198,7 @@ async def test_tool_choice_required_returns_a_call_and_a_tool_result_continues_t
     assert '<|im_start|>user\n<tool_response>\n{"celsius": 21}\n</tool_response><|im_end|>' in row.prompt_text
 
 
-async def test_a_named_tool_choice_streams_tool_call_deltas_as_openai_does(client: openai.AsyncOpenAI) -> None:
+async def test_a_named_tool_choice_streams_tool_call_deltas_as_openai_does(openai_client: openai.AsyncOpenAI) -> None:
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "What time is it?"}],
@@ -236,10 +207,10 @@ async def test_a_named_tool_choice_streams_tool_call_deltas_as_openai_does(clien
         "max_tokens": 100,
         "seed": 7,
     }
-    whole = (await client.chat.completions.create(**body)).choices[0]
+    whole = (await openai_client.chat.completions.create(**body)).choices[0]
     [call] = whole.message.tool_calls
     assert call.function.name == "get_time" and isinstance(json.loads(call.function.arguments), dict)
-    chunks = [chunk async for chunk in await client.chat.completions.create(**body, stream=True)]
+    chunks = [chunk async for chunk in await openai_client.chat.completions.create(**body, stream=True)]
     deltas = [c.choices[0].delta for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     assert deltas[0].tool_calls[0].id.startswith("call_") and deltas[0].tool_calls[0].function.name == "get_time"
     arguments = "".join(d.tool_calls[0].function.arguments or "" for d in deltas)
@@ -268,9 +239,11 @@ async def test_a_named_tool_choice_streams_tool_call_deltas_as_openai_does(clien
         ),
     ],
 )
-async def test_bad_tools_are_a_clear_400(client: openai.AsyncOpenAI, extra: dict, param: str, words: str) -> None:
+async def test_bad_tools_are_a_clear_400(
+    openai_client: openai.AsyncOpenAI, extra: dict, param: str, words: str
+) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.chat.completions.create(model=MODEL, messages=QUESTION, **extra)
+        await openai_client.chat.completions.create(model=MODEL, messages=QUESTION, **extra)
     assert caught.value.body["param"] == param and words in caught.value.body["message"], caught.value.body
     assert not await sync_to_async(Generation.objects.exists)()
 

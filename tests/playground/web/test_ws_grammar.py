@@ -9,20 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from asgiref.sync import sync_to_async
-from transformers import AutoModelForCausalLM
 
-from inference.models.tiny import make_tiny_tokenizer, tiny_config
 from playground import protocol
 from playground.models import Conversation, Generation
-from playground.worker import generation
-from tests.inference.engines import engine_around
-from tests.playground.sent_tasks import on_task
+from tests.inference.engines import tiny_chat_engine
 
 from .test_consumer import TIMEOUT_S, assert_refused, command, connect
 
@@ -38,23 +32,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def tiny_engine():
-    config = tiny_config("llama")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(2)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    template = (Path(__file__).parents[2] / "inference" / "text" / "chat_templates" / "qwen2_5.jinja").read_text()
-    return engine_around(model, tokenizer=make_tiny_tokenizer(), eos_token_ids=(257,), chat_template=template)
-
-
-@pytest.fixture
-def eager(monkeypatch: pytest.MonkeyPatch, tiny_engine) -> None:
-    on_task(
-        monkeypatch,
-        "run_generation",
-        apply_async=lambda args, **options: generation.run_generation(
-            args[0], "eager", load_engine=lambda model: tiny_engine
-        ),
-    )
+    return tiny_chat_engine(seed=2)
 
 
 async def _events(ws, **fields: Any) -> list[dict[str, Any]]:

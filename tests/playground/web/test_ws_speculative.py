@@ -7,21 +7,15 @@ speculation as without, its steps carry their verification, and `stats` the Fini
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from asgiref.sync import sync_to_async
-from transformers import AutoModelForCausalLM
 
-from inference.models.tiny import make_tiny_tokenizer, tiny_config
 from inference.sampling_params import MAX_PREDICTION_CHARS
 from playground import protocol
 from playground.models import Conversation, Generation, LanguageModel, Message
-from playground.worker import generation
-from tests.inference.engines import engine_around
-from tests.playground.sent_tasks import on_task
+from tests.inference.engines import tiny_chat_engine
 
 from .test_consumer import TIMEOUT_S, assert_refused, command, connect
 
@@ -33,23 +27,7 @@ SPECULATION = ("num_proposed_tokens", "num_accepted_tokens", "speculative_speedu
 
 @pytest.fixture(scope="module")
 def tiny_engine():
-    config = tiny_config("llama")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    template = (Path(__file__).parents[2] / "inference" / "text" / "chat_templates" / "qwen2_5.jinja").read_text()
-    return engine_around(model, tokenizer=make_tiny_tokenizer(), eos_token_ids=(257,), chat_template=template)
-
-
-@pytest.fixture
-def eager(monkeypatch: pytest.MonkeyPatch, tiny_engine) -> None:
-    on_task(
-        monkeypatch,
-        "run_generation",
-        apply_async=lambda args, **options: generation.run_generation(
-            args[0], "eager", load_engine=lambda model: tiny_engine
-        ),
-    )
+    return tiny_chat_engine(seed=1)
 
 
 async def _events(ws, name: str, **fields: Any) -> list[dict[str, Any]]:
