@@ -45,6 +45,14 @@ def run_all(
     return {i: events[request_id] for i, request_id in enumerate(ids)}
 
 
+def run_to_ends(
+    engine: Engine, requests: list[tuple[list[int], SamplingParams]], arrive_every: int = 0
+) -> list[tuple[list[Step], Finished]]:
+    """`run_all`, each request's steps and its `Finished` record."""
+    events = run_all(engine, requests, arrive_every)
+    return [([e for e in events[i] if isinstance(e, Step)], events[i][-1]) for i in range(len(requests))]
+
+
 def tokens(events: list) -> list[int]:
     return [e.token_id for e in events if isinstance(e, Step)]
 

@@ -18,6 +18,7 @@ from inference.sampling import grammar_spec
 from inference.sampling.grammar import GrammarMatcher, apply_masks, removed_mass
 from inference.sampling.sampler import Row, Sampler, sample_rows
 from tests.inference.engines import engine_for
+from tests.inference.test_batching import run_to_ends
 
 SCHEMA = {
     "type": "object",
@@ -39,16 +40,7 @@ JSON_SCHEMA = {"type": "json_schema", "schema": SCHEMA}
 
 
 def _run(engine, prompts: list[list[int]], params: list[SamplingParams]) -> list[tuple[list[Step], Finished]]:
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-    steps: dict[int, list[Step]] = {i: [] for i in ids}
-    finished: dict[int, Finished] = {}
-    while engine.has_unfinished:
-        for request_id, event in engine.step():
-            if isinstance(event, Step):
-                steps[request_id].append(event)
-            elif isinstance(event, Finished):
-                finished[request_id] = event
-    return [(steps[i], finished[i]) for i in ids]
+    return run_to_ends(engine, list(zip(prompts, params)))
 
 
 def _valid(text: str) -> dict:

@@ -16,6 +16,7 @@ from inference.models.loader import LoadedModel
 from inference.models.tiny import make_tiny_model, make_tiny_tokenizer
 from tests.inference.engines import engine_for
 from tests.inference.sampling.test_grammar import JSON_SCHEMA
+from tests.inference.test_batching import run_to_ends
 
 PROMPT = list(range(5, 40)) * 3  # a tiny random Llama answers it in a loop: lookups find it
 
@@ -44,27 +45,8 @@ def engine() -> Engine:
     return engine
 
 
-def run_all(engine: Engine, requests: list[tuple[list[int], SamplingParams]], arrive_every: int = 0):
-    """(steps, finished) of each request, added one every `arrive_every` steps (0: together)."""
-    pending, ids = list(requests), []
-    steps: dict[int, list[Step]] = {}
-    finished: dict[int, Finished] = {}
-    while pending or engine.has_unfinished:
-        if pending and (arrive_every == 0 or engine.core.num_steps % arrive_every == 0):
-            for prompt_ids, params in pending if arrive_every == 0 else pending[:1]:
-                ids.append(engine.add_request(prompt_ids, params))
-                steps[ids[-1]] = []
-            pending = [] if arrive_every == 0 else pending[1:]
-        for request_id, event in engine.step():
-            if isinstance(event, Step):
-                steps[request_id].append(event)
-            elif isinstance(event, Finished):
-                finished[request_id] = event
-    return [(steps[i], finished[i]) for i in ids]
-
-
 def alone(engine: Engine, prompt_ids: list[int], **params) -> tuple[list[Step], Finished]:
-    return run_all(engine, [(prompt_ids, SamplingParams(**params))])[0]
+    return run_to_ends(engine, [(prompt_ids, SamplingParams(**params))])[0]
 
 
 def numbers(steps: list[Step]) -> list[tuple]:
@@ -211,7 +193,7 @@ def test_in_a_batch_with_preemption_every_request_gets_its_answer_alone_and_no_b
         params = {"max_new_tokens": 24 + 3 * i, **kinds[i % 3]}
         params.update({"greedy": True} if i % 2 else {"temperature": 0.8, "seed": i})
         requests.append((PROMPT[i : 40 + i], SamplingParams(**params)))
-    together = run_all(engine, requests, arrive_every=2)
+    together = run_to_ends(engine, requests, arrive_every=2)
     assert engine.core.scheduler.num_preemptions > 0  # the pool was too small for them all
     for (prompt_ids, params), (steps, end) in zip(requests, together):
         solo_steps, solo_end = alone(
