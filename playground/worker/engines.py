@@ -42,7 +42,7 @@ _lock = threading.Lock()
 _loaded: tuple[tuple[Any, ...], Engine] | None = None
 _loops: dict[int, ServeLoop] = {}  # id(engine) -> its loop
 _comparison: tuple[tuple[Any, ...], Any] | None = None  # (key, LoadedModel): one at a time
-_refused_drafts: dict[tuple[Any, ...], str] = {}  # (id(engine), draft record, its version) -> why
+_refused_drafts: dict[tuple[Any, ...], str] = {}  # (id(engine), model, draft record, its version) -> why
 _loaded_at: dict[int, float] = {}  # id(engine) -> when its load finished (time.time(): generations compare it)
 
 
@@ -100,7 +100,7 @@ def attach_draft(engine: Engine, model: LanguageModel, speculative: str) -> None
         raise ValueError(f"speculative={speculative!r}: no enabled model has this name")
     if draft.pk == model.pk:
         raise ValueError(f"speculative={speculative!r} is the model itself: a draft must be a smaller model")
-    key = (id(engine), draft.pk, draft.updated_at)
+    key = (id(engine), model.pk, draft.pk, draft.updated_at)  # (an engine id may be reused by a later load)
     with _lock:
         if speculative in engine.core.speculator.drafts:
             return
