@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 SWITCH_TIMEOUT_S = 600.0  # how long a request for another model waits for the current one's to finish
 
 _lock = threading.Lock()
+_draft_lock = threading.Lock()  # one draft load at a time (two requests naming one draft load it once)
 _loaded: tuple[tuple[Any, ...], Engine] | None = None
 _loops: dict[int, ServeLoop] = {}  # id(engine) -> its loop
 _comparison: tuple[tuple[Any, ...], Any] | None = None  # (key, LoadedModel): one at a time
@@ -101,7 +102,8 @@ def attach_draft(engine: Engine, model: LanguageModel, speculative: str) -> None
     if draft.pk == model.pk:
         raise ValueError(f"speculative={speculative!r} is the model itself: a draft must be a smaller model")
     key = (id(engine), model.pk, draft.pk, draft.updated_at)  # (an engine id may be reused by a later load)
-    with _lock:
+    # Not under `_lock`: every generation's start takes that one, and none should wait for a draft's load.
+    with _draft_lock:
         if speculative in engine.core.speculator.drafts:
             return
         if key in _refused_drafts:  # its tokenizer was not the model's: no second load to learn it again

@@ -33,7 +33,13 @@ def test_a_draft_with_the_models_tokenizer_is_loaded_once_and_proposes(tmp_path:
     record(tmp_path, "a draft", seed=0)
     loads = []
     load_model = loader.load_model
-    monkeypatch.setattr(loader, "load_model", lambda config: loads.append(config.source) or load_model(config))
+
+    def load(config):
+        assert not engines._lock.locked(), "a draft's load holds the lock every generation's start takes"
+        loads.append(config.source)
+        return load_model(config)
+
+    monkeypatch.setattr(loader, "load_model", load)
     engines.attach_draft(engine, model, "a draft")
     engines.attach_draft(engine, model, "a draft")  # attached: not loaded again
     assert list(engine.core.speculator.drafts) == ["a draft"] and len(loads) == 1
