@@ -19,9 +19,10 @@ from tests.playground.sent_tasks import on_task
 
 @pytest.fixture(autouse=True)
 def app_settings(settings: Any, redis_url: str) -> Iterator[Any]:
-    """In-memory channel layer; the flags go to an empty private Redis; the site's own language
-    (a test that activated Chinese in this thread must not change the next one's messages)."""
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    """The in-memory channel layer (safe for the worker thread's sends: `channel_layer`); the
+    flags go to an empty private Redis; the site's own language (a test that activated Chinese
+    in this thread must not change the next one's messages)."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "tests.playground.channel_layer.ThreadSafeInMemoryChannelLayer"}}
     settings.REDIS_URL = redis_url
     store.client().flushdb()
     cancel._cancelled_here.clear()  # a worker's own stops: ids repeat from test to test

@@ -128,8 +128,7 @@ def test_server_messages_follow_the_request_language(client: Client, bundled_mod
 
 
 @pytest.mark.django_db(transaction=True, serialized_rollback=True)
-async def test_the_socket_refuses_in_the_language_of_its_page(settings) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+async def test_the_socket_refuses_in_the_language_of_its_page() -> None:
     headers = [(b"host", b"localhost"), (b"origin", b"http://localhost"), (b"accept-language", CHINESE.encode())]
     ws = WebsocketCommunicator(application, "/ws/generate/", headers=headers)
     assert (await ws.connect(timeout=10))[0]
