@@ -260,6 +260,86 @@ PG_INLINE __m256i unit_codes_avx2(const int type, const uint8_t *row, int64_t u)
     return q;
 }
 
+static inline uint16_t half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+static inline __m128i insert_half(__m128i v, const uint8_t *p, int lane) {
+    switch (lane) {  // the lane of _mm_insert_epi16 must be a constant
+        case 0: return _mm_insert_epi16(v, half_at(p), 0);
+        case 1: return _mm_insert_epi16(v, half_at(p), 1);
+        case 2: return _mm_insert_epi16(v, half_at(p), 2);
+        case 3: return _mm_insert_epi16(v, half_at(p), 3);
+        case 4: return _mm_insert_epi16(v, half_at(p), 4);
+        case 5: return _mm_insert_epi16(v, half_at(p), 5);
+        case 6: return _mm_insert_epi16(v, half_at(p), 6);
+        default: return _mm_insert_epi16(v, half_at(p), 7);
+    }
+}
+
+/* The fp16 at p, p + stride, ... p + 7 stride, as 8 lanes. */
+PG_INLINE __m128i half_lanes(const uint8_t *p, int stride) {
+    __m128i v = _mm_cvtsi32_si128(half_at(p));
+    v = _mm_insert_epi16(v, half_at(p + stride), 1);
+    v = _mm_insert_epi16(v, half_at(p + 2 * stride), 2);
+    v = _mm_insert_epi16(v, half_at(p + 3 * stride), 3);
+    v = _mm_insert_epi16(v, half_at(p + 4 * stride), 4);
+    v = _mm_insert_epi16(v, half_at(p + 5 * stride), 5);
+    v = _mm_insert_epi16(v, half_at(p + 6 * stride), 6);
+    return _mm_insert_epi16(v, half_at(p + 7 * stride), 7);
+}
+
+/* The scales of group g as vectors (the same floats as group_scales): sw (Q6_K: sw and sw2, its
+ * two steps) and, for formats with a minimum, mn. */
+PG_INLINE void group_scales_avx2(const int type, const uint8_t *row, int64_t g, int count, __m256 *sw, __m256 *sw2,
+                                 __m256 *mn) {
+    const int bytes = block_bytes(type);
+    if (type == Q6_K) {
+        const uint8_t *b = row + g * bytes;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(b + 208)));
+        const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+        __m128i sc = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(b + 192)), order);
+        *sw = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        *sw2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+        return;
+    }
+    if (type == Q4_K || type == Q5_K) {
+        const uint8_t *b = row + g * bytes;
+        // scale_min_k4 for the 8 units at once, on the 12 bytes as 3 words (llama.cpp's masks):
+        // bytes 0-7 of the result are the scales, 8-15 the minimums (the same integers)
+        uint32_t k[3], t[4];
+        memcpy(k, b + 4, 12);
+        t[0] = k[0] & 0x3f3f3f3f;
+        t[1] = (k[2] & 0x0f0f0f0f) | (((k[0] >> 6) & 0x03030303) << 4);
+        t[2] = k[1] & 0x3f3f3f3f;
+        t[3] = ((k[2] >> 4) & 0x0f0f0f0f) | (((k[1] >> 6) & 0x03030303) << 4);
+        const __m128i both = _mm_setr_epi32((int)t[0], (int)t[1], (int)t[2], (int)t[3]);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)b));
+        const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(b + 2)));
+        *sw = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(both)));
+        __m256 mins = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(both, 8))));
+        *mn = _mm256_xor_ps(mins, _mm256_set1_ps(-0.0f));
+        return;
+    }
+    // the blocks' fp16 scales put into one vector in registers (a vector loaded from 2-byte
+    // stores just made stalls on the failed store forwarding: 40% of a decode matmul's time)
+    const uint8_t *b = row + g * GROUP * bytes;
+    __m128i d = _mm_setzero_si128(), m = _mm_setzero_si128();
+    if (count == GROUP) {
+        d = half_lanes(b, bytes);
+        if (has_min(type)) m = half_lanes(b + 2, bytes);
+    } else {
+        for (int u = 0; u < count; u++) {
+            d = insert_half(d, b + u * bytes, u);
+            if (has_min(type)) m = insert_half(m, b + u * bytes + 2, u);
+        }
+    }
+    *sw = _mm256_cvtph_ps(d);
+    if (has_min(type)) *mn = _mm256_cvtph_ps(m);
+}
+
 /* 8 lanes, each the sum of 4 products of unsigned a and signed b bytes (exact: a <= 128). */
 static inline __m256i dot_u8_i8(__m256i a, __m256i b) {
 #if defined(__AVXVNNI__)
@@ -462,6 +542,7 @@ typedef struct {
     void *out;
     int64_t ldc;
     int out_bf16;
+    int64_t task_rows;  // weight rows per task of the thread pool (matmul_blocks.c: task_rows_of)
 } Args;
 
 static inline void store(const Args *a, int64_t m, int64_t n, float v) {

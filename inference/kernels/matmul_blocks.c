@@ -151,86 +151,6 @@ static void run_rows(const Args *a, int64_t n_lo, int64_t n_hi) {
     }
 }
 #else
-static inline uint16_t half_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return h;
-}
-
-static inline __m128i insert_half(__m128i v, const uint8_t *p, int lane) {
-    switch (lane) {  // the lane of _mm_insert_epi16 must be a constant
-        case 0: return _mm_insert_epi16(v, half_at(p), 0);
-        case 1: return _mm_insert_epi16(v, half_at(p), 1);
-        case 2: return _mm_insert_epi16(v, half_at(p), 2);
-        case 3: return _mm_insert_epi16(v, half_at(p), 3);
-        case 4: return _mm_insert_epi16(v, half_at(p), 4);
-        case 5: return _mm_insert_epi16(v, half_at(p), 5);
-        case 6: return _mm_insert_epi16(v, half_at(p), 6);
-        default: return _mm_insert_epi16(v, half_at(p), 7);
-    }
-}
-
-/* The fp16 at p, p + stride, ... p + 7 stride, as 8 lanes. */
-PG_INLINE __m128i half_lanes(const uint8_t *p, int stride) {
-    __m128i v = _mm_cvtsi32_si128(half_at(p));
-    v = _mm_insert_epi16(v, half_at(p + stride), 1);
-    v = _mm_insert_epi16(v, half_at(p + 2 * stride), 2);
-    v = _mm_insert_epi16(v, half_at(p + 3 * stride), 3);
-    v = _mm_insert_epi16(v, half_at(p + 4 * stride), 4);
-    v = _mm_insert_epi16(v, half_at(p + 5 * stride), 5);
-    v = _mm_insert_epi16(v, half_at(p + 6 * stride), 6);
-    return _mm_insert_epi16(v, half_at(p + 7 * stride), 7);
-}
-
-/* The scales of group g as vectors (the same floats as group_scales): sw (Q6_K: sw and sw2, its
- * two steps) and, for formats with a minimum, mn. */
-PG_INLINE void group_scales_avx2(const int type, const uint8_t *row, int64_t g, int count, __m256 *sw, __m256 *sw2,
-                                 __m256 *mn) {
-    const int bytes = block_bytes(type);
-    if (type == Q6_K) {
-        const uint8_t *b = row + g * bytes;
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(b + 208)));
-        const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-        __m128i sc = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(b + 192)), order);
-        *sw = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-        *sw2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
-        return;
-    }
-    if (type == Q4_K || type == Q5_K) {
-        const uint8_t *b = row + g * bytes;
-        // scale_min_k4 for the 8 units at once, on the 12 bytes as 3 words (llama.cpp's masks):
-        // bytes 0-7 of the result are the scales, 8-15 the minimums (the same integers)
-        uint32_t k[3], t[4];
-        memcpy(k, b + 4, 12);
-        t[0] = k[0] & 0x3f3f3f3f;
-        t[1] = (k[2] & 0x0f0f0f0f) | (((k[0] >> 6) & 0x03030303) << 4);
-        t[2] = k[1] & 0x3f3f3f3f;
-        t[3] = ((k[2] >> 4) & 0x0f0f0f0f) | (((k[1] >> 6) & 0x03030303) << 4);
-        const __m128i both = _mm_setr_epi32((int)t[0], (int)t[1], (int)t[2], (int)t[3]);
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)b));
-        const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(b + 2)));
-        *sw = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(both)));
-        __m256 mins = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(both, 8))));
-        *mn = _mm256_xor_ps(mins, _mm256_set1_ps(-0.0f));
-        return;
-    }
-    // the blocks' fp16 scales put into one vector in registers (a vector loaded from 2-byte
-    // stores just made stalls on the failed store forwarding: 40% of a decode matmul's time)
-    const uint8_t *b = row + g * GROUP * bytes;
-    __m128i d = _mm_setzero_si128(), m = _mm_setzero_si128();
-    if (count == GROUP) {
-        d = half_lanes(b, bytes);
-        if (has_min(type)) m = half_lanes(b + 2, bytes);
-    } else {
-        for (int u = 0; u < count; u++) {
-            d = insert_half(d, b + u * bytes, u);
-            if (has_min(type)) m = insert_half(m, b + u * bytes + 2, u);
-        }
-    }
-    *sw = _mm256_cvtph_ps(d);
-    if (has_min(type)) *mn = _mm256_cvtph_ps(m);
-}
-
 PG_INLINE float hsum8_avx2(__m256 v) {  // hsum8's tree
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -267,24 +187,33 @@ PG_INLINE void tile_avx2(const Args *a, const int type, int64_t m, const int MR,
     for (int i = 0; i < MR; i++) store(a, m + i, n, hsum8_avx2(acc[i]));
 }
 
-/* Weight row n + PREFETCH_ROWS asked for while row n is multiplied: a row's first blocks otherwise
- * waited on memory (the loads of its scales were a quarter of a decode step's time). */
-#define PREFETCH_ROWS 2
-static inline void prefetch_row(const Args *a, int64_t n) {
-    if (n >= a->N) return;
-    const char *row = (const char *)a->w + n * a->row_bytes;
-    for (int64_t at = 0; at < a->row_bytes; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
+/* The weight bytes PREFETCH_BYTES ahead of the row being multiplied, asked for a row at a time.
+ * On the AVX-512 Xeon, memory reads and the arithmetic did not overlap without it: a stream with
+ * this kernel's work per byte ran at 1 / (1 / memory rate + 1 / arithmetic rate), 16 GB/s for two
+ * threads, and at the memory rate (31 GB/s) once asked for 4-8 KB ahead (the hardware prefetcher
+ * did not get there on its own). Only the first pass over x's rows asks: the next passes find the
+ * row in cache. */
+#define PREFETCH_BYTES 4096
+typedef struct {
+    const char *next, *end;
+} Prefetch;
+
+static inline void prefetch_until(Prefetch *p, const char *until) {
+    if (until > p->end) until = p->end;
+    for (; p->next < until; p->next += 64) _mm_prefetch(p->next, _MM_HINT_T0);
 }
 
 PG_INLINE void run_rows_of(const Args *a, const int type, int64_t n_lo, int64_t n_hi) {
+    const char *w = (const char *)a->w;
+    Prefetch pf = {w + n_lo * a->row_bytes, w + a->N * a->row_bytes};
     int64_t m = 0;
     for (; m + MR_MAX <= a->M; m += MR_MAX)
         for (int64_t n = n_lo; n < n_hi; n++) {
-            if (m == 0) prefetch_row(a, n + PREFETCH_ROWS);
+            if (m == 0) prefetch_until(&pf, w + (n + 1) * a->row_bytes + PREFETCH_BYTES);
             tile_avx2(a, type, m, MR_MAX, n);
         }
     for (int64_t n = n_lo; m < a->M && n < n_hi; n++) {  // the last rows: tiles of 4, 2 and 1
-        if (m == 0) prefetch_row(a, n + PREFETCH_ROWS);
+        if (m == 0) prefetch_until(&pf, w + (n + 1) * a->row_bytes + PREFETCH_BYTES);
         int64_t at = m;
         if (MR_MAX > 4 && a->M - at >= 4) tile_avx2(a, type, at, 4, n), at += 4;
         if (a->M - at >= 2) tile_avx2(a, type, at, 2, n), at += 2;
@@ -308,8 +237,17 @@ static void run_rows(const Args *a, int64_t n_lo, int64_t n_hi) {
 
 static void run_task(void *ctx, int64_t task) {
     const Args *a = (const Args *)ctx;
-    const int64_t n_lo = task * TASK_ROWS;
-    run_rows(a, n_lo, n_lo + TASK_ROWS < a->N ? n_lo + TASK_ROWS : a->N);
+    const int64_t n_lo = task * a->task_rows;
+    run_rows(a, n_lo, n_lo + a->task_rows < a->N ? n_lo + a->task_rows : a->N);
+}
+
+/* Rows per task: TASK_ROWS, or as many as make TASK_BYTES of weights when x has a few rows (a
+ * decode step). A thread reads a task's rows as one stream, asked for ahead (PREFETCH_BYTES): a
+ * new task starts cold, and 16 rows of a 896-wide Q5_0 matrix were under 10 KB. */
+#define TASK_BYTES 65536
+static int64_t task_rows_of(int64_t M, int64_t row_bytes) {
+    const int64_t rows = TASK_BYTES / row_bytes;
+    return M <= MR_MAX && rows > TASK_ROWS ? rows : TASK_ROWS;
 }
 
 /* matmul_blocks_amx.c: a prompt's rows on AMX-INT8 tiles, with this file's numbers. */
@@ -363,7 +301,7 @@ int pg_matmul_blocks(const void *x, int x_bf16, int64_t M, int64_t K, int type, 
         }
 #endif
     Args a = {{q, ds, ds + M * units_padded, sums, units_padded, q2}, M, K, N, type, (const uint8_t *)w, row_bytes,
-              bias, bias_bf16, out, ldc, out_bf16};
+              bias, bias_bf16, out, ldc, out_bf16, task_rows_of(M, row_bytes)};
     if (M * N * K < 65536) num_threads = 1;
     if (pg_blocks_amx_takes(&a)) {
         pg_blocks_amx_run(&a, num_threads);
@@ -372,7 +310,7 @@ int pg_matmul_blocks(const void *x, int x_bf16, int64_t M, int64_t K, int type, 
             pg_parallel(num_threads, (N + TASK_ROWS - 1) / TASK_ROWS, run_rest_task, &rest);
         return 0;
     }
-    pg_parallel(num_threads, (N + TASK_ROWS - 1) / TASK_ROWS, run_task, &a);
+    pg_parallel(num_threads, (N + a.task_rows - 1) / a.task_rows, run_task, &a);
     return 0;
 }
 

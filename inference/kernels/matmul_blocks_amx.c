@@ -52,32 +52,61 @@ static inline void sub_unit_lane(int type, int64_t j, int64_t *g, int *lane) {
     }
 }
 
+/* out[k] = dword k of each of in[0..7] (an 8 x 8 transpose of dwords). */
+static inline void transpose_8x8(const __m256i in[8], __m256i out[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(in[i], in[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(in[i], in[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        out[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+        out[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+    }
+}
+
 /* Weight rows [n0, n0 + 32): each sub-unit's codes as two B tiles (dword (r, i) = codes 4r..4r+3 of
- * row n0 + 16 t + i) and its scales (sw, mn) per output. */
+ * row n0 + 16 t + i), 8 rows' codes transposed at a time, and its scales (sw, mn) per output. */
 static void amx_panel(const Args *a, int64_t n0, int S, int8_t *tiles, float *sw, float *mn) {
     const int64_t units = a->K / UNIT, subs = a->K / S, groups = (units + GROUP - 1) / GROUP;
-    for (int i = 0; i < AMX_OUTPUTS; i++) {
-        const uint8_t *row = a->w + (n0 + i) * a->row_bytes;
+    for (int i0 = 0; i0 < AMX_OUTPUTS; i0 += 8) {  // outputs i0 .. i0 + 7: tile i0 / 16, its half (i0 % 16) / 8
+        const uint8_t *rows[8];
+        for (int i = 0; i < 8; i++) rows[i] = a->w + (n0 + i0 + i) * a->row_bytes;
         for (int64_t u = 0; u < units; u++) {
-            int8_t q[UNIT];
-            _mm256_storeu_si256((__m256i *)q, unit_codes_avx2(a->type, row, u));
-            for (int h = 0; h < UNIT / S; h++) {
-                const int64_t j = u * (UNIT / S) + h;
-                int32_t *b = (int32_t *)(tiles + (j * 2 + i / 16) * (S * 16));
-                for (int r = 0; r < S / 4; r++) memcpy(&b[r * 16 + i % 16], q + h * S + 4 * r, 4);
+            if (i0 + 8 < AMX_OUTPUTS)  // the next 8 rows' bytes of this unit: they come from memory
+                for (int i = 0; i < 8; i++) _mm_prefetch((const char *)rows[i] + 8 * a->row_bytes + u * block_bytes(a->type), _MM_HINT_T0);
+            __m256i codes[8], dwords[8];
+            for (int i = 0; i < 8; i++) codes[i] = unit_codes_avx2(a->type, rows[i], u);
+            transpose_8x8(codes, dwords);  // dwords[k]: codes 4k..4k+3 of the 8 rows
+            for (int k = 0; k < 8; k++) {
+                const int64_t j = u * (UNIT / S) + k / (S / 4);
+                const int r = k % (S / 4);
+                int8_t *b = tiles + (j * 2 + i0 / 16) * (S * 16) + r * 64 + (i0 % 16) * 4;
+                _mm256_storeu_si256((__m256i *)b, dwords[k]);
             }
         }
+    }
+    for (int i = 0; i < AMX_OUTPUTS; i++) {
+        const uint8_t *row = a->w + (n0 + i) * a->row_bytes;
         for (int64_t g = 0; g < groups; g++) {
             const int count = units - g * GROUP < GROUP ? (int)(units - g * GROUP) : GROUP;
-            GroupScales gs;
-            group_scales(a->type, row, g, count, &gs);
+            float steps[2][8], mins[8];  // group_scales_avx2: group_scales' floats, 8 lanes at once
+            __m256 s0, s1 = _mm256_setzero_ps(), m0 = _mm256_setzero_ps();
+            group_scales_avx2(a->type, row, g, count, &s0, &s1, &m0);
+            _mm256_storeu_ps(steps[0], s0), _mm256_storeu_ps(steps[1], s1), _mm256_storeu_ps(mins, m0);
             for (int64_t j = g * GROUP * (UNIT / S); j < subs && j < (g + 1) * GROUP * (UNIT / S); j++) {
                 int64_t gj;
                 int lane;
                 sub_unit_lane(a->type, j, &gj, &lane);
                 const int step = a->type == Q6_K ? (int)((j / 2) % GROUP) / 4 : 0;
-                sw[j * AMX_OUTPUTS + i] = gs.sw[step * 8 + lane];
-                mn[j * AMX_OUTPUTS + i] = gs.mn[a->type == Q6_K ? 0 : lane];
+                sw[j * AMX_OUTPUTS + i] = steps[step][lane];
+                mn[j * AMX_OUTPUTS + i] = a->type == Q6_K ? 0.0f : mins[lane];
             }
         }
     }
@@ -128,14 +157,14 @@ static void amx_rows(const Args *a, int64_t m0, int64_t n0, int S, const int8_t 
             _tile_stored(1, mine + 16, 128);
         }
     }
-    // a last group of fewer than 8 units: tile_avx2's missing lanes still add 0 * 0
+    // a last group of fewer than 8 units: tile_avx2's missing lanes still add 0 * 0, which is
+    // adding +0 (it turns a -0 into +0; twice, for the minimum's step, is the same)
     if (a->type != Q6_K && units % GROUP)
         for (int m = 0; m < AMX_ROWS; m++)
             for (int l = (int)(units % GROUP); l < GROUP; l++)
-                for (int n = 0; n < AMX_OUTPUTS; n++) {
-                    float *at = acc + (m * 8 + l) * AMX_OUTPUTS + n;
-                    *at = fmaf(0.0f, 0.0f, *at);
-                    if (has_min(a->type)) *at = fmaf(0.0f, 0.0f, *at);
+                for (int h = 0; h < 2; h++) {
+                    float *at = acc + (m * 8 + l) * AMX_OUTPUTS + 16 * h;
+                    _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), _mm512_setzero_ps()));
                 }
     for (int m = 0; m < AMX_ROWS; m++)  // hsum8's tree, 16 outputs at once, then `store`'s bias and rounding
         for (int h = 0; h < 2; h++) {
