@@ -250,32 +250,21 @@ static int64_t task_rows_of(int64_t M, int64_t row_bytes) {
     return M <= MR_MAX && rows > TASK_ROWS ? rows : TASK_ROWS;
 }
 
-/* matmul_blocks_amx.c: a prompt's rows on AMX-INT8 tiles, with this file's numbers. */
+/* matmul_blocks_amx.c: 9 rows of x and more on AMX-INT8 tiles, with this file's numbers. `run`
+ * returns the outputs it did (every row of [0, n_hi)). */
 int pg_blocks_amx_takes(const Args *a);
-void pg_blocks_amx_run(const Args *a, int num_threads);
+int64_t pg_blocks_amx_run(const Args *a, int num_threads);
 
-/* The rows and outputs AMX left: rows [m_lo, M) of outputs [0, n_hi), and every row of [n_hi, N). */
+/* The outputs AMX left, [n_hi, N), every row of x. */
 typedef struct {
     const Args *a;
-    int64_t m_lo, n_hi;
+    int64_t n_hi;
 } Rest;
 
 static void run_rest_task(void *ctx, int64_t task) {
     const Rest *r = (const Rest *)ctx;
-    Args rows = *r->a;
-    const int64_t n_lo = task * TASK_ROWS, n_end = n_lo + TASK_ROWS < r->a->N ? n_lo + TASK_ROWS : r->a->N;
-    // outputs below n_hi: only the rows AMX left; above: every row
-    const int64_t split = n_end <= r->n_hi ? n_end : (n_lo >= r->n_hi ? n_lo : r->n_hi);
-    if (split > n_lo && r->m_lo < rows.M) {
-        Args tail = rows;
-        tail.x.q += r->m_lo * rows.K, tail.x.q2 += r->m_lo * rows.K, tail.x.d += r->m_lo * rows.x.units_padded;
-        tail.x.s += r->m_lo * rows.x.units_padded;
-        tail.x.b += r->m_lo * rows.x.units_padded;
-        tail.M -= r->m_lo;
-        tail.out = (char *)rows.out + r->m_lo * rows.ldc * (rows.out_bf16 ? 2 : 4);
-        run_rows(&tail, n_lo, split);
-    }
-    if (n_end > split) run_rows(&rows, split, n_end);
+    const int64_t n_lo = r->n_hi + task * TASK_ROWS;
+    run_rows(r->a, n_lo, n_lo + TASK_ROWS < r->a->N ? n_lo + TASK_ROWS : r->a->N);
 }
 
 int64_t pg_block_row_bytes(int type, int64_t K) { return row_bytes_of(type, K); }
@@ -304,10 +293,8 @@ int pg_matmul_blocks(const void *x, int x_bf16, int64_t M, int64_t K, int type, 
               bias, bias_bf16, out, ldc, out_bf16, task_rows_of(M, row_bytes)};
     if (M * N * K < 65536) num_threads = 1;
     if (pg_blocks_amx_takes(&a)) {
-        pg_blocks_amx_run(&a, num_threads);
-        Rest rest = {&a, M / 16 * 16, N / 32 * 32};
-        if (rest.m_lo < M || rest.n_hi < N)
-            pg_parallel(num_threads, (N + TASK_ROWS - 1) / TASK_ROWS, run_rest_task, &rest);
+        Rest rest = {&a, pg_blocks_amx_run(&a, num_threads)};
+        if (rest.n_hi < N) pg_parallel(num_threads, (N - rest.n_hi + TASK_ROWS - 1) / TASK_ROWS, run_rest_task, &rest);
         return 0;
     }
     pg_parallel(num_threads, (N + a.task_rows - 1) / a.task_rows, run_task, &a);

@@ -138,8 +138,9 @@ def test_block_weights_join_within_a_type_and_stack_across_types() -> None:
 
 
 def test_a_prompts_rows_on_amx_tiles_give_the_vector_paths_bits() -> None:
-    """16 rows and more take AMX-INT8 tiles where the CPU has them: the same numbers, so a prompt
-    position equals the same token's decode step."""
+    """9 rows and more take AMX-INT8 tiles where the CPU has them (a last block of 16 rows padded,
+    the outputs past the last whole 32 on the vector path): the same numbers, so a prompt position
+    equals the same token's decode step."""
     if not KERNELS.blocks_amx():
         pytest.skip("no AMX-INT8 tiles on this CPU")
     try:
@@ -147,9 +148,11 @@ def test_a_prompts_rows_on_amx_tiles_give_the_vector_paths_bits() -> None:
             inner = inner_for(type_id)
             weight = BlockWeight(torch.from_numpy(random_blocks(type_id, 72, inner, seed=type_id)), type_id, inner)
             x = torch.randn(40, inner, generator=torch.Generator().manual_seed(type_id)).bfloat16()
-            on_tiles = weight.matmul(x, torch.float32)  # rows 0-31 x outputs 0-63 on tiles, the rest not
+            on_tiles = weight.matmul(x, torch.float32)  # outputs 0-63 on tiles (rows 32-39 padded), 64-71 not
+            ten_rows = weight.matmul(x[:10], torch.float32)
             KERNELS.blocks_amx(False)
             assert torch.equal(on_tiles, weight.matmul(x, torch.float32)), BLOCK_TYPES[type_id]
+            assert torch.equal(ten_rows, weight.matmul(x[:10], torch.float32)), BLOCK_TYPES[type_id]
             KERNELS.blocks_amx(True)
             assert torch.equal(on_tiles[17:18], weight.matmul(x[17:18], torch.float32))
     finally:
