@@ -187,13 +187,8 @@ PG_INLINE void tile_avx2(const Args *a, const int type, int64_t m, const int MR,
     for (int i = 0; i < MR; i++) store(a, m + i, n, hsum8_avx2(acc[i]));
 }
 
-/* The weight bytes PREFETCH_BYTES ahead of the row being multiplied, asked for a row at a time.
- * On the AVX-512 Xeon, memory reads and the arithmetic did not overlap without it: a stream with
- * this kernel's work per byte ran at 1 / (1 / memory rate + 1 / arithmetic rate), 16 GB/s for two
- * threads, and at the memory rate (31 GB/s) once asked for 4-8 KB ahead (the hardware prefetcher
- * did not get there on its own). Only the first pass over x's rows asks: the next passes find the
- * row in cache. */
-#define PREFETCH_BYTES 4096
+/* The weight bytes PREFETCH_BYTES (blocks.h) ahead of the row being multiplied, asked for a row at
+ * a time. Only the first pass over x's rows asks: the next passes find the row in cache. */
 typedef struct {
     const char *next, *end;
 } Prefetch;

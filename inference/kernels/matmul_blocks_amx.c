@@ -91,14 +91,14 @@ static void amx_x(AmxX *t) {
 
 /* Weight rows [n0, n0 + 32): their codes row after row (K bytes each: an A tile is 16 rows of
  * S of them), their scales by output (sw, mn: [output][sub-unit]). The rows are one stream, asked
- * for 4 KB ahead (matmul_blocks.c's PREFETCH_BYTES: decode-sized products wait on memory). */
+ * for PREFETCH_BYTES ahead. */
 PG_INLINE void amx_panel_of(const Args *a, const int type, int64_t n0, int S, int8_t *codes, float *sw, float *mn) {
     const int64_t units = a->K / UNIT, subs = a->K / S, groups = (units + GROUP - 1) / GROUP;
     const char *end = (const char *)a->w + a->N * a->row_bytes;
     const char *ahead = (const char *)a->w + n0 * a->row_bytes;
     for (int i = 0; i < AMX_OUTPUTS; i++) {
         const uint8_t *row = a->w + (n0 + i) * a->row_bytes;
-        const char *until = (const char *)row + a->row_bytes + 4096;
+        const char *until = (const char *)row + a->row_bytes + PREFETCH_BYTES;
         for (; ahead < until && ahead < end; ahead += 64) _mm_prefetch(ahead, _MM_HINT_T0);
         for (int64_t u = 0; u < units; u++)
             _mm256_storeu_si256((__m256i *)(codes + i * a->K + u * UNIT), unit_codes_avx2(type, row, u));
