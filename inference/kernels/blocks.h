@@ -425,15 +425,14 @@ PG_INLINE void group_sums_by_row(const int type, const uint8_t *row, int64_t g, 
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define PGB_PAIRS 1
-/* group_sums_avx2's `first` for MR (even) rows of x, two rows at a time on 512-bit vectors: a
- * unit's codes in both halves, rows 2p and 2p + 1 side by side (x.q2), so one `vpdpbusd`, one
- * reduction and one offset step serve two rows (8 rows of Q5_0: 1.26x). The sums are exact, so
- * how they are added up does not matter; the lanes are group_sums_avx2's. Unsigned codes only
- * (q + offset, or a format with a minimum): there is no 512-bit `vpsignb`. */
-PG_INLINE void group_sums_pairs(const int type, const uint8_t *row, int64_t g, int count, const int8_t *xq2,
-                                int64_t K, const int32_t *xb, int64_t up, const int MR, __m256i first[MR_MAX]) {
+/* group_sums_avx2's `first` for an even number of rows of x, two rows at a time on 512-bit
+ * vectors (matmul_blocks.c's tile_pairs): a unit's codes in both halves, rows 2p and 2p + 1 side by
+ * side (x.q2), so one `vpdpbusd`, one reduction and one offset step serve two rows (8 rows of Q5_0:
+ * 1.26x). The sums are exact, so how they are added up does not matter; the lanes are
+ * group_sums_avx2's. Unsigned codes only (q + offset, or a format with a minimum): there is no
+ * 512-bit `vpsignb`. pair_codes: the group's codes (+ offset), each unit in both halves. */
+PG_INLINE void pair_codes(const int type, const uint8_t *row, int64_t g, int count, __m512i a[GROUP]) {
     const int offset = code_offset(type);
-    __m512i a[GROUP];
     for (int v = 0; v < GROUP; v++) {
         if (v >= count) {
             a[v] = _mm512_setzero_si512();
@@ -443,49 +442,45 @@ PG_INLINE void group_sums_pairs(const int type, const uint8_t *row, int64_t g, i
         if (offset) q = _mm256_add_epi8(q, _mm256_set1_epi8((char)offset));
         a[v] = _mm512_broadcast_i64x4(q);
     }
-    for (int i = 0; i + 1 < MR; i += 2) {
-        const int8_t *xp = xq2 + i * K + g * GROUP * 2 * UNIT;
-        __m512i d[GROUP], s[2];
-        for (int v = 0; v < GROUP; v++)
-            d[v] = v < count ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), a[v], _mm512_loadu_si512(xp + v * 2 * UNIT))
-                             : _mm512_setzero_si512();
-        for (int half = 0; half < 2; half++) {  // per 128-bit lane: units 4 half .. 4 half + 3's sums
-            const __m512i *e = d + 4 * half;
-            __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(e[0], e[1]), _mm512_unpackhi_epi32(e[0], e[1]));
-            __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(e[2], e[3]), _mm512_unpackhi_epi32(e[2], e[3]));
-            s[half] = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-        }
-        // 128-bit lanes of s[h]: [row i: L0, L1 | row i + 1: L0, L1]; a row's first: [L0 + L1 of s[0] | of s[1]]
-        __m512i lo = _mm512_shuffle_i32x4(s[0], s[1], 0x88), hi = _mm512_shuffle_i32x4(s[0], s[1], 0xDD);
-        __m512i f = _mm512_add_epi32(lo, hi);
-        f = _mm512_shuffle_i32x4(f, f, 0xD8);
-        if (offset) {  // the offset's share: offset * sum(xq) of each unit (offsets are powers of 2)
-            const int shift = offset == 8 ? 3 : offset == 16 ? 4 : 7;
-            __m256i s0 = _mm256_loadu_si256((const __m256i *)(xb + i * up + g * GROUP));
-            __m256i s1 = _mm256_loadu_si256((const __m256i *)(xb + (i + 1) * up + g * GROUP));
-            f = _mm512_sub_epi32(f, _mm512_slli_epi32(_mm512_inserti64x4(_mm512_castsi256_si512(s0), s1, 1), shift));
-        }
-        first[i] = _mm512_castsi512_si256(f);
-        first[i + 1] = _mm512_extracti64x4_epi64(f, 1);
-    }
 }
+
+/* Rows i and i + 1's `first` (the low and high 256 bits) from the group's codes `a`. */
+PG_INLINE __m512i pair_sums(const int type, const __m512i a[GROUP], int64_t g, int count, const int8_t *xq2, int64_t K,
+                            const int32_t *xb, int64_t up, int i) {
+    const int offset = code_offset(type);
+    const int8_t *xp = xq2 + i * K + g * GROUP * 2 * UNIT;
+    __m512i d[GROUP], s[2];
+    for (int v = 0; v < GROUP; v++)
+        d[v] = v < count ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), a[v], _mm512_loadu_si512(xp + v * 2 * UNIT))
+                         : _mm512_setzero_si512();
+    for (int half = 0; half < 2; half++) {  // per 128-bit lane: units 4 half .. 4 half + 3's sums
+        const __m512i *e = d + 4 * half;
+        __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(e[0], e[1]), _mm512_unpackhi_epi32(e[0], e[1]));
+        __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(e[2], e[3]), _mm512_unpackhi_epi32(e[2], e[3]));
+        s[half] = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+    }
+    // 128-bit lanes of s[h]: [row i: L0, L1 | row i + 1: L0, L1]; a row's first: [L0 + L1 of s[0] | of s[1]]
+    __m512i lo = _mm512_shuffle_i32x4(s[0], s[1], 0x88), hi = _mm512_shuffle_i32x4(s[0], s[1], 0xDD);
+    __m512i f = _mm512_add_epi32(lo, hi);
+    f = _mm512_shuffle_i32x4(f, f, 0xD8);
+    if (offset) {  // the offset's share: offset * sum(xq) of each unit (offsets are powers of 2)
+        const int shift = offset == 8 ? 3 : offset == 16 ? 4 : 7;
+        __m256i s0 = _mm256_loadu_si256((const __m256i *)(xb + i * up + g * GROUP));
+        __m256i s1 = _mm256_loadu_si256((const __m256i *)(xb + (i + 1) * up + g * GROUP));
+        f = _mm512_sub_epi32(f, _mm512_slli_epi32(_mm512_inserti64x4(_mm512_castsi256_si512(s0), s1, 1), shift));
+    }
+    return f;
+}
+
 #endif
 
-/* A group's sums for MR rows of x, as group_sums_c gives them. Unsigned codes on AVX-512, MR even:
- * two rows at a time (group_sums_pairs). Otherwise by row (group_sums_by_row) for one row of x and
- * for Q6_K (on the AVX-512 Xeon: Q5_0's decode product 1.25x, Q6_K's 8-row one 1.2x; the AVX2
+/* A group's sums for MR rows of x, as group_sums_c gives them (unsigned codes on AVX-512, MR even:
+ * tile_pairs instead). By row (group_sums_by_row) for one row of x and for Q6_K (on the AVX-512 Xeon: Q5_0's decode product 1.25x, Q6_K's 8-row one 1.2x; the AVX2
  * build there: Q6_K's 8 rows 1.13x, one row unchanged), or reduced as they come, so a row holds
  * two or three vectors at a time (Q8_0, whose codes are one load, was a little slower by row). */
-PG_INLINE void group_sums_avx2(const int type, const uint8_t *row, int64_t g, int count, const int8_t *xq,
-                               const int8_t *xq2, int64_t K, const int32_t *xb, int64_t up, const int MR,
-                               __m256i first[MR_MAX], __m256i second[MR_MAX]) {
-#if defined(PGB_PAIRS)
-    if (MR % 2 == 0 && (has_min(type) || code_offset(type))) {
-        group_sums_pairs(type, row, g, count, xq2, K, xb, up, MR, first);
-        return;
-    }
-#endif
-    (void)xq2;
+PG_INLINE void group_sums_avx2(const int type, const uint8_t *row, int64_t g, int count, const int8_t *xq, int64_t K,
+                               const int32_t *xb, int64_t up, const int MR, __m256i first[MR_MAX],
+                               __m256i second[MR_MAX]) {
     __m256i h[2][MR_MAX];
     if (type != Q8_0 && (MR == 1 || type == Q6_K)) group_sums_by_row(type, row, g, count, xq, K, MR, h);
     else
