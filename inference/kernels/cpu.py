@@ -329,7 +329,7 @@ class CpuKernels:
         return out
 
     def blocks_amx(self, on: bool | None = None) -> bool:
-        """Whether block products of 16 rows and more run on AMX-INT8 tiles here (the same numbers as
+        """Whether block products of 9 rows and more run on AMX-INT8 tiles here (the same numbers as
         the vector path: `on` switches them for this process, for tests and benchmarks)."""
         return bool(self.lib.pg_blocks_amx(-1 if on is None else int(on)))
 
