@@ -426,7 +426,7 @@ PG_INLINE void group_sums_by_row(const int type, const uint8_t *row, int64_t g, 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define PGB_PAIRS 1
 /* group_sums_avx2's `first` for an even number of rows of x, two rows at a time on 512-bit
- * vectors (matmul_blocks.c's tile_pairs): a unit's codes in both halves, rows 2p and 2p + 1 side by
+ * vectors (matmul_blocks.c's tile_avx2): a unit's codes in both halves, rows 2p and 2p + 1 side by
  * side (x.q2), so one `vpdpbusd`, one reduction and one offset step serve two rows (8 rows of Q5_0:
  * 1.26x). The sums are exact, so how they are added up does not matter; the lanes are
  * group_sums_avx2's. Unsigned codes only (q + offset, or a format with a minimum): there is no
@@ -475,9 +475,10 @@ PG_INLINE __m512i pair_sums(const int type, const __m512i a[GROUP], int64_t g, i
 #endif
 
 /* A group's sums for MR rows of x, as group_sums_c gives them (unsigned codes on AVX-512, MR even:
- * tile_pairs instead). By row (group_sums_by_row) for one row of x and for Q6_K (on the AVX-512 Xeon: Q5_0's decode product 1.25x, Q6_K's 8-row one 1.2x; the AVX2
- * build there: Q6_K's 8 rows 1.13x, one row unchanged), or reduced as they come, so a row holds
- * two or three vectors at a time (Q8_0, whose codes are one load, was a little slower by row). */
+ * pair_sums instead). By row (group_sums_by_row) for one row of x and for Q6_K (on the AVX-512
+ * Xeon: Q5_0's decode product 1.25x, Q6_K's 8-row one 1.2x; the AVX2 build there: Q6_K's 8 rows
+ * 1.13x, one row unchanged), or reduced as they come, so a row holds two or three vectors at a
+ * time (Q8_0, whose codes are one load, was a little slower by row). */
 PG_INLINE void group_sums_avx2(const int type, const uint8_t *row, int64_t g, int count, const int8_t *xq, int64_t K,
                                const int32_t *xb, int64_t up, const int MR, __m256i first[MR_MAX],
                                __m256i second[MR_MAX]) {

@@ -158,45 +158,18 @@ PG_INLINE float hsum8_avx2(__m256 v) {  // hsum8's tree
     return _mm_cvtss_f32(s);
 }
 
-#if defined(PGB_PAIRS)
-/* tile_avx2 for an even MR and unsigned codes (blocks.h's pair_sums), each pair of rows taking its
- * float steps as soon as its sums are made: 8 rows' sums held for a float loop after them were
- * spilled to the stack (8-row products 1.00-1.06x without). The same steps in the same order per
- * row. */
-PG_INLINE void tile_pairs(const Args *a, const int type, int64_t m, const int MR, int64_t n) {
-    const int64_t units = a->K / UNIT, groups = (units + GROUP - 1) / GROUP, up = a->x.units_padded;
-    const uint8_t *row = a->w + n * a->row_bytes;
-    __m256 acc[MR_MAX];
-    for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++) {
-        const int count = units - g * GROUP < GROUP ? (int)(units - g * GROUP) : GROUP;
-        __m256 sw, sw2 = _mm256_setzero_ps(), mn = _mm256_setzero_ps();
-        group_scales_avx2(type, row, g, count, &sw, &sw2, &mn);
-        __m512i codes[GROUP];
-        pair_codes(type, row, g, count, codes);
-        for (int i = 0; i + 1 < MR; i += 2) {
-            const __m512i f = pair_sums(type, codes, g, count, a->x.q2 + m * a->K, a->K, a->x.b + m * up, up, i);
-            const __m256i first[2] = {_mm512_castsi512_si256(f), _mm512_extracti64x4_epi64(f, 1)};
-            for (int r = 0; r < 2; r++) {
-                const int64_t at = (m + i + r) * up + g * GROUP;
-                acc[i + r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first[r]), _mm256_mul_ps(sw, _mm256_loadu_ps(a->x.d + at)),
-                                             acc[i + r]);
-                if (has_min(type)) acc[i + r] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(a->x.s + at), acc[i + r]);
-            }
-        }
-    }
-    for (int i = 0; i < MR; i++) store(a, m + i, n, hsum8_avx2(acc[i]));
+/* One row's float step for a group's sums `first` (not Q6_K): the products' share, then the minimum's. */
+PG_INLINE __m256 unit_step(const int type, __m256 acc, __m256i first, __m256 sw, __m256 mn, const float *dx,
+                           const float *xs) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first), _mm256_mul_ps(sw, _mm256_loadu_ps(dx)), acc);
+    return has_min(type) ? _mm256_fmadd_ps(mn, _mm256_loadu_ps(xs), acc) : acc;
 }
-#endif
 
-/* Rows m .. m + MR - 1 of x times weight row n: every float step of `tile` above, 8 lanes at once. */
+/* Rows m .. m + MR - 1 of x times weight row n: every float step of `tile` above, 8 lanes at once.
+ * On AVX-512, an even MR and unsigned codes go two rows at a time (blocks.h's pair_sums), each
+ * pair taking its float steps as soon as its sums are made: 8 rows' sums held for a float loop
+ * after them were spilled to the stack (8-row products 1.00-1.06x). */
 PG_INLINE void tile_avx2(const Args *a, const int type, int64_t m, const int MR, int64_t n) {
-#if defined(PGB_PAIRS)
-    if (MR % 2 == 0 && (has_min(type) || code_offset(type))) {
-        tile_pairs(a, type, m, MR, n);
-        return;
-    }
-#endif
     const int64_t units = a->K / UNIT, groups = (units + GROUP - 1) / GROUP, up = a->x.units_padded;
     const uint8_t *row = a->w + n * a->row_bytes;
     __m256 acc[MR_MAX];
@@ -205,6 +178,20 @@ PG_INLINE void tile_avx2(const Args *a, const int type, int64_t m, const int MR,
         const int count = units - g * GROUP < GROUP ? (int)(units - g * GROUP) : GROUP;
         __m256 sw, sw2 = _mm256_setzero_ps(), mn = _mm256_setzero_ps();
         group_scales_avx2(type, row, g, count, &sw, &sw2, &mn);
+#if defined(PGB_PAIRS)
+        if (MR % 2 == 0 && (has_min(type) || code_offset(type))) {
+            __m512i codes[GROUP];
+            pair_codes(type, row, g, count, codes);
+            for (int i = 0; i + 1 < MR; i += 2) {
+                const __m512i f = pair_sums(type, codes, g, count, a->x.q2 + m * a->K, a->K, a->x.b + m * up, up, i);
+                const int64_t at = (m + i) * up + g * GROUP;
+                acc[i] = unit_step(type, acc[i], _mm512_castsi512_si256(f), sw, mn, a->x.d + at, a->x.s + at);
+                acc[i + 1] = unit_step(type, acc[i + 1], _mm512_extracti64x4_epi64(f, 1), sw, mn, a->x.d + at + up,
+                                       a->x.s + at + up);
+            }
+            continue;
+        }
+#endif
         __m256i first[MR_MAX], second[MR_MAX];
         group_sums_avx2(type, row, g, count, a->x.q + m * a->K, a->K, a->x.b + m * up, up, MR, first, second);
         for (int i = 0; i < MR; i++) {
@@ -216,9 +203,7 @@ PG_INLINE void tile_avx2(const Args *a, const int type, int64_t m, const int MR,
                 acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second[i]), _mm256_mul_ps(sw2, d1), acc[i]);
                 continue;
             }
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first[i]), _mm256_mul_ps(sw, _mm256_loadu_ps(dx)), acc[i]);
-            if (has_min(type))
-                acc[i] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(a->x.s + (m + i) * up + g * GROUP), acc[i]);
+            acc[i] = unit_step(type, acc[i], first[i], sw, mn, dx, a->x.s + (m + i) * up + g * GROUP);
         }
     }
     for (int i = 0; i < MR; i++) store(a, m + i, n, hsum8_avx2(acc[i]));
