@@ -49,6 +49,19 @@ async def command(ws: WebsocketCommunicator, name: str, **fields: Any) -> dict[s
     return await ws.receive_json_from(timeout=TIMEOUT_S)
 
 
+async def command_to_end(ws: WebsocketCommunicator, name: str, **fields: Any) -> list[dict[str, Any]]:
+    """The command's events: its first answer, then what follows up to its generation's terminal event."""
+    events = [await command(ws, name, **fields)]
+    while not protocol.is_terminal(events[-1]):
+        events.append(await ws.receive_json_from(timeout=TIMEOUT_S))
+    return events
+
+
+def token_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steps of the `generation.tokens` events, in order."""
+    return [s for e in events if e["type"] == "generation.tokens" for s in e["steps"]]
+
+
 async def assert_refused(ws: WebsocketCommunicator, code: str, name: str, **fields: Any) -> dict[str, Any]:
     """The command is refused with `code`, and the socket still answers the next command."""
     refusal = await command(ws, name, request_id="r-bad", **fields)
@@ -196,16 +209,13 @@ async def test_events_of_a_generation_flow_from_the_worker_to_the_socket(
     )
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
-    queued = await command(ws, "generate", content="Hello?")
-    events = [queued]
-    while not protocol.is_terminal(events[-1]):
-        events.append(await ws.receive_json_from(timeout=TIMEOUT_S))
+    events = await command_to_end(ws, "generate", content="Hello?")
     assert [e["type"] for e in events[:3]] == ["generation.queued", "generation.started", "generation.prefilled"]
-    assert "".join(s["text_delta"] for e in events if e["type"] == "generation.tokens" for s in e["steps"]) == "Hi you"
+    assert "".join(s["text_delta"] for s in token_steps(events)) == "Hi you"
     assert (events[-1]["type"], events[-1]["text"], events[-1]["message_id"]) == (
         "generation.finished",
         "Hi you",
-        queued["message_id"],
+        events[0]["message_id"],
     )
     assert await ws.receive_nothing(timeout=0.2)
     await ws.disconnect()

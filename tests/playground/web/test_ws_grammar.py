@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from playground import protocol
 from playground.models import Conversation, Generation
 from tests.inference.engines import tiny_chat_engine
 
-from .test_consumer import TIMEOUT_S, assert_refused, command, connect
+from .test_consumer import TIMEOUT_S, assert_refused, command_to_end, connect, token_steps
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
@@ -33,17 +32,6 @@ SCHEMA = {
 @pytest.fixture(scope="module")
 def tiny_engine():
     return tiny_chat_engine(seed=2)
-
-
-async def _events(ws, **fields: Any) -> list[dict[str, Any]]:
-    events = [await command(ws, **fields)]
-    while not protocol.is_terminal(events[-1]):
-        events.append(await ws.receive_json_from(timeout=TIMEOUT_S))
-    return events
-
-
-def _steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [s for e in events if e["type"] == "generation.tokens" for s in e["steps"]]
 
 
 @pytest.mark.parametrize(
@@ -90,12 +78,12 @@ async def test_the_explorers_complete_obeys_the_grammar_and_each_step_says_what_
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
     overrides = {"grammar": grammar, "max_new_tokens": 40, "seed": 3, "num_alternatives": 8, "greedy": False}
-    events = await _events(ws, name="complete", text="Hi", overrides=overrides)
+    events = await command_to_end(ws, name="complete", text="Hi", overrides=overrides)
     finished = events[-1]
     assert finished["type"] == "generation.finished", finished
     assert check(finished["text"]), finished["text"]
     assert finished["finish_reason"] in ("grammar", "eos")
-    steps = _steps(events)
+    steps = token_steps(events)
     assert steps and all(0.0 <= s["masked_prob"] <= 1.0 for s in steps)
     # A random model puts little mass where the grammar allows it: the first step removed most.
     first = steps[0]
@@ -115,13 +103,13 @@ async def test_the_chats_generate_carries_a_grammar_and_a_free_answer_has_no_mas
     ws = connect(session_key)
     assert (await ws.connect(timeout=TIMEOUT_S))[0]
     choices = {"type": "choice", "choices": ["yes", "no"]}
-    events = await _events(
+    events = await command_to_end(
         ws, name="generate", content="Yes or no?", overrides={"grammar": choices, "max_new_tokens": 8}
     )
     assert events[-1]["type"] == "generation.finished", events[-1]
     assert events[-1]["text"] in ("yes", "no")
-    free = await _events(ws, name="generate", content="Say anything", overrides={"max_new_tokens": 3})
-    assert all(s["masked_prob"] is None and s["top_masked"] == [] for s in _steps(free))
+    free = await command_to_end(ws, name="generate", content="Say anything", overrides={"max_new_tokens": 3})
+    assert all(s["masked_prob"] is None and s["top_masked"] == [] for s in token_steps(free))
     await ws.disconnect()
 
 
@@ -138,9 +126,9 @@ async def test_the_explorer_continues_a_path_one_request_at_a_time_under_one_gra
     for _ in range(8):
         grammar = {"type": "choice", "choices": choices, "prefix_ids": path}
         overrides = {"grammar": grammar, "max_new_tokens": 1, "seed": len(path), "greedy": False}
-        events = await _events(ws, name="complete", text="Hi", token_ids=path, overrides=overrides)
+        events = await command_to_end(ws, name="complete", text="Hi", token_ids=path, overrides=overrides)
         assert events[-1]["type"] == "generation.finished", events[-1]
-        [step] = _steps(events)
+        [step] = token_steps(events)
         path.append(step["token_id"])
         text += step["text_delta"]
         if events[-1]["finish_reason"] in ("grammar", "eos"):
@@ -148,7 +136,7 @@ async def test_the_explorer_continues_a_path_one_request_at_a_time_under_one_gra
     assert text in choices
     # A path the grammar cannot take fails that request alone, with the reason.
     bad = {"type": "choice", "choices": choices, "prefix_ids": [ord("x")]}
-    events = await _events(ws, name="complete", text="Hi", token_ids=[ord("x")], overrides={"grammar": bad})
+    events = await command_to_end(ws, name="complete", text="Hi", token_ids=[ord("x")], overrides={"grammar": bad})
     assert events[-1]["type"] == "generation.error", events[-1]
     assert events[-1]["code"] == "invalid_params" and "does not fit the grammar" in events[-1]["message"]
     await ws.disconnect()

@@ -13,11 +13,10 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from inference.sampling_params import MAX_PREDICTION_CHARS
-from playground import protocol
 from playground.models import Conversation, Generation, LanguageModel, Message
 from tests.inference.engines import tiny_chat_engine
 
-from .test_consumer import TIMEOUT_S, assert_refused, command, connect
+from .test_consumer import TIMEOUT_S, assert_refused, command, command_to_end, connect, token_steps
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
@@ -31,15 +30,9 @@ def tiny_engine():
 
 
 async def _events(ws, name: str, **fields: Any) -> list[dict[str, Any]]:
-    events = [await command(ws, name, **fields)]
+    events = await command_to_end(ws, name, **fields)
     assert events[0]["type"] == "generation.queued", events[0]
-    while not protocol.is_terminal(events[-1]):
-        events.append(await ws.receive_json_from(timeout=TIMEOUT_S))
     return events
-
-
-def _steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [s for e in events if e["type"] == "generation.tokens" for s in e["steps"]]
 
 
 @pytest.mark.parametrize(
@@ -110,7 +103,7 @@ async def test_the_overrides_pass_through_every_command_and_the_answer_is_the_sa
     plain = await _events(ws, "complete", text="abcabcabc", overrides=base)
     text = plain[-1]["text"]
     assert plain[-1]["stats"]["num_proposed_tokens"] == 0 and plain[-1]["stats"]["speculative_speedup"] == 1.0
-    assert all(step["verification"] is None for step in _steps(plain))
+    assert all(step["verification"] is None for step in token_steps(plain))
 
     speculating = {**base, "prediction": text, "num_speculative_tokens": 4}
     events = await _events(ws, "complete", text="abcabcabc", overrides=speculating)
@@ -119,14 +112,14 @@ async def test_the_overrides_pass_through_every_command_and_the_answer_is_the_sa
     assert finished["text"] == text  # token for token the same
     stats = finished["stats"]
     assert stats["num_proposed_tokens"] > 0 and 0 <= stats["num_accepted_tokens"] <= stats["num_proposed_tokens"]
-    verified = [step["verification"] for step in _steps(events) if step["verification"] is not None]
+    verified = [step["verification"] for step in token_steps(events) if step["verification"] is not None]
     assert verified and {v["source"] for v in verified} == {"prediction"}
     assert set(verified[0]["proposed"][0]) == {"token_id", "piece", "draft_prob", "prob", "is_accepted"}
     # The saved row: its params, its stats under the engine's names, its steps with their verification.
     row = await sync_to_async(Generation.objects.get)(pk=finished["generation_id"])
     assert (row.params["prediction"], row.params["num_speculative_tokens"]) == (text, 4)
     assert {k: row.stats[k] for k in SPECULATION} == {k: stats[k] for k in SPECULATION}
-    assert [s["verification"] for s in row.steps] == [s["verification"] for s in _steps(events)]
+    assert [s["verification"] for s in row.steps] == [s["verification"] for s in token_steps(events)]
 
     # generate, then regenerate and edit with speculation: each row carries the overrides.
     lookup = {**base, "speculative": "prompt_lookup"}
