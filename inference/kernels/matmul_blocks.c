@@ -252,12 +252,6 @@ static void run_rows(const Args *a, int64_t n_lo, int64_t n_hi) {
 }
 #endif
 
-static void run_task(void *ctx, int64_t task) {
-    const Args *a = (const Args *)ctx;
-    const int64_t n_lo = task * a->task_rows;
-    run_rows(a, n_lo, n_lo + a->task_rows < a->N ? n_lo + a->task_rows : a->N);
-}
-
 /* Rows per task: TASK_ROWS, or as many as make TASK_BYTES of weights when x has a few rows (a
  * decode step). A thread reads a task's rows as one stream, asked for ahead (PREFETCH_BYTES): a
  * new task starts cold, and 16 rows of a 896-wide Q5_0 matrix were under 10 KB. */
@@ -268,20 +262,22 @@ static int64_t task_rows_of(int64_t M, int64_t row_bytes) {
 }
 
 /* matmul_blocks_amx.c: 9 rows of x and more on AMX-INT8 tiles, with this file's numbers. `run`
- * returns the outputs it did (every row of [0, n_hi)). */
+ * returns how many weight rows it did (every row of x for [0, that)). */
 int pg_blocks_amx_takes(const Args *a);
 int64_t pg_blocks_amx_run(const Args *a, int num_threads);
 
-/* The outputs AMX left, [n_hi, N), every row of x. */
+/* Weight rows [first, N) for every row of x, in tasks of a->task_rows (first: 0, or where the AMX
+ * tiles stopped). */
 typedef struct {
     const Args *a;
-    int64_t n_hi;
-} Rest;
+    int64_t first;
+} Outputs;
 
-static void run_rest_task(void *ctx, int64_t task) {
-    const Rest *r = (const Rest *)ctx;
-    const int64_t n_lo = r->n_hi + task * TASK_ROWS;
-    run_rows(r->a, n_lo, n_lo + TASK_ROWS < r->a->N ? n_lo + TASK_ROWS : r->a->N);
+static void run_task(void *ctx, int64_t task) {
+    const Outputs *o = (const Outputs *)ctx;
+    const Args *a = o->a;
+    const int64_t n_lo = o->first + task * a->task_rows;
+    run_rows(a, n_lo, n_lo + a->task_rows < a->N ? n_lo + a->task_rows : a->N);
 }
 
 int64_t pg_block_row_bytes(int type, int64_t K) { return row_bytes_of(type, K); }
@@ -299,22 +295,19 @@ int pg_matmul_blocks(const void *x, int x_bf16, int64_t M, int64_t K, int type, 
     for (int64_t m = 0; m < M; m++)
         quantize_row(x, x_bf16, m, K, q + m * K, ds + m * units_padded, ds + (M + m) * units_padded,
                      sums + m * units_padded, units_padded);
+    Args a = {{q, ds, ds + M * units_padded, sums, units_padded, q2}, M, K, N, type, (const uint8_t *)w, row_bytes,
+              bias, bias_bf16, out, ldc, out_bf16, task_rows_of(M, row_bytes)};
+    if (M * N * K < 65536) num_threads = 1;
+    Outputs rest = {&a, pg_blocks_amx_takes(&a) ? pg_blocks_amx_run(&a, num_threads) : 0};
+    if (rest.first == N) return 0;
 #if defined(PGB_PAIRS)
-    for (int64_t p = 0; p + 1 < M; p += 2)  // x.q2: rows p and p + 1 unit by unit, side by side
+    for (int64_t p = 0; p + 1 < M; p += 2)  // x.q2 (the vector path's): rows p and p + 1 unit by unit, side by side
         for (int64_t u = 0; u < K / UNIT; u++) {
             memcpy(q2 + p * K + 2 * UNIT * u, q + p * K + UNIT * u, UNIT);
             memcpy(q2 + p * K + 2 * UNIT * u + UNIT, q + (p + 1) * K + UNIT * u, UNIT);
         }
 #endif
-    Args a = {{q, ds, ds + M * units_padded, sums, units_padded, q2}, M, K, N, type, (const uint8_t *)w, row_bytes,
-              bias, bias_bf16, out, ldc, out_bf16, task_rows_of(M, row_bytes)};
-    if (M * N * K < 65536) num_threads = 1;
-    if (pg_blocks_amx_takes(&a)) {
-        Rest rest = {&a, pg_blocks_amx_run(&a, num_threads)};
-        if (rest.n_hi < N) pg_parallel(num_threads, (N - rest.n_hi + TASK_ROWS - 1) / TASK_ROWS, run_rest_task, &rest);
-        return 0;
-    }
-    pg_parallel(num_threads, (N + a.task_rows - 1) / a.task_rows, run_task, &a);
+    pg_parallel(num_threads, (N - rest.first + a.task_rows - 1) / a.task_rows, run_task, &rest);
     return 0;
 }
 
