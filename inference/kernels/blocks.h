@@ -36,6 +36,10 @@ enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q
  * threads, and at the memory rate (31 GB/s) once asked for 4-8 KB ahead: the hardware prefetcher
  * does not get that far on its own. */
 #define PREFETCH_BYTES 4096
+/* Weight bytes per task of the thread pool when x has a few rows (a decode step): a thread reads a
+ * task's rows as one stream, asked for ahead (PREFETCH_BYTES), and a new task starts cold (16 rows
+ * of a 896-wide Q5_0 matrix were under 10 KB). */
+#define TASK_BYTES 65536
 
 /* Bytes of one block and weights per block of each format (0: not a format this file reads). */
 PG_INLINE int block_bytes(const int type) {
@@ -264,6 +268,16 @@ PG_INLINE __m256i unit_codes_avx2(const int type, const uint8_t *row, int64_t u)
         q = _mm256_or_si256(q, _mm256_slli_epi16(high, 4));
     }
     return q;
+}
+
+/* A stream of weight bytes asked for ahead of where it is read (`prefetcht0`, PREFETCH_BYTES). */
+typedef struct {
+    const char *next, *end;
+} Prefetch;
+
+static inline void prefetch_until(Prefetch *p, const char *until) {
+    if (until > p->end) until = p->end;
+    for (; p->next < until; p->next += 64) _mm_prefetch(p->next, _MM_HINT_T0);
 }
 
 static inline uint16_t half_at(const uint8_t *p) {

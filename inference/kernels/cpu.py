@@ -39,10 +39,13 @@ SOURCES = tuple(
         "matmul_avx512bf16.c",
         "matmul_blocks.c",
         "matmul_blocks_amx.c",
+        "matmul_blocks_lanes.c",
         "threads.c",
     )
 )
-BLOCK_SOURCES = tuple(HERE / name for name in ("matmul_blocks.c", "matmul_blocks_amx.c", "threads.c"))
+BLOCK_SOURCES = tuple(
+    HERE / name for name in ("matmul_blocks.c", "matmul_blocks_amx.c", "matmul_blocks_lanes.c", "threads.c")
+)
 HEADERS = (HERE / "simd.h", HERE / "threads.h", HERE / "blocks.h")
 # -O3 and the host's vector units. No -fassociative-math and no implicit fused multiply-adds
 # (-ffp-contract=off): every float sum is added in the order the source writes (simd.h), the
@@ -52,7 +55,7 @@ LDFLAGS = ("-lm", "-lpthread")
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 SIGNATURES = {
     "pg_add_rms_norm": (_P, _P, _C, _P, _P, _C, _I, _I, _F),
-    "pg_silu_mul": (_P, _C, _P, _C, _I, _I),
+    "pg_silu_mul": (_P, _C, _P, _C, _I, _I, _C),
     "pg_rope_write_kv": (_P, _C, _P, _P, _P, _P, _P, _C, _P, _I, _I, _I, _I, _I, _I),
     "pg_attention": (_P, _P, _P, _C, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _C, _C),
     "pg_matmul": (_P, _C, _I, _I, _C, _P, _P, _C, _I, _P, _C, _P, _C, _C),
@@ -63,8 +66,11 @@ SIGNATURES = {
     "pg_count_greater": (_P, _I, _F),
     "pg_read_outs": (_P, _P, _I, _I, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _C),
     "pg_argmax": (_P, _I, _I, _P, _C),
-    "pg_matmul_blocks": (_P, _C, _I, _I, _C, _P, _I, _P, _C, _P, _I, _C, _C),
-    "pg_dequantize_blocks": (_C, _P, _I, _I, _P),
+    "pg_matmul_blocks": (_P, _C, _I, _I, _C, _P, _I, _C, _P, _C, _P, _I, _C, _C),
+    "pg_dequantize_blocks": (_C, _P, _I, _I, _C, _P),
+    "pg_blocks_interleave": (_C,),
+    "pg_blocks_repack": (_C, _P, _I, _I),
+    "pg_blocks_unpack": (_C, _P, _I, _I, _P),
     "pg_block_row_bytes": (_C, _I),
     "pg_blocks_amx": (_C,),
 }
@@ -75,6 +81,9 @@ RESTYPES = {
     "pg_avx512bf16": ctypes.c_int,
     "pg_matmul_blocks": ctypes.c_int,
     "pg_dequantize_blocks": ctypes.c_int,
+    "pg_blocks_interleave": ctypes.c_int,
+    "pg_blocks_repack": ctypes.c_int,
+    "pg_blocks_unpack": ctypes.c_int,
     "pg_block_row_bytes": ctypes.c_int64,
     "pg_blocks_amx": ctypes.c_int,
 }
@@ -195,7 +204,9 @@ class CpuKernels:
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
         """out (T, I) = silu(gate) * up of gate_up (T, 2I) = [gate | up]."""
         rows, inter = out.shape
-        self.lib.pg_silu_mul(gate_up.data_ptr(), _is_bf16(gate_up), out.data_ptr(), _is_bf16(out), rows, inter)
+        self.lib.pg_silu_mul(
+            gate_up.data_ptr(), _is_bf16(gate_up), out.data_ptr(), _is_bf16(out), rows, inter, torch.get_num_threads()
+        )
 
     def rope_write_kv(
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q: torch.Tensor, kv: KVAddress, slots
@@ -300,11 +311,12 @@ class CpuKernels:
         blocks: torch.Tensor,
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
+        interleave: int = 0,
     ) -> torch.Tensor:
         """x (M, K) @ w (N, K)^T (+ bias (N,)) where `blocks` (N, row bytes) uint8 holds each row of
-        w in the GGML block format `type_id` (Q4_0 ... Q6_K: `matmul_blocks.c`) -> out (M, N) in
-        x's dtype, or written into `out` (M, >= N, a column slice of a wider output allowed: its
-        row stride is kept)."""
+        w in the GGML block format `type_id` (Q4_0 ... Q6_K: `matmul_blocks.c`), as the file does
+        (`interleave` 0) or repacked (`repack_blocks`) -> out (M, N) in x's dtype, or written into
+        `out` (M, >= N, a column slice of a wider output allowed: its row stride is kept)."""
         x = x.contiguous()
         rows, inner = x.shape
         if out is None:
@@ -317,6 +329,7 @@ class CpuKernels:
             type_id,
             blocks.data_ptr(),
             blocks.shape[0],
+            interleave,
             _ptr(bias),
             0 if bias is None else _is_bf16(bias),
             out.data_ptr(),
@@ -325,7 +338,26 @@ class CpuKernels:
             torch.get_num_threads(),
         )
         if status != 0:
-            raise ValueError(f"GGML type {type_id} with K={inner} is not a block format the kernels read")
+            raise ValueError(
+                f"GGML type {type_id} with K={inner} (interleave {interleave}) is not a block format the kernels read"
+            )
+        return out
+
+    def blocks_interleave(self, type_id: int) -> int:
+        """Rows per block this build multiplies GGML type `type_id` in when repacked (16: outputs
+        as vector lanes, `matmul_blocks_lanes.c`), or 0: it reads the file's layout."""
+        return self.lib.pg_blocks_interleave(type_id)
+
+    def repack_blocks(self, type_id: int, blocks: torch.Tensor, inner: int) -> None:
+        """`blocks` (N, row bytes), N a multiple of `blocks_interleave`, repacked in place."""
+        if not blocks.is_contiguous() or self.lib.pg_blocks_repack(type_id, blocks.data_ptr(), blocks.shape[0], inner):
+            raise ValueError(f"GGML type {type_id} with K={inner}, {blocks.shape[0]} rows: not a layout to repack")
+
+    def unpack_blocks(self, type_id: int, blocks: torch.Tensor, inner: int) -> torch.Tensor:
+        """Repacked `blocks` back in the file's layout (a new tensor)."""
+        out = torch.empty_like(blocks)
+        if self.lib.pg_blocks_unpack(type_id, blocks.data_ptr(), blocks.shape[0], inner, out.data_ptr()):
+            raise ValueError(f"GGML type {type_id} with K={inner}, {blocks.shape[0]} rows: not a repacked layout")
         return out
 
     def blocks_amx(self, on: bool | None = None) -> bool:
@@ -337,10 +369,14 @@ class CpuKernels:
         """Bytes of one row of `inner` weights in GGML block format `type_id`; -1 if not readable."""
         return self.lib.pg_block_row_bytes(type_id, inner)
 
-    def dequantize_blocks(self, type_id: int, blocks: torch.Tensor, inner: int) -> torch.Tensor:
-        """(N, inner) float32: the exact values of `blocks` (N, row bytes) in format `type_id`."""
+    def dequantize_blocks(self, type_id: int, blocks: torch.Tensor, inner: int, interleave: int = 0) -> torch.Tensor:
+        """(N, inner) float32: the exact values of `blocks` (N, row bytes) in format `type_id`,
+        laid out as `matmul_blocks`' (`interleave`)."""
         out = torch.empty(blocks.shape[0], inner)
-        if self.lib.pg_dequantize_blocks(type_id, blocks.data_ptr(), blocks.shape[0], inner, out.data_ptr()) != 0:
+        status = self.lib.pg_dequantize_blocks(
+            type_id, blocks.data_ptr(), blocks.shape[0], inner, interleave, out.data_ptr()
+        )
+        if status != 0:
             raise ValueError(f"GGML type {type_id} with K={inner} is not a block format the kernels read")
         return out
 

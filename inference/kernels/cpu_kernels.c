@@ -96,16 +96,28 @@ void pg_add_rms_norm(float *h, const void *delta, int delta_bf16, const float *w
     free(tmp);
 }
 
-/* out = silu(gate) * up for rows of gate_up = [gate | up] (rows, 2 * inter) -> out (rows, inter). */
-void pg_silu_mul(const void *gate_up, int in_bf16, void *out, int out_bf16, int64_t rows, int64_t inter) {
-    float *g = (float *)malloc((size_t)(2 * inter) * sizeof(float));
-    for (int64_t r = 0; r < rows; r++) {
-        load_row((const char *)gate_up + (size_t)(r * 2 * inter) * elem(in_bf16), in_bf16, g, 2 * inter);
-        const float *u = g + inter;
-        for (int64_t i = 0; i < inter; i++) g[i] = g[i] / (1.0f + fast_expf(-g[i])) * u[i];
-        store_row(g, (char *)out + (size_t)(r * inter) * elem(out_bf16), out_bf16, inter);
-    }
-    free(g);
+typedef struct {
+    const void *gate_up;
+    void *out;
+    int in_bf16, out_bf16;
+    int64_t inter;
+} SiluMul;
+
+static void silu_mul_task(void *ctx, int64_t r) {
+    const SiluMul *a = (const SiluMul *)ctx;
+    float *g = pg_scratch(0, 2 * a->inter);
+    load_row((const char *)a->gate_up + (size_t)(r * 2 * a->inter) * elem(a->in_bf16), a->in_bf16, g, 2 * a->inter);
+    const float *u = g + a->inter;
+    for (int64_t i = 0; i < a->inter; i++) g[i] = g[i] / (1.0f + fast_expf(-g[i])) * u[i];
+    store_row(g, (char *)a->out + (size_t)(r * a->inter) * elem(a->out_bf16), a->out_bf16, a->inter);
+}
+
+/* out = silu(gate) * up for rows of gate_up = [gate | up] (rows, 2 * inter) -> out (rows, inter),
+ * a row per task (a batch's 8 rows: 1.3 ms a step on one thread). */
+void pg_silu_mul(const void *gate_up, int in_bf16, void *out, int out_bf16, int64_t rows, int64_t inter,
+                 int num_threads) {
+    SiluMul a = {gate_up, out, in_bf16, out_bf16, inter};
+    pg_parallel(rows > 1 ? num_threads : 1, rows, silu_mul_task, &a);
 }
 
 /* The rotary embedding of one head x (D,) with cos/sin (D,) into rot (D,): rotate_half's formula

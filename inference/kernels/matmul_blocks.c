@@ -211,15 +211,6 @@ PG_INLINE void tile_avx2(const Args *a, const int type, int64_t m, const int MR,
 
 /* The weight bytes PREFETCH_BYTES (blocks.h) ahead of the row being multiplied, asked for a row at
  * a time. Only the first pass over x's rows asks: the next passes find the row in cache. */
-typedef struct {
-    const char *next, *end;
-} Prefetch;
-
-static inline void prefetch_until(Prefetch *p, const char *until) {
-    if (until > p->end) until = p->end;
-    for (; p->next < until; p->next += 64) _mm_prefetch(p->next, _MM_HINT_T0);
-}
-
 PG_INLINE void run_rows_of(const Args *a, const int type, int64_t n_lo, int64_t n_hi) {
     const char *w = (const char *)a->w;
     Prefetch pf = {w + n_lo * a->row_bytes, w + a->N * a->row_bytes};
@@ -252,10 +243,8 @@ static void run_rows(const Args *a, int64_t n_lo, int64_t n_hi) {
 }
 #endif
 
-/* Rows per task: TASK_ROWS, or as many as make TASK_BYTES of weights when x has a few rows (a
- * decode step). A thread reads a task's rows as one stream, asked for ahead (PREFETCH_BYTES): a
- * new task starts cold, and 16 rows of a 896-wide Q5_0 matrix were under 10 KB. */
-#define TASK_BYTES 65536
+/* Rows per task: TASK_ROWS, or as many as make TASK_BYTES (blocks.h) of weights when x has a few
+ * rows (a decode step). */
 static int64_t task_rows_of(int64_t M, int64_t row_bytes) {
     const int64_t rows = TASK_BYTES / row_bytes;
     return M <= MR_MAX && rows > TASK_ROWS ? rows : TASK_ROWS;
@@ -265,6 +254,9 @@ static int64_t task_rows_of(int64_t M, int64_t row_bytes) {
  * returns how many weight rows it did (every row of x for [0, that)). */
 int pg_blocks_amx_takes(const Args *a);
 int64_t pg_blocks_amx_run(const Args *a, int num_threads);
+/* matmul_blocks_lanes.c: every output of weights repacked 16 rows at a time. */
+int pg_blocks_lanes_run(Args *a, int num_threads);
+int pg_blocks_unpack(int type, const uint8_t *w, int64_t N, int64_t K, uint8_t *out);
 
 /* Weight rows [first, N) for every row of x, in tasks of a->task_rows (first: 0, or where the AMX
  * tiles stopped). */
@@ -282,9 +274,12 @@ static void run_task(void *ctx, int64_t task) {
 
 int64_t pg_block_row_bytes(int type, int64_t K) { return row_bytes_of(type, K); }
 
-/* out[m * ldc + n] for n < N. Returns 0, or -1 when the type or K is not one this file reads. */
+/* out[m * ldc + n] for n < N; w in the file's layout (interleave 0) or repacked 16 rows at a time
+ * (16: matmul_blocks_lanes.c's pg_blocks_repack). Returns 0, or -1 when the type or K is not one
+ * this file reads. */
 int pg_matmul_blocks(const void *x, int x_bf16, int64_t M, int64_t K, int type, const void *w, int64_t N,
-                     const void *bias, int bias_bf16, void *out, int64_t ldc, int out_bf16, int num_threads) {
+                     int interleave, const void *bias, int bias_bf16, void *out, int64_t ldc, int out_bf16,
+                     int num_threads) {
     const int64_t row_bytes = row_bytes_of(type, K);
     if (row_bytes < 0) return -1;
     const int64_t units_padded = (K / UNIT + GROUP - 1) / GROUP * GROUP;
@@ -298,6 +293,7 @@ int pg_matmul_blocks(const void *x, int x_bf16, int64_t M, int64_t K, int type, 
     Args a = {{q, ds, ds + M * units_padded, sums, units_padded, q2}, M, K, N, type, (const uint8_t *)w, row_bytes,
               bias, bias_bf16, out, ldc, out_bf16, task_rows_of(M, row_bytes)};
     if (M * N * K < 65536) num_threads = 1;
+    if (interleave) return interleave == 16 ? pg_blocks_lanes_run(&a, num_threads) : -1;
     Outputs rest = {&a, pg_blocks_amx_takes(&a) ? pg_blocks_amx_run(&a, num_threads) : 0};
     if (rest.first == N) return 0;
 #if defined(PGB_PAIRS)
@@ -311,10 +307,18 @@ int pg_matmul_blocks(const void *x, int x_bf16, int64_t M, int64_t K, int type, 
     return 0;
 }
 
-/* The weights of rows [0, N) as float32 (the file's exact values), for inspections and tests. */
-int pg_dequantize_blocks(int type, const void *w, int64_t N, int64_t K, float *out) {
+/* The weights of rows [0, N) as float32 (the file's exact values), for inspections and tests; w
+ * laid out as pg_matmul_blocks' (interleave). */
+int pg_dequantize_blocks(int type, const void *w, int64_t N, int64_t K, int interleave, float *out) {
     const int64_t row_bytes = row_bytes_of(type, K);
     if (row_bytes < 0) return -1;
+    if (interleave) {
+        uint8_t *rows = (uint8_t *)malloc((size_t)(N * row_bytes));
+        int status = rows && pg_blocks_unpack(type, (const uint8_t *)w, N, K, rows) == 0 ? 0 : -1;
+        if (!status) status = pg_dequantize_blocks(type, rows, N, K, 0, out);
+        free(rows);
+        return status;
+    }
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *row = (const uint8_t *)w + n * row_bytes;
         for (int64_t g = 0; g < (K / UNIT + GROUP - 1) / GROUP; g++) {

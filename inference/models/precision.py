@@ -226,7 +226,7 @@ class LayerQuantizer:
         is_exact = form == "blocks" or (form == "int4" and file_weight is not None and file_weight.int4 is not None)
         if form in ("int4", "int8", "blocks"):
             if form == "blocks":
-                weight = file_weight.blocks
+                weight = file_weight.blocks.repacked()  # in place: the file's bytes are read for this layer only
             elif is_exact:
                 weight = file_weight.int4
             else:

@@ -207,11 +207,14 @@ class BlockWeight:
     """A weight as a GGUF file stores it: each row's bytes in GGML block format `type_id` (Q4_0 ...
     Q6_K), multiplied by integer dot products on those very bytes (`matmul_blocks.c`: x quantized
     per 32 to int8, each block's exact integer sum scaled once), so decode reads the file's
-    4.5-8.5 bits per weight and nothing is re-quantized. CPU kernels only."""
+    4.5-8.5 bits per weight and nothing is re-quantized. CPU kernels only. `interleave`: 0, the
+    rows as the file has them, or 16: the same bytes repacked 16 rows at a time (`repacked`:
+    `matmul_blocks_lanes.c`, where a batch's products run several times faster, the same numbers)."""
 
     blocks: torch.Tensor  # (N, row bytes) uint8
     type_id: int
     in_features: int
+    interleave: int = 0
 
     @property
     def type_name(self) -> str:
@@ -235,34 +238,70 @@ class BlockWeight:
         if kernels is None:  # the kernels switched off after loading: the same weights, through torch
             return _to(x @ self.dequantize().to(x.dtype).t(), out_dtype)
         out = torch.empty(x.shape[0], self.blocks.shape[0], dtype=out_dtype or x.dtype)
-        return kernels.matmul_blocks(x, self.type_id, self.blocks, None, out)
+        return kernels.matmul_blocks(x, self.type_id, self.blocks, None, out, self.interleave)
+
+    def repacked(self) -> BlockWeight:
+        """This weight in the layout the kernels built here multiply fastest: its own bytes
+        repacked in place (nothing copied), or itself where they take the file's layout."""
+        kernels = cpu_kernels.load()
+        interleave = kernels.blocks_interleave(self.type_id) if kernels is not None and not self.interleave else 0
+        if not interleave or self.blocks.shape[0] % interleave or not self.blocks.is_contiguous():
+            return self
+        kernels.repack_blocks(self.type_id, self.blocks, self.in_features)
+        return BlockWeight(self.blocks, self.type_id, self.in_features, interleave)
+
+    def in_file_layout(self) -> BlockWeight:
+        """The rows as the file has them (a copy when repacked)."""
+        if not self.interleave:
+            return self
+        blocks = _block_kernels().unpack_blocks(self.type_id, self.blocks, self.in_features)
+        return BlockWeight(blocks, self.type_id, self.in_features)
 
     def dequantize(self) -> torch.Tensor:
         """(N, K) float32: the file's exact values."""
         kernels = cpu_kernels.load()
         if kernels is not None:
-            return kernels.dequantize_blocks(self.type_id, self.blocks, self.in_features)
+            return kernels.dequantize_blocks(self.type_id, self.blocks, self.in_features, self.interleave)
         from gguf import GGMLQuantizationType, quants
 
         values = quants.dequantize(self.blocks.numpy(), GGMLQuantizationType(self.type_id))
         return torch.from_numpy(values.astype("float32")).reshape(self.shape)
 
     def rows(self, start: int, end: int) -> BlockWeight:
-        return BlockWeight(self.blocks[start:end], self.type_id, self.in_features)  # a view: no copy
+        """Rows start..end: a view (repacked: at multiples of `interleave`)."""
+        if self.interleave and (start % self.interleave or end % self.interleave):
+            raise ValueError(f"rows {start}..{end} of a weight repacked {self.interleave} rows at a time")
+        return BlockWeight(self.blocks[start:end], self.type_id, self.in_features, self.interleave)
 
     def take(self, ids: torch.Tensor) -> BlockWeight:
-        """Rows `ids` (1-D int64, in any order, repeats allowed): their bytes copied."""
-        return BlockWeight(self.blocks.index_select(0, ids), self.type_id, self.in_features)
+        """Rows `ids` (1-D int64, in any order, repeats allowed): their bytes copied, as the file
+        has them (repacked: the blocks of 16 that hold them are unpacked)."""
+        if not self.interleave:
+            return BlockWeight(self.blocks.index_select(0, ids), self.type_id, self.in_features)
+        size = self.interleave
+        bands = self.blocks.view(-1, size * self.blocks.shape[1]).index_select(0, ids // size)  # (n, 16 rows)
+        unpacked = _block_kernels().unpack_blocks(self.type_id, bands.view(-1, self.blocks.shape[1]), self.in_features)
+        picked = unpacked.view(-1, size, self.blocks.shape[1])[torch.arange(ids.numel()), ids % size]
+        return BlockWeight(picked, self.type_id, self.in_features)
 
     @staticmethod
     def can_join(parts: list[BlockWeight]) -> bool:
-        return len({p.type_id for p in parts}) == 1
+        return len({(p.type_id, p.interleave) for p in parts}) == 1
 
     @staticmethod
     def join(parts: list[BlockWeight]) -> BlockWeight:
         if not BlockWeight.can_join(parts):
-            raise ValueError("block weights join only within one GGML type")
-        return BlockWeight(torch.cat([p.blocks for p in parts]), parts[0].type_id, parts[0].in_features)
+            raise ValueError("block weights join only within one GGML type and layout")
+        blocks = torch.cat([p.blocks for p in parts])
+        return BlockWeight(blocks, parts[0].type_id, parts[0].in_features, parts[0].interleave)
+
+
+def _block_kernels() -> cpu_kernels.CpuKernels:
+    """The library that repacked a weight (only it reads that layout back)."""
+    kernels = cpu_kernels.load()
+    if kernels is None:
+        raise RuntimeError("a repacked block weight needs the CPU kernels that repacked it")
+    return kernels
 
 
 @dataclass(frozen=True)

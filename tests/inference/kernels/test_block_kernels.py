@@ -157,3 +157,62 @@ def test_a_prompts_rows_on_amx_tiles_give_the_vector_paths_bits() -> None:
             assert torch.equal(on_tiles[17:18], weight.matmul(x[17:18], torch.float32))
     finally:
         KERNELS.blocks_amx(True)
+
+
+REPACKABLE = [type_id for type_id in sorted(BLOCK_TYPES) if KERNELS is not None and KERNELS.blocks_interleave(type_id)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def test_the_formats_a_vnni_build_repacks() -> None:
+    flags = cpu_kernels.cpu_flags().split()
+    expected = [2, 6, 8, 12, 14] if {"avx512f", "avx512bw", "avx512_vnni"} <= set(flags) else []
+    assert REPACKABLE == expected  # AVX2 builds read every format as the file stores it
+
+
+@pytest.mark.parametrize("type_id", REPACKABLE)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_repacked_weights_give_the_file_layouts_bits_on_every_path(type_id: int, out_dtype: torch.dtype) -> None:
+    """16 rows at a time, outputs as vector lanes (matmul_blocks_lanes.c), AMX tiles from 32 rows of
+    x: each output the same bits as the file's layout gives, alone, batched or in a prompt."""
+    inner = inner_for(type_id)
+    weight = BlockWeight(torch.from_numpy(random_blocks(type_id, 48, inner, seed=type_id)), type_id, inner)
+    repacked = BlockWeight(weight.blocks.clone(), type_id, inner).repacked()
+    assert repacked.interleave == 16 and not torch.equal(repacked.blocks, weight.blocks)
+    assert torch.equal(repacked.dequantize(), weight.dequantize())
+    assert torch.equal(repacked.in_file_layout().blocks, weight.blocks)
+    bias = torch.randn(48, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(37, inner, generator=torch.Generator().manual_seed(type_id)).bfloat16()
+    try:
+        for amx in (True, False):  # 37 rows: on AMX tiles (a last tile of 5 rows) where the CPU has them
+            KERNELS.blocks_amx(amx)
+            for rows in (slice(0, 1), slice(3, 11), slice(0, 37)):
+                outs = [torch.empty(rows.stop - rows.start, 48, dtype=out_dtype) for _ in range(2)]
+                expected = KERNELS.matmul_blocks(x[rows], type_id, weight.blocks, bias, outs[0])
+                got = KERNELS.matmul_blocks(x[rows], type_id, repacked.blocks, bias, outs[1], 16)
+                assert torch.equal(_bits(got), _bits(expected)), (BLOCK_TYPES[type_id], amx, rows)
+            wide = torch.zeros(2, 64, dtype=out_dtype)
+            KERNELS.matmul_blocks(x[:2], type_id, repacked.blocks, None, wide[:, 8:56], 16)  # a column slice
+            assert torch.equal(_bits(wide[:, 8:56]), _bits(weight.matmul(x[:2], out_dtype)))
+    finally:
+        KERNELS.blocks_amx(True)
+
+
+@pytest.mark.skipif(6 not in REPACKABLE, reason="this build reads Q5_0 as the file stores it")
+def test_a_repacked_weights_rows_joins_and_lookups() -> None:
+    parts = [BlockWeight(torch.from_numpy(random_blocks(6, 32, 256, seed=s)), 6, 256) for s in (1, 2)]
+    repacked = [BlockWeight(p.blocks.clone(), 6, 256).repacked() for p in parts]
+    joined = BlockWeight.join(repacked)
+    assert joined.interleave == 16 and torch.equal(joined.dequantize(), BlockWeight.join(parts).dequantize())
+    assert torch.equal(joined.rows(32, 64).dequantize(), parts[1].dequantize())
+    with pytest.raises(ValueError, match="rows 8..40 of a weight repacked 16 rows at a time"):
+        joined.rows(8, 40)
+    ids = torch.tensor([63, 0, 17, 17, 40])
+    assert torch.equal(joined.take(ids).blocks, BlockWeight.join(parts).take(ids).blocks)
+    assert not BlockWeight.can_join([repacked[0], parts[1]])  # one layout per join
+    odd = BlockWeight(torch.from_numpy(random_blocks(6, 24, 256)), 6, 256)
+    assert odd.repacked() is odd  # 24 rows: not whole blocks of 16, kept as the file has them
+    with pytest.raises(ValueError, match="interleave 16"):
+        KERNELS.matmul_blocks(torch.randn(1, 256), 6, odd.blocks, None, None, 16)
