@@ -101,9 +101,15 @@ int pg_blocks_unpack(int type, const uint8_t *w, int64_t N, int64_t K, uint8_t *
 }
 
 #if defined(PGB_PAIRS)
+/* x unit by unit, its rows side by side (a unit's codes of 8 rows: 4 cache lines in a row; the
+ * rows of a 4864-wide x, row after row, were 8 streams that the weights' stream pushed out of L1):
+ * codes [unit][row][32], dx and xs [unit][row], and the sums' starts [unit][row][2]: minus the
+ * code offset's share (Q6_K: of each half-unit), taken off before the products are added. */
 typedef struct {
     const Args *a;
-    const int32_t *halves;  // Q6_K: sum(xq) of each half-unit, [row][unit][2]
+    const int8_t *q;
+    const float *dx, *xs;
+    const int32_t *start;
 } Lanes;
 
 PG_INLINE __m512i nibbles(__m512i v, int high) {
@@ -183,26 +189,24 @@ PG_INLINE void lanes_unit(const int type, const uint8_t *record, int sub, __m512
  * start0, codes 16-31 plus start1 (two chains of 4 `vpdpbusd`: one of 8 waited on itself). */
 PG_INLINE void lanes_sums(const __m512i q[8], const int8_t *xu, int32_t start0, int32_t start1, __m512i *s0,
                           __m512i *s1) {
-    *s0 = _mm512_set1_epi32(start0), *s1 = _mm512_set1_epi32(start1);
-    for (int t = 0; t < 4; t++) {
-        int32_t x0, x1;
-        memcpy(&x0, xu + 4 * t, 4);
-        memcpy(&x1, xu + 16 + 4 * t, 4);
-        *s0 = _mm512_dpbusd_epi32(*s0, q[t], _mm512_set1_epi32(x0));
-        *s1 = _mm512_dpbusd_epi32(*s1, q[t + 4], _mm512_set1_epi32(x1));
+    __m512i a = _mm512_set1_epi32(start0), b = _mm512_set1_epi32(start1);
+    for (int t = 0; t < 4; t++) {  // x's 4 codes as the instruction's broadcast operand: one micro-op each
+        __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(a) : "v"(q[t]), "m"(*(const int32_t *)(xu + 4 * t)));
+        __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(b) : "v"(q[t + 4]), "m"(*(const int32_t *)(xu + 16 + 4 * t)));
     }
+    *s0 = a, *s1 = b;
 }
 
 PG_INLINE void acc_fma(float *at, __m512i sums, __m512 sw, __m512 dx) {
     _mm512_storeu_ps(at, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(sw, dx), _mm512_loadu_ps(at)));
 }
 
-/* Unit u's float step for one row of x (at: its index in x's scales; row: its accumulators [8
+/* Unit u's float step for one row of x (dx1, xs: its scales for the unit; row: its accumulators [8
  * lanes][16 outputs]) from the unit's sums s0 (Q6_K: its halves' sums s0, s1): tile_avx2's steps,
  * a lane each. */
-PG_INLINE void lanes_step(const Args *a, const int type, int64_t u, int64_t at, float *row, __m512i s0, __m512i s1,
+PG_INLINE void lanes_step(const int type, int64_t u, float dx1, float xs, float *row, __m512i s0, __m512i s1,
                           __m512 sw, __m512 sw2, __m512 mn) {
-    const __m512 dx = _mm512_set1_ps(a->x.d[at]);
+    const __m512 dx = _mm512_set1_ps(dx1);
     if (type == Q6_K) {  // its half-units in lanes u % 4 and u % 4 + 4 (the vector path's order)
         acc_fma(row + (u % 4) * LANES, s0, sw, dx);
         acc_fma(row + (u % 4 + 4) * LANES, s1, sw2, dx);
@@ -210,7 +214,7 @@ PG_INLINE void lanes_step(const Args *a, const int type, int64_t u, int64_t at, 
     }
     float *lane = row + (u % GROUP) * LANES;
     acc_fma(lane, s0, sw, dx);
-    if (type == Q4_K) _mm512_storeu_ps(lane, _mm512_fmadd_ps(mn, _mm512_set1_ps(a->x.s[at]), _mm512_loadu_ps(lane)));
+    if (type == Q4_K) _mm512_storeu_ps(lane, _mm512_fmadd_ps(mn, _mm512_set1_ps(xs), _mm512_loadu_ps(lane)));
 }
 
 /* Rows m0 .. m0 + rows - 1 of block b's outputs from their accumulators (acc [rows][8 lanes][16
@@ -238,8 +242,8 @@ static void lanes_store(const Args *a, int64_t b, int64_t m0, int64_t rows, cons
 PG_INLINE void lanes_block(const Lanes *c, const int type, int64_t b, int64_t m0, int64_t rows, float *acc,
                            Prefetch *pf) {
     const Args *a = c->a;
-    const int64_t units = a->K / UNIT, up = a->x.units_padded, per_record = block_weights(type) / UNIT;
-    const int bytes = block_bytes(type), offset = lanes_offset(type);
+    const int64_t units = a->K / UNIT, per_record = block_weights(type) / UNIT;
+    const int bytes = block_bytes(type);
     const uint8_t *block = a->w + b * LANES * a->row_bytes;
     memset(acc, 0, sizeof(float) * (size_t)(rows * 8 * LANES));
     for (int64_t u = 0; u < units; u++) {
@@ -250,16 +254,11 @@ PG_INLINE void lanes_block(const Lanes *c, const int type, int64_t b, int64_t m0
         __m512 sw, sw2 = _mm512_setzero_ps(), mn = _mm512_setzero_ps();
         lanes_unit(type, record, sub, q, &sw, &sw2, &mn);
         for (int64_t i = 0; i < rows; i++) {
-            const int64_t at = (m0 + i) * up + u;
-            const int8_t *xu = a->x.q + (m0 + i) * a->K + u * UNIT;
+            const int64_t at = u * a->M + m0 + i;
             __m512i s0, s1;
-            if (type == Q6_K)
-                lanes_sums(q, xu, -offset * c->halves[2 * at], -offset * c->halves[2 * at + 1], &s0, &s1);
-            else {
-                lanes_sums(q, xu, -offset * a->x.b[at], 0, &s0, &s1);  // the offset's share, taken off first
-                s0 = _mm512_add_epi32(s0, s1);
-            }
-            lanes_step(a, type, u, at, acc + i * 8 * LANES, s0, s1, sw, sw2, mn);
+            lanes_sums(q, c->q + at * UNIT, c->start[2 * at], c->start[2 * at + 1], &s0, &s1);
+            if (type != Q6_K) s0 = _mm512_add_epi32(s0, s1);
+            lanes_step(type, u, c->dx[at], c->xs[at], acc + i * 8 * LANES, s0, s1, sw, sw2, mn);
         }
     }
     lanes_store(a, b, m0, rows, acc);
@@ -319,7 +318,7 @@ static void lanes_amx_config(int S) {
 
 typedef struct {
     const Args *a;
-    const int8_t *xq;       // x's codes, rows zero up to a whole tile
+    const int8_t *xq;       // x's codes as A tiles: [16 rows][unit][16 rows][32], rows zero up to a whole tile
     const float *dx, *xs;  // x's scales [row][unit], the same rows
 } LanesAmx;
 
@@ -346,11 +345,11 @@ PG_INLINE void lanes_amx_stage(const Args *a, const int type, int64_t b, int8_t 
  * `odd`: two sets, so one unit's tiles multiply while the one before is stored. */
 PG_INLINE void lanes_amx_tiles(const LanesAmx *t, const int type, int64_t m0, int64_t u, const int8_t *codes,
                                int odd) {
-    const int8_t *x = t->xq + m0 * t->a->K + u * UNIT;
-    _tile_loadd(2, x, t->a->K);
+    const int8_t *x = t->xq + (m0 * (t->a->K / UNIT) + 16 * u) * UNIT;
+    _tile_loadd(2, x, UNIT);
     _tile_loadd(4, codes + u * 512, 64);
     if (type == Q6_K) {
-        _tile_loadd(3, x + 16, t->a->K);
+        _tile_loadd(3, x + 16, UNIT);
         _tile_loadd(5, codes + u * 512 + 256, 64);
     }
     if (odd) {
@@ -391,7 +390,7 @@ PG_INLINE void lanes_amx_rows(const LanesAmx *t, const int type, int64_t b, int6
     const Args *a = t->a;
     const int64_t units = a->K / UNIT, live = a->M - m0 < 16 ? a->M - m0 : 16;
     const float *dx = t->dx + m0 * units, *xs = t->xs + m0 * units;  // [16 rows][unit], rows past M: 0
-    memset(acc, 0, sizeof(float) * 16 * 8 * LANES);
+    if (type == Q6_K || units < GROUP) memset(acc, 0, sizeof(float) * 16 * 8 * LANES);  // else each lane is stored
     __m512 r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_setzero_ps();
     lanes_amx_tiles(t, type, m0, order[0], codes, 0);
@@ -473,8 +472,10 @@ static int lanes_amx_run(Args *a, int num_threads) {
         memcpy(dx + m * units, a->x.d + m * a->x.units_padded, sizeof(float) * (size_t)units);
         memcpy(xs + m * units, a->x.s + m * a->x.units_padded, sizeof(float) * (size_t)units);
     }
-    memcpy(xq, a->x.q, (size_t)(a->M * a->K));
-    memset(xq + a->M * a->K, 0, (size_t)((padded - a->M) * a->K));
+    memset(xq + a->M / 16 * 16 * a->K, 0, (size_t)((padded - a->M / 16 * 16) * a->K));  // the last tile's rows
+    for (int64_t m = 0; m < a->M; m++)  // a tile's 16 rows of a unit in 512 bytes (rows of x: K apart)
+        for (int64_t u = 0; u < units; u++)
+            memcpy(xq + ((m / 16 * units + u) * 16 + m % 16) * UNIT, a->x.q + m * a->K + u * UNIT, UNIT);
     LanesAmx t = {a, xq, dx, xs};
     pg_parallel(num_threads, (a->N / LANES + a->task_rows - 1) / a->task_rows, lanes_amx_task, &t);
     return 1;
@@ -494,17 +495,24 @@ int pg_blocks_lanes_run(Args *a, int num_threads) {
     const int64_t up = a->x.units_padded;
     a->task_rows = per_task > 1 ? per_task : 1;
     if (lanes_amx_run(a, num_threads)) return 0;
-    int32_t *halves = NULL;
-    if (a->type == Q6_K) {  // x's half-unit sums (the calling thread's scratch slot 1: AMX's, not run here)
-        halves = (int32_t *)pg_scratch(1, 2 * a->M * up);
-        for (int64_t m = 0; m < a->M; m++)
-            for (int64_t u = 0; u < units; u++) {
-                int32_t h[2] = {0, 0};
-                for (int i = 0; i < UNIT; i++) h[i / 16] += a->x.q[m * a->K + u * UNIT + i];
-                halves[2 * (m * up + u)] = h[0], halves[2 * (m * up + u) + 1] = h[1];
-            }
-    }
-    Lanes c = {a, halves};
+    // x unit by unit (Lanes): the calling thread's scratch slot 1 (AMX's, not run here)
+    const int64_t at_all = units * a->M, offset = lanes_offset(a->type);
+    float *dx = pg_scratch(1, 4 * at_all + at_all * UNIT / 4), *xs = dx + at_all;
+    int32_t *start = (int32_t *)(xs + at_all);
+    int8_t *q = (int8_t *)(start + 2 * at_all);
+    for (int64_t m = 0; m < a->M; m++)
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t at = u * a->M + m, from = m * a->x.units_padded + u;
+            const int8_t *codes = a->x.q + m * a->K + u * UNIT;
+            memcpy(q + at * UNIT, codes, UNIT);
+            dx[at] = a->x.d[from], xs[at] = a->x.s[from];
+            int32_t half = 0;  // Q6_K: each half-unit's share
+            if (a->type == Q6_K)
+                for (int i = 0; i < 16; i++) half += codes[i];
+            start[2 * at] = (int32_t)(-offset * (a->type == Q6_K ? half : a->x.b[from]));
+            start[2 * at + 1] = (int32_t)(a->type == Q6_K ? -offset * (a->x.b[from] - half) : 0);
+        }
+    Lanes c = {a, q, dx, xs, start};
     pg_parallel(num_threads, (blocks + a->task_rows - 1) / a->task_rows, lanes_task, &c);
     return 0;
 }
