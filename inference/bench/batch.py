@@ -6,7 +6,8 @@
 Owns: the workload (distinct prompts, a fixed number of new tokens each, top-20 alternatives
 computed every step as the playground does) and the side by side, in one process: for 1, 4, 8
 (and 16) streams, aggregate tokens/s, time to first token p50/p95 (from the moment all N
-arrived) and inter-token latency p50/p99. The last line is `key=value` pairs:
+arrived) and inter-token latency p50/p99, each count's best of `--repeats` interleaved runs. The
+last line is `key=value` pairs:
 `batch_speedup_N` is the N-stream aggregate over the one-stream rate; `single_stream_ratio` is
 one stream's decode speed through the engine over a bare decode loop on the same runner (one
 forward pass and one sampling call per token, no scheduler, no records): what the engine's
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each stream count, interleaved: the best kept")
     args = parser.parse_args(argv)
     num_tokens = args.max_new_tokens or (32 if args.quick else 64)
     stream_counts = (1, 4, 8) if args.quick else (1, 4, 8, 16)
@@ -177,9 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{num_tokens} new tokens per stream, top-20 alternatives every step; times in ms"
     )
     print(f"{'streams':>7} {'tok/s':>8} {'ttft p50':>9} {'ttft p95':>9} {'itl p50':>8} {'itl p99':>8}")
+    best: dict[int, dict[str, float]] = {}
+    for _ in range(args.repeats):  # interleaved, the best run of each count: machine noise moves single runs most
+        for n in stream_counts:
+            r = run_batched(engine, prompts(engine, n), params)
+            if n not in best or r["tok_s"] > best[n]["tok_s"]:
+                best[n] = r
     results: dict[str, float] = {}
     for n in stream_counts:
-        r = run_batched(engine, prompts(engine, n), params)
+        r = best[n]
         print(
             f"{n:>7} {r['tok_s']:>8.1f} {r['ttft_p50']:>9.0f} {r['ttft_p95']:>9.0f} "
             f"{r['itl_p50']:>8.1f} {r['itl_p99']:>8.1f}"
@@ -187,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         results.update(
             {
                 f"aggregate_tok_s_{n}": r["tok_s"],
-                f"batch_speedup_{n}": r["tok_s"] / results.get("aggregate_tok_s_1", r["tok_s"]),
+                f"batch_speedup_{n}": r["tok_s"] / best[stream_counts[0]]["tok_s"],
                 f"ttft_p95_ms_{n}": r["ttft_p95"],
                 f"itl_p99_ms_{n}": r["itl_p99"],
             }
