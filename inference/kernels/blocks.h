@@ -524,6 +524,14 @@ PG_INLINE void group_sums_avx2(const int type, const uint8_t *row, int64_t g, in
 }
 #endif
 
+/* An AMX tile configuration (`ldtilecfg`'s 64 bytes, palette 1): rows and bytes per row of each
+ * tile (matmul_blocks_amx.c, matmul_blocks_lanes.c). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
 typedef struct {
     float lane[8];
 } Acc;

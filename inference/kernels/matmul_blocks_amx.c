@@ -25,12 +25,6 @@ static int blocks_amx_usable(void) {
     return blocks_amx_state == 1 && blocks_amx_on;
 }
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
 /* C tiles 0-1 (16 outputs x 16 rows of x, int32), A tiles 2-3 (16 outputs' codes, S bytes each),
  * B tile 4 (S / 4 x 64 bytes: 4 codes of x for each of 16 rows). */
 static void amx_config(int S) {

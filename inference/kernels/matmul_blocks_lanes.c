@@ -296,16 +296,10 @@ static void lanes_task(void *ctx, int64_t task) {
 #define LANES_AMX_MIN_ROWS 32
 int pg_blocks_amx(int on);  // matmul_blocks_amx.c: whether AMX tiles are usable here (and on)
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} LanesTiles;
-
 /* C tiles 0-1 and 6-7 (16 rows of x x 16 outputs, int32: a unit's sums, or Q6_K's two halves'),
  * A tiles 2-3 (16 rows of x, S codes each), B tiles 4-5 (S / 4 lines of 64 bytes); S: 32, Q6_K 16. */
 static void lanes_amx_config(int S) {
-    LanesTiles c;
+    TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 2; t++) {
