@@ -341,6 +341,10 @@ def test_a_steps_read_outs_in_one_call_equal_the_vectorized_torch_ones(kernels, 
         sampler.Row(plain, [1], forced_token_id=vocab_size + 5, num_alternatives=4),
     ]
     fused = sampler.sample_rows(logits, rows)
+    raw = torch.log_softmax(logits, -1)
+    for i in range(4):  # the read-outs' one pass gives the separate kernels' numbers, bit for bit
+        assert fused[i].entropy == kernels.entropy(raw[i])
+        assert fused[i].rank == kernels.count_greater(raw[i], float(raw[i, fused[i].token_id])) + 1
     filtered.generator.manual_seed(1)  # the torch path draws the same numbers again
     monkeypatch.setattr(sampler, "_kernels_for", lambda logprobs, ndim: None)
     vectorized = sampler.sample_rows(logits, rows)
