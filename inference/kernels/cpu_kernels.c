@@ -244,6 +244,17 @@ PG_INLINE void score_block(const int N, const float *restrict qg, const char *k_
 PG_INLINE void attend_group(const float *restrict qg, const char *k_head, const char *v_head, const int kv_bf16,
                             const int64_t *seq_slots, int64_t L, int64_t slot_bytes, int64_t group, const int64_t D,
                             float scale, float *restrict scores, float *restrict acc) {
+    // every position's key and value lines asked for first: a decode step's cache rows come from
+    // memory (the weights' stream has pushed them out since the last step), at slots the hardware
+    // prefetcher cannot guess
+    const int64_t head_bytes = D * (kv_bf16 ? 2 : 4);
+    for (int64_t t = 0; t < L; t++) {
+        const int64_t at = (seq_slots ? seq_slots[t] : t) * slot_bytes;
+        for (int64_t b = 0; b < head_bytes; b += 64) {
+            __builtin_prefetch(k_head + at + b, 0, 3);
+            __builtin_prefetch(v_head + at + b, 0, 3);
+        }
+    }
     int64_t p = 0;
 #if defined(__AVX512F__)
     for (; D % PG_VL == 0 && p + 8 <= L; p += 8)
