@@ -145,7 +145,8 @@ PG_INLINE void lanes_unit(const int type, const uint8_t *record, int sub, __m512
             q[t + 4] = nibbles(WORD(at + t), 1);
         }
         if (type == Q5_0)
-            for (int t = 0; t < 8; t++) {  // bits 4t .. 4t + 3 of qh: its byte t / 2 in all 4 bytes of its lane, byte i testing bit 4 (t % 2) + i
+            for (int t = 0; t < 8; t++) {  // bits 4t .. 4t + 3 of qh: its byte t / 2 in all 4 bytes of
+                                           // its lane, byte i testing bit 4 (t % 2) + i
                 const __m512i pick = _mm512_add_epi8(_mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0),
                                                      _mm512_set1_epi8((char)(t / 2)));
                 const __mmask64 high = _mm512_test_epi8_mask(_mm512_shuffle_epi8(WORD(0), pick),

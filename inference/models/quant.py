@@ -259,9 +259,8 @@ class BlockWeight:
 
     def dequantize(self) -> torch.Tensor:
         """(N, K) float32: the file's exact values."""
-        kernels = cpu_kernels.load()
-        if kernels is not None:
-            return kernels.dequantize_blocks(self.type_id, self.blocks, self.in_features, self.interleave)
+        if self.interleave or cpu_kernels.load() is not None:
+            return _block_kernels().dequantize_blocks(self.type_id, self.blocks, self.in_features, self.interleave)
         from gguf import GGMLQuantizationType, quants
 
         values = quants.dequantize(self.blocks.numpy(), GGMLQuantizationType(self.type_id))
