@@ -198,6 +198,19 @@ PG_INLINE void lanes_sums(const __m512i q[8], const int8_t *xu, int32_t start0, 
     *s0 = a, *s1 = b;
 }
 
+/* x's scales unit by unit, rows side by side (dx and xs [unit][rows]: a unit's scales of every row
+ * in a row), rows from M up to `rows` zero: both paths' layout. */
+static void lanes_x_scales(const Args *a, int64_t rows, float *dx, float *xs) {
+    const int64_t units = a->K / UNIT;
+    memset(dx, 0, sizeof(float) * (size_t)(units * rows));
+    memset(xs, 0, sizeof(float) * (size_t)(units * rows));
+    for (int64_t m = 0; m < a->M; m++)
+        for (int64_t u = 0; u < units; u++) {
+            dx[u * rows + m] = a->x.d[m * a->x.units_padded + u];
+            xs[u * rows + m] = a->x.s[m * a->x.units_padded + u];
+        }
+}
+
 PG_INLINE void acc_fma(float *at, __m512i sums, __m512 sw, __m512 dx) {
     _mm512_storeu_ps(at, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(sw, dx), _mm512_loadu_ps(at)));
 }
@@ -289,10 +302,10 @@ static void lanes_task(void *ctx, int64_t task) {
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
-#define PGB_LANES_AMX 1
 /* Rows of x from which the products run on AMX-INT8 tiles: the repacked codes are B tiles as they
  * are (line t: codes 4t .. 4t + 3 of 16 outputs), x the A tiles (16 rows of a unit's codes), one
- * `tdpbssd` a unit's exact sums for 16 rows and 16 outputs; each sum then takes lanes_step. */
+ * `tdpbssd` a unit's exact sums for 16 rows and 16 outputs; each sum then takes lanes_step's float
+ * step (kept in registers for the formats whose unit feeds one lane). */
 // (the AMX Xeon, Q5_0 9728 x 896: 16 rows 2.6 vs 2.4 ms on vectors, 32 rows 4.2 vs 4.5, 128: 13 vs 17)
 #define LANES_AMX_MIN_ROWS 32
 int pg_blocks_amx(int on);  // matmul_blocks_amx.c: whether AMX tiles are usable here (and on)
@@ -314,7 +327,8 @@ static void lanes_amx_config(int S) {
 typedef struct {
     const Args *a;
     const int8_t *xq;       // x's codes as A tiles: [16 rows][unit][16 rows][32], rows zero up to a whole tile
-    const float *dx, *xs;  // x's scales [row][unit], the same rows
+    const float *dx, *xs;  // x's scales (lanes_x_scales), rows padded as xq's
+    int64_t rows;           // x's rows padded to whole tiles
 } LanesAmx;
 
 /* Block b's codes as B tiles, signed ([unit][8 lines][64 bytes]), and its scales ([unit][16]). */
@@ -384,7 +398,7 @@ PG_INLINE void lanes_amx_rows(const LanesAmx *t, const int type, int64_t b, int6
                               const float *sw, const int32_t *order, float *acc, int32_t *sums) {
     const Args *a = t->a;
     const int64_t units = a->K / UNIT, live = a->M - m0 < 16 ? a->M - m0 : 16;
-    const float *dx = t->dx + m0 * units, *xs = t->xs + m0 * units;  // [16 rows][unit], rows past M: 0
+    const float *dx = t->dx + m0, *xs = t->xs + m0;  // [unit][t->rows]: rows past M 0
     if (type == Q6_K || units < GROUP) memset(acc, 0, sizeof(float) * 16 * 8 * LANES);  // else each lane is stored
     __m512 r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_setzero_ps();
@@ -398,18 +412,17 @@ PG_INLINE void lanes_amx_rows(const LanesAmx *t, const int type, int64_t b, int6
         const int32_t *now = sums + (k % 3) * 512;
         const float *s = sw + 3 * u * LANES;
         const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + LANES), mn = _mm512_loadu_ps(s + 2 * LANES);
+        const float *dxu = dx + u * t->rows, *xsu = xs + u * t->rows;
         if (type == Q6_K) {
-            for (int64_t i = 0; i < live; i++) {
-                const __m512 d = _mm512_set1_ps(dx[i * units + u]);
-                acc_fma(acc + (i * 8 + u % 4) * LANES, _mm512_loadu_si512(now + i * LANES), s0, d);
-                acc_fma(acc + (i * 8 + u % 4 + 4) * LANES, _mm512_loadu_si512(now + 256 + i * LANES), s1, d);
-            }
+            for (int64_t i = 0; i < live; i++)
+                lanes_step(type, u, dxu[i], xsu[i], acc + i * 8 * LANES, _mm512_loadu_si512(now + i * LANES),
+                           _mm512_loadu_si512(now + 256 + i * LANES), s0, s1, mn);
             continue;
         }
         for (int i = 0; i < 16; i++) {  // lanes_step, in registers
-            const __m512 prod = _mm512_mul_ps(s0, _mm512_set1_ps(dx[i * units + u]));
+            const __m512 prod = _mm512_mul_ps(s0, _mm512_set1_ps(dxu[i]));
             r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(now + i * LANES)), prod, r[i]);
-            if (type == Q4_K) r[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[i * units + u]), r[i]);
+            if (type == Q4_K) r[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xsu[i]), r[i]);
         }
         if (u + GROUP >= units)  // the lane's last unit
             for (int i = 0; i < 16; i++) {
@@ -462,16 +475,12 @@ static int lanes_amx_run(Args *a, int num_threads) {
     float *dx = pg_scratch(1, 2 * padded * units + (padded * a->K + 3) / 4);  // the calling thread's slot 1
     float *xs = dx + padded * units;
     int8_t *xq = (int8_t *)(xs + padded * units);
-    memset(dx, 0, sizeof(float) * (size_t)(2 * padded * units));
-    for (int64_t m = 0; m < a->M; m++) {
-        memcpy(dx + m * units, a->x.d + m * a->x.units_padded, sizeof(float) * (size_t)units);
-        memcpy(xs + m * units, a->x.s + m * a->x.units_padded, sizeof(float) * (size_t)units);
-    }
+    lanes_x_scales(a, padded, dx, xs);
     memset(xq + a->M / 16 * 16 * a->K, 0, (size_t)((padded - a->M / 16 * 16) * a->K));  // the last tile's rows
     for (int64_t m = 0; m < a->M; m++)  // a tile's 16 rows of a unit in 512 bytes (rows of x: K apart)
         for (int64_t u = 0; u < units; u++)
             memcpy(xq + ((m / 16 * units + u) * 16 + m % 16) * UNIT, a->x.q + m * a->K + u * UNIT, UNIT);
-    LanesAmx t = {a, xq, dx, xs};
+    LanesAmx t = {a, xq, dx, xs, padded};
     pg_parallel(num_threads, (a->N / LANES + a->task_rows - 1) / a->task_rows, lanes_amx_task, &t);
     return 1;
 }
@@ -487,7 +496,6 @@ static int lanes_amx_run(Args *a, int num_threads) {
 int pg_blocks_lanes_run(Args *a, int num_threads) {
     if (!record_of(a->type).words || a->N % LANES) return -1;
     const int64_t blocks = a->N / LANES, per_task = TASK_BYTES / (LANES * a->row_bytes), units = a->K / UNIT;
-    const int64_t up = a->x.units_padded;
     a->task_rows = per_task > 1 ? per_task : 1;
     if (lanes_amx_run(a, num_threads)) return 0;
     // x unit by unit (Lanes): the calling thread's scratch slot 1 (AMX's, not run here)
@@ -495,12 +503,12 @@ int pg_blocks_lanes_run(Args *a, int num_threads) {
     float *dx = pg_scratch(1, 4 * at_all + at_all * UNIT / 4), *xs = dx + at_all;
     int32_t *start = (int32_t *)(xs + at_all);
     int8_t *q = (int8_t *)(start + 2 * at_all);
+    lanes_x_scales(a, a->M, dx, xs);
     for (int64_t m = 0; m < a->M; m++)
         for (int64_t u = 0; u < units; u++) {
             const int64_t at = u * a->M + m, from = m * a->x.units_padded + u;
             const int8_t *codes = a->x.q + m * a->K + u * UNIT;
             memcpy(q + at * UNIT, codes, UNIT);
-            dx[at] = a->x.d[from], xs[at] = a->x.s[from];
             int32_t half = 0;  // Q6_K: each half-unit's share
             if (a->type == Q6_K)
                 for (int i = 0; i < 16; i++) half += codes[i];
